@@ -1,0 +1,45 @@
+# controlplane — see README.md. `make run` starts the whole demo; `make test` runs the whole suite.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# Django 6 needs Python >= 3.12: take the first suitable interpreter on this machine.
+PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: run test venv migrate seed bench check-deploy clean
+
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed  ## create .venv and install the project with its dev tools
+
+migrate: venv  ## apply migrations to the configured database (SQLite by default)
+	$(PY) manage.py migrate --noinput
+
+seed: migrate  ## roles, demo users (logins printed), agents and worker tokens
+	$(PY) manage.py seed_demo
+
+run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; Ctrl-C stops all
+	$(PY) -m demo.supervisor
+
+test: venv  ## the whole suite on PostgreSQL + Redis (never silently on SQLite)
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+bench: venv  ## benchmarks on PostgreSQL; JSON results in bench/results/
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}"; \
+	$(PY) -m bench.protocol
+
+check-deploy: venv  ## Django's deployment checks against the production settings
+	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(PY) manage.py check --deploy --fail-level WARNING
+
+clean:
+	rm -rf var .pytest_cache

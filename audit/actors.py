@@ -1,0 +1,39 @@
+"""Who did it, and from where: carried from the edge (view, task, command) into every service."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Actor:
+    kind: str  # "user" | "worker" | "system"
+    name: str
+    role: str = ""
+    user_id: int | None = None
+    token_id: int | None = None
+    agents: tuple[str, ...] = ()  # worker tokens: agents it may act for (empty = any)
+    on_behalf_of: str = ""
+    component: str = "api"  # where the action was observed
+    source_ip: str = ""
+    user_agent: str = ""
+    request_id: str = ""
+    roles: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def is_worker(self) -> bool:
+        return self.kind == "worker"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    def may_act_for(self, agent_name: str) -> bool:
+        return not self.agents or agent_name in self.agents
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "role": self.role, "on_behalf_of": self.on_behalf_of}
+
+
+def system_actor(component: str, name: str = "controlplane") -> Actor:
+    return Actor(kind="system", name=name, role="system", component=component)

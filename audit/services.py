@@ -1,0 +1,113 @@
+"""Writing and verifying the audit chain. ``record_audit`` must be called inside the transaction of
+the change it records: if the audit write fails, the change does not happen."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from django.db import transaction
+from django.utils import timezone
+
+from .actors import Actor
+from .chain import GENESIS, link_hash, normalise
+from .models import AuditChainHead, AuditEvent
+
+
+def record_audit(
+    *,
+    actor: Actor,
+    action: str,
+    object_type: str,
+    object_id: Any,
+    outcome: str = AuditEvent.ALLOWED,
+    reason: str = "",
+    run_id: Any = None,
+    context: dict[str, Any] | None = None,
+) -> AuditEvent:
+    if not transaction.get_connection().in_atomic_block:
+        # A standalone audit row (e.g. a denial) still gets its own transaction.
+        with transaction.atomic():
+            return record_audit(actor=actor, action=action, object_type=object_type, object_id=object_id,
+                                outcome=outcome, reason=reason, run_id=run_id, context=context)
+    head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
+    event = AuditEvent(
+        seq=head.seq + 1, event_id=uuid.uuid4(), created_at=timezone.now(),
+        actor_kind=actor.kind, actor=actor.name, role=actor.role, on_behalf_of=actor.on_behalf_of,
+        action=action, object_type=object_type, object_id=str(object_id),
+        run_id=run_id, reason=reason or "", outcome=outcome, component=actor.component,
+        source_ip=actor.source_ip[:64], user_agent=actor.user_agent[:300], request_id=actor.request_id[:64],
+        context=normalise(context or {}), prev_hash=head.hash,
+    )
+    event.hash = link_hash(event.prev_hash, event.hashed_fields())
+    event.save(force_insert=True)
+    AuditChainHead.objects.filter(id=1).update(seq=event.seq, hash=event.hash)
+    return event
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    ok: bool
+    checked: int
+    head_seq: int
+    first_broken_seq: int | None = None
+    problem: str = ""  # edited | deleted | inserted | reordered | head_mismatch
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def verify_chain(batch: int = 2000) -> ChainReport:
+    """Walk the chain in seq order and name the first broken link."""
+    prev_hash, expected_seq, checked = GENESIS, 1, 0
+    for event in _iter_events(batch):
+        if event.seq != expected_seq:
+            kind = "deleted" if event.seq > expected_seq else "reordered"
+            return ChainReport(False, checked, _head_seq(), expected_seq, kind,
+                               f"expected seq {expected_seq}, found {event.seq}")
+        if event.prev_hash != prev_hash:
+            kind = "inserted" if _hash_exists(event.prev_hash) is False else "reordered"
+            return ChainReport(False, checked, _head_seq(), event.seq, kind,
+                               f"event {event.seq} does not link to event {event.seq - 1}")
+        if link_hash(event.prev_hash, event.hashed_fields()) != event.hash:
+            return ChainReport(False, checked, _head_seq(), event.seq, "edited",
+                               f"event {event.seq}'s stored hash does not match its content")
+        prev_hash, expected_seq, checked = event.hash, expected_seq + 1, checked + 1
+    head = AuditChainHead.objects.filter(id=1).first()
+    if head and (head.seq != checked or head.hash != prev_hash):
+        return ChainReport(False, checked, head.seq, checked + 1, "deleted",
+                           f"chain head says {head.seq} events, found {checked}")
+    return ChainReport(True, checked, checked)
+
+
+def _iter_events(batch: int) -> Iterator[AuditEvent]:
+    last = 0
+    while True:
+        rows = list(AuditEvent.objects.filter(seq__gt=last).order_by("seq")[:batch])
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].seq
+
+
+def _head_seq() -> int:
+    head = AuditChainHead.objects.filter(id=1).first()
+    return head.seq if head else 0
+
+
+def _hash_exists(value: str) -> bool:
+    return AuditEvent.objects.filter(hash=value).exists()
+
+
+def export_jsonl(stream, since_seq: int = 0) -> int:
+    from .chain import canonical
+
+    count = 0
+    for event in _iter_events(2000):
+        if event.seq <= since_seq:
+            continue
+        row = event.hashed_fields() | {"prev_hash": event.prev_hash, "hash": event.hash}
+        stream.write(canonical(row).decode() + "\n")
+        count += 1
+    return count

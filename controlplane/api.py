@@ -1,0 +1,75 @@
+"""The /api/v1/ surface: one NinjaAPI, JSON errors {"error": code, "detail": ...}, OpenAPI at openapi.json."""
+from __future__ import annotations
+
+from django.http import Http404, HttpRequest
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
+
+from controlplane.auth import API_AUTH
+from runs.errors import DomainError
+
+api = NinjaAPI(
+    title="controlplane",
+    version="1",
+    description="Worker protocol and run-control API. Workers authenticate with `Authorization: Bearer <token>`; "
+    "errors are JSON `{\"error\": code, \"detail\": ...}`.",
+    auth=API_AUTH,
+    urls_namespace="api",
+)
+
+
+def _field(loc: list) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "payload")]
+    return ".".join(parts)
+
+
+@api.exception_handler(DomainError)
+def domain_error(request: HttpRequest, exc: DomainError):
+    return api.create_response(request, exc.payload(), status=exc.status)
+
+
+@api.exception_handler(ValidationError)
+def validation_error(request: HttpRequest, exc: ValidationError):
+    errors = [{"field": _field(e.get("loc", [])), "message": e.get("msg", "")} for e in exc.errors]
+    first = errors[0] if errors else {"field": "", "message": "invalid input"}
+    detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
+    return api.create_response(request, {"error": "invalid", "detail": detail, "field": first["field"], "errors": errors},
+                               status=422)
+
+
+@api.exception_handler(AuthenticationError)
+def unauthenticated(request: HttpRequest, exc: AuthenticationError):
+    return api.create_response(request, {"error": "unauthenticated", "detail": "a valid bearer token or session is required"},
+                               status=401)
+
+
+@api.exception_handler(AuthorizationError)
+def unauthorized(request: HttpRequest, exc: AuthorizationError):
+    return api.create_response(request, {"error": "forbidden", "detail": str(exc) or "forbidden"}, status=403)
+
+
+@api.exception_handler(Http404)
+def not_found(request: HttpRequest, exc: Http404):
+    return api.create_response(request, {"error": "not_found", "detail": str(exc) or "not found"}, status=404)
+
+
+@api.exception_handler(HttpError)
+def http_error(request: HttpRequest, exc: HttpError):
+    return api.create_response(request, {"error": "bad_request" if exc.status_code == 400 else "error",
+                                         "detail": str(exc)}, status=exc.status_code)
+
+
+def _register_routers() -> None:
+    from audit.api import router as audit_router
+    from runs.api import router as runs_router
+
+    api.add_router("", runs_router)
+    api.add_router("", audit_router)
+    try:
+        from interventions.api import router as interventions_router
+    except ImportError:  # the interventions API is optional while it is being built
+        return
+    api.add_router("", interventions_router)
+
+
+_register_routers()

@@ -1,0 +1,69 @@
+"""Who is calling: worker tokens, personal operator tokens, or a browser session -> an Actor."""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja.security import APIKeyCookie, HttpBearer
+
+from audit.actors import Actor
+from controlplane.roles import primary_role, roles_of
+
+
+def request_meta(request: HttpRequest) -> dict[str, str]:
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    return {
+        "source_ip": (forwarded.split(",")[0].strip() if forwarded else request.META.get("REMOTE_ADDR", "")) or "",
+        "user_agent": request.META.get("HTTP_USER_AGENT", "")[:300],
+        "request_id": request.META.get("HTTP_X_REQUEST_ID", "") or uuid.uuid4().hex,
+    }
+
+
+def actor_for_user(user, request: HttpRequest | None = None, component: str = "api", token_id: int | None = None) -> Actor:
+    roles = roles_of(user)
+    meta = request_meta(request) if request is not None else {}
+    return Actor(kind="user", name=user.get_username(), role=primary_role(roles), user_id=user.pk,
+                 token_id=token_id, roles=roles, component=component, **meta)
+
+
+class TokenAuth(HttpBearer):
+    """Bearer tokens; only their SHA-256 is stored. Revoked tokens are refused."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Actor | None:
+        from runs.models import ApiToken
+
+        row = ApiToken.objects.select_related("user").filter(token_hash=ApiToken.hash_secret(token),
+                                                             revoked_at__isnull=True).first()
+        if row is None:
+            return None
+        ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+        if row.kind == ApiToken.WORKER:
+            actor = Actor(kind="worker", name=row.name, role="worker", token_id=row.pk, agents=tuple(row.agents),
+                          component="worker-api", **request_meta(request))
+        else:
+            if not row.user.is_active:
+                return None
+            actor = actor_for_user(row.user, request, component="api", token_id=row.pk)
+        request.actor = actor
+        return actor
+
+
+class SessionAuth(APIKeyCookie):
+    """The console's session; CSRF is enforced for unsafe methods by ninja's cookie auth."""
+
+    param_name = "sessionid"
+
+    def __init__(self) -> None:
+        super().__init__(csrf=True)
+
+    def authenticate(self, request: HttpRequest, key: Any) -> Actor | None:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        request.actor = actor_for_user(user, request, component="console")
+        return request.actor
+
+
+API_AUTH = [TokenAuth(), SessionAuth()]

@@ -1,0 +1,59 @@
+"""Roles (Django groups) and the permission matrix: which role may issue which action.
+
+This is data: services check it, the console reads it to decide which buttons to offer, the contracts
+endpoint publishes it, and a test walks every action x role.
+"""
+from __future__ import annotations
+
+VIEWER = "viewer"
+OPERATOR = "operator"
+APPROVER = "approver"
+INCIDENT_COMMANDER = "incident_commander"
+SECURITY_RESPONDER = "security_responder"
+ADMIN = "admin"
+ROLES = [VIEWER, OPERATOR, APPROVER, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN]
+
+# action -> roles allowed to issue it. "override" is the right to act although someone else holds
+# decision authority over the run (recorded with a reason, never silent).
+PERMISSIONS: dict[str, frozenset[str]] = {
+    "view": frozenset(ROLES),
+    "pause": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+    "resume": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "cancel": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "retry": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "compensate": frozenset({INCIDENT_COMMANDER, ADMIN}),
+    "transfer": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "recover": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "reconcile": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "close": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "approve": frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+    "reject": frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+    "revoke_authority": frozenset({SECURITY_RESPONDER, INCIDENT_COMMANDER, ADMIN}),
+    "suspend_authority": frozenset({SECURITY_RESPONDER, INCIDENT_COMMANDER, ADMIN}),
+    "restore_authority": frozenset({SECURITY_RESPONDER, ADMIN}),
+    "override": frozenset({INCIDENT_COMMANDER, ADMIN}),
+    "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
+    "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+    "audit_export": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+}
+
+
+def roles_of(user) -> frozenset[str]:
+    if user is None or not getattr(user, "is_authenticated", False):
+        return frozenset()
+    names = set(user.groups.values_list("name", flat=True))
+    if user.is_superuser:
+        names.add(ADMIN)
+    return frozenset(n for n in names if n in ROLES)
+
+
+def may(roles: frozenset[str] | set[str], action: str) -> bool:
+    return bool(PERMISSIONS.get(action, frozenset()) & set(roles))
+
+
+def primary_role(roles: frozenset[str]) -> str:
+    """The most senior role, for audit rows."""
+    for role in reversed(ROLES):
+        if role in roles:
+            return role
+    return ""

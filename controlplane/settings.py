@@ -1,0 +1,181 @@
+"""One env-driven settings module.
+
+No configuration: SQLite, the in-memory channel layer and an embedded (filesystem) Celery broker, so
+`make run` works on a fresh machine. DATABASE_URL switches to PostgreSQL (psycopg 3 with a pool),
+REDIS_URL to Redis for Celery and channels-redis. CONTROLPLANE_PRODUCTION=1 turns on the hardened
+settings that `manage.py check --deploy` inspects.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from .env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+
+PRODUCTION = env_bool("CONTROLPLANE_PRODUCTION", False)
+DEBUG = env_bool("DEBUG", not PRODUCTION)
+SECRET_KEY = env_str("SECRET_KEY", "" if PRODUCTION else "dev-insecure-only-for-the-embedded-demo")
+if not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set when CONTROLPLANE_PRODUCTION=1")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "audit",
+    "runs",
+    "interventions",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL", "")
+if DATABASE_URL:
+    _db = dj_database_url.parse(DATABASE_URL)
+    if _db["ENGINE"] == "django.db.backends.postgresql":
+        # psycopg 3's pool: connections are reused across requests instead of one per request.
+        _db["CONN_MAX_AGE"] = 0
+        _db.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env_int("DB_POOL_MIN", 2),
+            "max_size": env_int("DB_POOL_MAX", 20),
+            "timeout": 10,
+        }
+        _db["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_controlplane")}
+    DATABASES = {"default": _db}
+else:
+    if PRODUCTION:
+        raise ImproperlyConfigured("DATABASE_URL (PostgreSQL) is required when CONTROLPLANE_PRODUCTION=1")
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "controlplane.sqlite3")),
+            # The demo's ASGI server, Celery worker and agents write at once: wait instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+            "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+
+# --- redis: celery broker and channel layer ---------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    if PRODUCTION:
+        raise ImproperlyConfigured("REDIS_URL is required when CONTROLPLANE_PRODUCTION=1")
+    _broker = VAR_DIR / "broker"
+    for sub in ("in", "processed"):
+        (_broker / sub).mkdir(parents=True, exist_ok=True)
+    # Embedded broker: kombu's filesystem transport, shared by the web process, worker and beat.
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker / "in"),
+        "data_folder_out": str(_broker / "in"),
+        "processed_folder": str(_broker / "processed"),
+        "store_processed": False,
+    }
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+RECOVERY_SCAN_INTERVAL_S = env_int("RECOVERY_SCAN_INTERVAL_S", 5)
+CELERY_BEAT_SCHEDULE = {
+    "scan-expired-leases": {"task": "runs.tasks.scan_expired_leases", "schedule": RECOVERY_SCAN_INTERVAL_S},
+    "fire-due-timers": {"task": "runs.tasks.fire_due_timers", "schedule": RECOVERY_SCAN_INTERVAL_S},
+}
+
+# --- control-plane behaviour -------------------------------------------------------------------
+LEASE_TTL_S = env_int("LEASE_TTL_S", 30)
+HEARTBEAT_MAX_WAIT_S = env_int("HEARTBEAT_MAX_WAIT_S", 25)
+# Modules that register compensators, reconcilers and assumption checkers (the only knowledge the
+# control plane has of external systems).
+CONTROLPLANE_ADAPTERS = env_list("CONTROLPLANE_ADAPTERS", ["world.adapters"])
+WORLD_URL = env_str("WORLD_URL", "http://127.0.0.1:8100")
+
+# --- auth and security ----------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the <body hx-headers>, not the cookie
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class InterventionsConfig(AppConfig):
+    name = "interventions"
+    verbose_name = "Interventions"

@@ -1,0 +1,49 @@
+from django.contrib import admin
+
+from runs.models import Agent, ApiToken, Approval, Attempt, AuthorityGrant, Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Run state changes only through services (so they are audited); the admin shows it."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ["name", "allowed_scopes", "created_at"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "prefix", "user", "agents", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at"]
+    exclude = []
+
+    def has_add_permission(self, request):
+        return False  # tokens are issued by create_worker_token / create_api_token, which show the secret once
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "agent", "state", "attempt_count", "fencing_token", "assignee", "decision_authority", "created_at"]
+    list_filter = ["state", "agent"]
+    search_fields = ["id", "goal"]
+
+
+@admin.register(Effect)
+class EffectAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "step", "tool", "action", "idempotency_key", "decision", "status", "late", "stale_lease", "declared_at"]
+    list_filter = ["status", "decision", "tool"]
+    search_fields = ["idempotency_key", "run__id"]
+
+
+for model in (Attempt, ExecutionLease, AuthorityGrant, Checkpoint, HistoryEvent, Approval):
+    admin.site.register(model, ReadOnlyAdmin)

@@ -1,0 +1,203 @@
+"""Worker protocol endpoints (DESIGN §5). Thin: parse, authorise the caller kind, call one service."""
+from __future__ import annotations
+
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest
+from ninja import Query, Router, Schema
+from ninja.responses import Status
+from pydantic import Field
+
+from audit.actors import Actor
+from controlplane.roles import may
+from runs import selectors, services
+from runs.directive_bus import get_bus
+from runs.errors import Forbidden, NotFound
+from runs.models import Effect, ExecutionLease
+from runs.schemas import (ApprovalIn, CheckpointIn, ClaimIn, EffectIn, EventsIn, FinishIn, HeartbeatIn, OutcomeIn,
+                          ReleaseIn, RunIn)
+from runs.states import directive_for
+
+router = Router(tags=["worker protocol"])
+
+
+def _worker(request: HttpRequest) -> Actor:
+    actor: Actor = request.auth
+    if not actor.is_worker:
+        raise Forbidden("only worker tokens may make worker-protocol writes")
+    return actor
+
+
+def _worker_for_run(request: HttpRequest, run_id) -> Actor:
+    actor = _worker(request)
+    selectors.get_visible_run(actor, run_id)  # 404 for runs of agents this token may not act for
+    return actor
+
+
+@router.post("/runs", response={201: dict})
+def create_run(request: HttpRequest, body: RunIn):
+    actor: Actor = request.auth
+    if not actor.is_worker and not may(actor.roles, "start_run"):
+        raise Forbidden("your role may not start runs")
+    run = services.create_run(
+        actor=actor, agent=body.agent, goal=body.goal, input=body.input, parent_run_id=body.parent_run_id,
+        versions=body.versions, authority=[g.dict() for g in body.authority], deadline=body.deadline,
+        retry_policy=body.retry_policy,
+    )
+    return Status(201, selectors.run_detail(run))
+
+
+class RunFilter(Schema):
+    agent: str | None = Field(default=None, max_length=100)
+    state: str | None = Field(default=None, max_length=300)
+    limit: int = Field(default=50, ge=1, le=500)
+
+
+@router.get("/runs", response=dict)
+def list_runs(request: HttpRequest, filters: Query[RunFilter]):
+    return {"runs": selectors.list_runs(request.auth, agent=filters.agent, state=filters.state, limit=filters.limit)}
+
+
+@router.get("/runs/{run_id}", response=dict)
+def get_run(request: HttpRequest, run_id: UUID):
+    return selectors.run_detail(selectors.get_visible_run(request.auth, run_id))
+
+
+@router.get("/runs/{run_id}/effects", response=dict)
+def list_effects(request: HttpRequest, run_id: UUID):
+    return {"effects": selectors.ledger(selectors.get_visible_run(request.auth, run_id))}
+
+
+@router.get("/runs/{run_id}/history", response=dict)
+def get_history(request: HttpRequest, run_id: UUID):
+    run = selectors.get_visible_run(request.auth, run_id)
+    return {"events": [{"seq": h.seq, "kind": h.kind, "actor": h.actor, "data": h.data, "created_at": h.created_at.isoformat(),
+                        "hash": h.hash} for h in run.history.order_by("seq")],
+            "integrity": services.common.verify_history(run)}
+
+
+@router.post("/runs/{run_id}/claim", response=dict)
+def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
+    actor = _worker_for_run(request, run_id)
+    return services.claim_run(actor=actor, run_id=run_id, worker=body.worker, versions=body.versions).as_dict()
+
+
+def _lease_run_id(request: HttpRequest, lease_id: UUID):
+    lease = ExecutionLease.objects.filter(pk=lease_id).only("run_id").first()
+    if lease is None:
+        raise NotFound(f"lease {lease_id} does not exist", object="lease")
+    _worker_for_run(request, lease.run_id)
+    return str(lease.run_id)
+
+
+@router.post("/leases/{lease_id}/heartbeat", response=dict)
+async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
+    """Keeps the lease and returns the directive. With ``wait_s`` it long-polls: it answers as soon
+    as the directive changes (woken by PostgreSQL NOTIFY), or when ``wait_s`` passes."""
+    run_id = await sync_to_async(_lease_run_id)(request, lease_id)
+    beat = sync_to_async(services.heartbeat)
+    bus = get_bus()
+    wait_s = min(body.wait_s, settings.HEARTBEAT_MAX_WAIT_S, max(settings.LEASE_TTL_S - 5, 1))
+    if wait_s <= 0:
+        return (await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)).as_dict()
+    # Subscribe before the first read, so a change committed in between still wakes us.
+    listening = await bus.start()
+    event = bus.subscribe(run_id)
+    try:
+        first = await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)
+        if first.directive != "continue" or first.timers:
+            return first.as_dict()
+        loop_deadline = _now() + wait_s
+        while _now() < loop_deadline:
+            await bus.wait(event, loop_deadline - _now(), listening)
+            state = await sync_to_async(_run_state)(run_id)
+            if directive_for(state) != first.directive:
+                break
+        return (await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)).as_dict()
+    finally:
+        bus.unsubscribe(run_id, event)
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _run_state(run_id: str) -> str:
+    from runs.models import Run
+
+    return Run.objects.values_list("state", flat=True).get(pk=run_id)
+
+
+@router.post("/leases/{lease_id}/release", response=dict)
+def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
+    """The worker acknowledges pause/cancel at a step boundary and gives the lease back."""
+    _lease_run_id(request, lease_id)
+    run = services.release_lease(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, reason=body.reason)
+    return {"run_id": str(run.pk), "state": run.state}
+
+
+@router.post("/runs/{run_id}/effects", response={200: dict, 201: dict, 409: dict})
+def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
+    actor = _worker_for_run(request, run_id)
+    result = services.declare_effect(
+        actor=actor, run_id=run_id, fencing_token=body.fencing_token, step=body.step, tool=body.tool,
+        action=body.action, idempotency_key=body.idempotency_key, args=body.args,
+        compensation=body.compensation.dict() if body.compensation else None, irreversible=body.irreversible,
+        approval_id=body.approval_id,
+    )
+    payload = result.as_dict()
+    if result.decision == "denied":
+        return Status(409, {"error": "denied", **payload})
+    return Status(201 if result.decision == "authorized" else 200, payload)
+
+
+def _effect_run_id(request: HttpRequest, effect_id: UUID):
+    row = Effect.objects.filter(pk=effect_id).only("run_id").first()
+    if row is None:
+        raise NotFound(f"effect {effect_id} does not exist", object="effect")
+    return row.run_id
+
+
+@router.post("/effects/{effect_id}/outcome", response=dict)
+def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
+    actor = _worker_for_run(request, _effect_run_id(request, effect_id))
+    effect = services.record_outcome(actor=actor, effect_id=effect_id, fencing_token=body.fencing_token,
+                                     status=body.status, external_ref=body.external_ref, detail=body.detail)
+    return services.effect_dict(effect)
+
+
+@router.post("/runs/{run_id}/checkpoints", response={201: dict})
+def write_checkpoint(request: HttpRequest, run_id: UUID, body: CheckpointIn):
+    actor = _worker_for_run(request, run_id)
+    cp = services.write_checkpoint(actor=actor, run_id=run_id, fencing_token=body.fencing_token, step=body.step, state=body.state)
+    return Status(201, {"id": cp.pk, "seq": cp.seq, "step": cp.step, "hash": cp.hash})
+
+
+@router.post("/runs/{run_id}/events", response={201: dict})
+def append_events(request: HttpRequest, run_id: UUID, body: EventsIn):
+    actor = _worker_for_run(request, run_id)
+    seqs = services.append_events(actor=actor, run_id=run_id, fencing_token=body.fencing_token,
+                                  events=[e.dict() for e in body.events])
+    return Status(201, {"seqs": seqs})
+
+
+@router.post("/runs/{run_id}/approvals", response={201: dict})
+def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
+    actor = _worker_for_run(request, run_id)
+    approval = services.request_approval(actor=actor, run_id=run_id, fencing_token=body.fencing_token, tool=body.tool,
+                                         action=body.action, args=body.args, reason=body.reason,
+                                         deadline_s=body.deadline_s, required_role=body.required_role)
+    return Status(201, {"id": str(approval.pk), "status": approval.status, "digest": approval.digest,
+                        "deadline": approval.deadline.isoformat() if approval.deadline else None})
+
+
+@router.post("/runs/{run_id}/finish", response=dict)
+def finish(request: HttpRequest, run_id: UUID, body: FinishIn):
+    actor = _worker_for_run(request, run_id)
+    run = services.finish_attempt(actor=actor, run_id=run_id, fencing_token=body.fencing_token, outcome=body.outcome,
+                                  failure_class=body.failure_class, error=body.error)
+    return {"id": str(run.pk), "state": run.state}

@@ -1,0 +1,9 @@
+from .agents import Agent, ApiToken
+from .history import Assumption, Checkpoint, HistoryEvent, Timer
+from .ledger import AuthorityGrant, Effect
+from .run import Approval, Attempt, ExecutionLease, Run
+
+__all__ = [
+    "Agent", "ApiToken", "Approval", "Assumption", "Attempt", "AuthorityGrant", "Checkpoint", "Effect",
+    "ExecutionLease", "HistoryEvent", "Run", "Timer",
+]

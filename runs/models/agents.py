@@ -1,0 +1,71 @@
+"""Registered agents and the machine/personal tokens that act on the API."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Agent(models.Model):
+    """An agent kind that may start runs, and the authority scopes its runs may ever hold."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    allowed_scopes = models.JSONField(default=list, help_text="e.g. ['payments:charge', 'inventory:*']")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only a SHA-256 of the secret is stored; the prefix lets people tell tokens apart.
+
+    kind=worker: a machine identity for agent workers, scoped to agents (empty = any agent); it can
+    never issue an intervention. kind=operator: a personal token acting as its user (scripts).
+    """
+
+    WORKER, OPERATOR = "worker", "operator"
+    PREFIX_LEN = 8
+
+    kind = models.CharField(max_length=10, choices=[(WORKER, WORKER), (OPERATOR, OPERATOR)])
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, db_index=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    agents = models.JSONField(default=list, blank=True, help_text="agent names; empty = any agent")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(kind__in=["worker", "operator"]), name="apitoken_kind_valid"),
+            models.CheckConstraint(
+                condition=models.Q(kind="worker") | models.Q(user__isnull=False), name="operator_token_has_user"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_secret(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, *, kind: str, name: str, user=None, agents: list[str] | None = None) -> tuple["ApiToken", str]:
+        """Create a token and return it with the plaintext secret, which is never stored."""
+        tag = "cpw" if kind == cls.WORKER else "cpo"
+        secret = f"{tag}_{secrets.token_urlsafe(32)}"
+        token = cls.objects.create(
+            kind=kind, name=name, user=user, agents=agents or [],
+            prefix=secret[: cls.PREFIX_LEN], token_hash=cls.hash_secret(secret),
+        )
+        return token, secret
+
+    def may_act_for(self, agent_name: str) -> bool:
+        return not self.agents or agent_name in self.agents

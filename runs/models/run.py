@@ -1,0 +1,135 @@
+"""Run, Attempt, ExecutionLease and Approval: who executes what, under which lease."""
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from runs.states import State
+
+STATE_CHOICES = [(s.value, s.value) for s in State]
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey("runs.Agent", on_delete=models.PROTECT, related_name="runs")
+    goal = models.TextField()
+    input = models.JSONField(default=dict, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    root = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    versions = models.JSONField(default=dict, blank=True)  # code, model, tools{}, config_hash
+    state = models.CharField(max_length=20, choices=STATE_CHOICES, default=State.QUEUED, db_index=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    # Monotonic per run: every claim increments it; a write carrying an older token is refused.
+    fencing_token = models.BigIntegerField(default=0)
+    attempt_count = models.PositiveIntegerField(default=0)
+    current_attempt = models.ForeignKey("runs.Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The checkpoint the next attempt starts from (set by pause, retry, recovery); null = latest.
+    resume_checkpoint = models.ForeignKey("runs.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Three separate ownership facets (the execution lease is the third, in ExecutionLease).
+    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="assigned_runs")
+    decision_authority = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="decided_runs")
+    retry_policy = models.JSONField(default=dict, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    history_head = models.CharField(max_length=64, blank=True)  # hash of the latest history event
+    history_seq = models.PositiveIntegerField(default=0)
+    checkpoint_seq = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(state__in=[s.value for s in State]), name="run_state_valid"),
+            models.CheckConstraint(condition=models.Q(fencing_token__gte=0), name="run_fencing_token_nonnegative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}:{str(self.id)[:8]} ({self.state})"
+
+
+class Attempt(models.Model):
+    RUNNING, SUCCEEDED, FAILED, ABANDONED, STOPPED = "running", "succeeded", "failed", "abandoned", "stopped"
+    OUTCOMES = [RUNNING, SUCCEEDED, FAILED, ABANDONED, STOPPED]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="attempts")
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=150)
+    worker_versions = models.JSONField(default=dict, blank=True)
+    started_from = models.ForeignKey("runs.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=12, default=RUNNING)
+    failure_class = models.CharField(max_length=100, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique_per_run"),
+            models.CheckConstraint(condition=models.Q(outcome__in=["running", "succeeded", "failed", "abandoned", "stopped"]), name="attempt_outcome_valid"),
+        ]
+
+
+class ExecutionLease(models.Model):
+    ACTIVE, RELEASED, EXPIRED = "active", "released", "expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="leases")
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="leases")
+    worker = models.CharField(max_length=150)
+    fencing_token = models.BigIntegerField()
+    ttl_s = models.PositiveIntegerField()
+    granted_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeats = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=10, default=ACTIVE)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        constraints = [
+            # At most one live lease per run, enforced by the database.
+            models.UniqueConstraint(fields=["run"], condition=models.Q(status="active"), name="one_active_lease_per_run"),
+            models.UniqueConstraint(fields=["run", "fencing_token"], name="lease_fencing_token_unique"),
+            models.CheckConstraint(condition=models.Q(status__in=["active", "released", "expired"]), name="lease_status_valid"),
+        ]
+
+    def is_live(self, now=None) -> bool:
+        return self.status == self.ACTIVE and self.expires_at > (now or timezone.now())
+
+
+class Approval(models.Model):
+    PENDING, APPROVED, REJECTED, TIMED_OUT = "pending", "approved", "rejected", "timed_out"
+    STATUSES = [PENDING, APPROVED, REJECTED, TIMED_OUT]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="approvals")
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="approvals")
+    requested_by = models.CharField(max_length=150)
+    tool = models.CharField(max_length=100)
+    action = models.CharField(max_length=100)
+    args = models.JSONField(default=dict, blank=True)
+    # Binds the decision to the exact action: sha256 of tool, action, args, run and attempt.
+    digest = models.CharField(max_length=64)
+    reason = models.TextField(blank=True)
+    required_role = models.CharField(max_length=50, default="approver")
+    status = models.CharField(max_length=10, default=PENDING)
+    deadline = models.DateTimeField(null=True, blank=True)
+    requested_at = models.DateTimeField(default=timezone.now)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    shown = models.JSONField(default=dict, blank=True)  # what the approver was shown
+    consumed_by = models.ForeignKey("runs.Effect", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-requested_at"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=["pending", "approved", "rejected", "timed_out"]), name="approval_status_valid"),
+        ]

@@ -1,0 +1,131 @@
+"""Durable boundaries and facts a worker reports: checkpoints, history events, approvals, timers."""
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from audit.actors import Actor
+from audit.chain import canonical
+from audit.services import record_audit
+from runs.errors import Invalid, NotFound
+from runs.models import Approval, Assumption, Checkpoint, Run, Timer
+from runs.states import LEASED_STATES, Event, State
+
+from .common import append_history, apply_transition, decision, lock_run, notify_run_changed
+from .effects import approval_digest
+from .lifecycle import check_fencing
+
+WORKER_EVENT_KINDS = {"step_started", "step_completed", "assumption", "timer_set", "timer_cancelled",
+                      "message", "signal", "log"}
+
+
+def write_checkpoint(*, actor: Actor, run_id: Any, fencing_token: int, step: str, state: dict | None = None) -> Checkpoint:
+    with decision(actor, "run.checkpoint", "run", run_id, run_id):
+        run = lock_run(run_id)
+        check_fencing(run, fencing_token)
+        seq = run.checkpoint_seq + 1
+        snapshot = state or {}
+        digest = hashlib.sha256(canonical({"run": str(run.pk), "seq": seq, "step": step, "state": snapshot,
+                                           "versions": run.versions})).hexdigest()
+        cp = Checkpoint.objects.create(run=run, attempt_id=run.current_attempt_id, seq=seq, step=step, state=snapshot,
+                                       versions=run.versions, history_seq=run.history_seq + 1, hash=digest)
+        run.checkpoint_seq = seq
+        Run.objects.filter(pk=run.pk).update(checkpoint_seq=seq)
+        append_history(run, "checkpoint", {"seq": seq, "step": step, "hash": digest}, attempt=run.current_attempt, actor=actor)
+    return cp
+
+
+def _parse_time(value: Any, field: str) -> datetime:
+    parsed = parse_datetime(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise Invalid(f"{field} must be an ISO 8601 datetime", field=field)
+    if timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, dt_timezone.utc)
+    return parsed
+
+
+def append_events(*, actor: Actor, run_id: Any, fencing_token: int, events: list[dict]) -> list[int]:
+    """Worker-reported history: steps, assumptions, timers, messages. All or nothing."""
+    for i, ev in enumerate(events):
+        if ev.get("kind") not in WORKER_EVENT_KINDS:
+            raise Invalid(f"events[{i}].kind must be one of {sorted(WORKER_EVENT_KINDS)}", field=f"events[{i}].kind")
+        if not isinstance(ev.get("data", {}), dict):
+            raise Invalid(f"events[{i}].data must be an object", field=f"events[{i}].data")
+    seqs = []
+    with decision(actor, "run.events", "run", run_id, run_id):
+        run = lock_run(run_id)
+        check_fencing(run, fencing_token)
+        for i, ev in enumerate(events):
+            data = ev.get("data") or {}
+            _materialise(run, ev["kind"], data, i)
+            seqs.append(append_history(run, ev["kind"], data, attempt=run.current_attempt, actor=actor).seq)
+    return seqs
+
+
+def _materialise(run: Run, kind: str, data: dict, i: int) -> None:
+    if kind == "assumption":
+        if not data.get("key"):
+            raise Invalid(f"events[{i}].data.key is required for an assumption", field=f"events[{i}].data.key")
+        observed = _parse_time(data["observed_at"], f"events[{i}].data.observed_at") if data.get("observed_at") else timezone.now()
+        Assumption.objects.create(run=run, key=str(data["key"])[:200], value=data.get("value"), step=str(data.get("step", ""))[:100],
+                                  observed_at=observed, max_age_s=data.get("max_age_s"),
+                                  checker=str(data.get("checker") or "")[:100], meta=data.get("meta") or {})
+    elif kind == "timer_set":
+        if not data.get("name"):
+            raise Invalid(f"events[{i}].data.name is required for a timer", field=f"events[{i}].data.name")
+        if data.get("fire_at"):
+            fire_at = _parse_time(data["fire_at"], f"events[{i}].data.fire_at")
+        elif isinstance(data.get("in_s"), (int, float)):
+            fire_at = timezone.now() + timedelta(seconds=data["in_s"])
+        else:
+            raise Invalid(f"events[{i}].data needs fire_at or in_s", field=f"events[{i}].data.fire_at")
+        Timer.objects.create(run=run, name=str(data["name"])[:100], fire_at=fire_at)
+    elif kind == "timer_cancelled":
+        Timer.objects.filter(run=run, name=data.get("name", ""), status=Timer.PENDING).update(status=Timer.CANCELLED)
+
+
+def request_approval(*, actor: Actor, run_id: Any, fencing_token: int, tool: str, action: str, args: dict | None = None,
+                     reason: str = "", deadline_s: int | None = None, required_role: str = "approver") -> Approval:
+    args = args or {}
+    with decision(actor, "approval.request", "run", run_id, run_id):
+        run = lock_run(run_id)
+        check_fencing(run, fencing_token)
+        now = timezone.now()
+        approval = Approval.objects.create(
+            run=run, attempt_id=run.current_attempt_id, requested_by=actor.label, tool=tool, action=action, args=args,
+            digest=approval_digest(run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args),
+            reason=reason, required_role=required_role, requested_at=now,
+            deadline=now + timedelta(seconds=deadline_s) if deadline_s else None,
+        )
+        append_history(run, "approval_requested", {"approval": str(approval.pk), "tool": tool, "action": action,
+                                                   "digest": approval.digest}, attempt=run.current_attempt, actor=actor)
+        apply_transition(run, Event.REQUEST_APPROVAL, actor=actor, reason=reason or f"approval for {tool}:{action}",
+                         data={"approval": str(approval.pk)})
+    return approval
+
+
+def fire_due_timers(*, actor: Actor, now=None) -> int:
+    """Timers keep running whatever the run's state: a timer due during a pause is recorded as fired
+    now and delivered to the worker on its next heartbeat while running."""
+    now = now or timezone.now()
+    fired = 0
+    for timer_id, run_id in Timer.objects.filter(status=Timer.PENDING, fire_at__lte=now).values_list("pk", "run_id"):
+        with transaction.atomic():
+            run = lock_run(run_id)
+            timer = Timer.objects.select_for_update().filter(pk=timer_id, status=Timer.PENDING).first()
+            if timer is None:
+                continue
+            timer.status, timer.fired_at, timer.fired_while = Timer.FIRED, now, run.state
+            timer.save(update_fields=["status", "fired_at", "fired_while"])
+            append_history(run, "timer_fired", {"name": timer.name, "fire_at": timer.fire_at, "run_state": run.state}, actor=actor)
+            record_audit(actor=actor, action="timer.fire", object_type="timer", object_id=timer.pk, run_id=run.pk,
+                         context={"name": timer.name, "run_state": run.state})
+            notify_run_changed(run)
+            fired += 1
+    return fired

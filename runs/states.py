@@ -1,0 +1,212 @@
+"""The run state machine, as data.
+
+One table: (state, event) -> Transition(next state, guard name). Services look transitions up here,
+the contracts page and the console render it, and the tests walk every allowed and forbidden edge.
+No ORM imports: this module is pure data so anything can read it.
+
+Events are either worker-protocol facts (claim, finish, lease expiry, approval request) or operator
+interventions (pause, resume, cancel, ...). Guards are named preconditions that the service checks
+with the database in hand (e.g. ``no_inflight_effects``); the table only names them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class State(StrEnum):
+    QUEUED = "queued"                    # claimable by a worker
+    RUNNING = "running"                  # a worker holds the execution lease
+    AWAITING_APPROVAL = "awaiting_approval"  # planned boundary: a human decides
+    PAUSING = "pausing"                  # pause committed; waiting for the worker to reach a boundary
+    PAUSED = "paused"                    # preserved: no new progress, lease released
+    REVALIDATING = "revalidating"        # resume asked; revalidation job running
+    CANCELLING = "cancelling"            # cancel committed; waiting for the worker to stop
+    CANCELLED = "cancelled"
+    ORPHANED = "orphaned"                # lease expired without release: the worker disappeared
+    RECOVERING = "recovering"            # recovery job reconciling durable state with the world
+    COMPENSATING = "compensating"        # compensation plan executing
+    COMPENSATED = "compensated"
+    FAILED = "failed"
+    SUCCEEDED = "succeeded"
+    CLOSED = "closed"                    # accountable owner closed the case; nothing more happens
+
+
+class Event(StrEnum):
+    # worker protocol facts
+    CLAIM = "claim"
+    REQUEST_APPROVAL = "request_approval"
+    FINISH_SUCCEEDED = "finish_succeeded"
+    FINISH_FAILED = "finish_failed"
+    WORKER_STOPPED = "worker_stopped"    # worker acknowledged pause/cancel at a boundary
+    LEASE_EXPIRED = "lease_expired"
+    # operator interventions
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    RETRY = "retry"
+    COMPENSATE = "compensate"
+    RECOVER = "recover"
+    APPROVE = "approve"
+    REJECT = "reject"
+    APPROVAL_TIMED_OUT = "approval_timed_out"
+    CLOSE = "close"
+    # job outcomes
+    REVALIDATION_PASSED = "revalidation_passed"
+    REVALIDATION_BLOCKED = "revalidation_blocked"
+    RECOVERY_REDRIVE = "recovery_redrive"
+    RECOVERY_ESCALATE = "recovery_escalate"
+    RECOVERY_COMPENSATE = "recovery_compensate"
+    COMPENSATION_COMPLETED = "compensation_completed"
+    COMPENSATION_FAILED = "compensation_failed"
+
+
+@dataclass(frozen=True)
+class Transition:
+    target: State
+    guard: str | None = None  # name of a precondition checked by the service
+
+
+S, E, T = State, Event, Transition
+
+TRANSITIONS: dict[State, dict[Event, Transition]] = {
+    S.QUEUED: {
+        E.CLAIM: T(S.RUNNING),
+        E.PAUSE: T(S.PAUSED),
+        E.CANCEL: T(S.CANCELLED),
+    },
+    S.RUNNING: {
+        E.PAUSE: T(S.PAUSING),
+        E.CANCEL: T(S.CANCELLING),
+        E.REQUEST_APPROVAL: T(S.AWAITING_APPROVAL),
+        E.FINISH_SUCCEEDED: T(S.SUCCEEDED, guard="no_unresolved_effects"),
+        E.FINISH_FAILED: T(S.FAILED),
+        E.LEASE_EXPIRED: T(S.ORPHANED),
+    },
+    S.AWAITING_APPROVAL: {
+        E.APPROVE: T(S.RUNNING),
+        E.REJECT: T(S.RUNNING),  # the worker learns the rejection and decides how to end
+        E.APPROVAL_TIMED_OUT: T(S.RUNNING),
+        E.PAUSE: T(S.PAUSING),
+        E.CANCEL: T(S.CANCELLING),
+        E.FINISH_FAILED: T(S.FAILED),
+        E.LEASE_EXPIRED: T(S.ORPHANED),
+    },
+    S.PAUSING: {
+        E.WORKER_STOPPED: T(S.PAUSED),
+        E.LEASE_EXPIRED: T(S.PAUSED),  # the pause was the intent; unknown effects are reconciled on resume
+        E.FINISH_SUCCEEDED: T(S.SUCCEEDED, guard="no_unresolved_effects"),
+        E.FINISH_FAILED: T(S.FAILED),
+        E.CANCEL: T(S.CANCELLING),
+    },
+    S.PAUSED: {
+        E.RESUME: T(S.REVALIDATING),
+        E.CANCEL: T(S.CANCELLED),
+        E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+    },
+    S.REVALIDATING: {
+        E.REVALIDATION_PASSED: T(S.QUEUED),
+        E.REVALIDATION_BLOCKED: T(S.PAUSED),
+        E.CANCEL: T(S.CANCELLED),
+    },
+    S.CANCELLING: {
+        E.WORKER_STOPPED: T(S.CANCELLED),
+        E.FINISH_SUCCEEDED: T(S.CANCELLED),
+        E.FINISH_FAILED: T(S.CANCELLED),
+        E.LEASE_EXPIRED: T(S.CANCELLED),
+    },
+    S.CANCELLED: {
+        E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.CLOSE: T(S.CLOSED),
+    },
+    S.ORPHANED: {
+        E.RECOVER: T(S.RECOVERING),
+        E.CANCEL: T(S.CANCELLED),
+    },
+    S.RECOVERING: {
+        E.RECOVERY_REDRIVE: T(S.QUEUED),
+        E.RECOVERY_ESCALATE: T(S.PAUSED),
+        E.RECOVERY_COMPENSATE: T(S.COMPENSATING),
+    },
+    S.COMPENSATING: {
+        E.COMPENSATION_COMPLETED: T(S.COMPENSATED),
+        E.COMPENSATION_FAILED: T(S.FAILED),
+    },
+    S.COMPENSATED: {
+        E.CLOSE: T(S.CLOSED),
+    },
+    S.FAILED: {
+        E.RETRY: T(S.QUEUED, guard="previous_attempt_accounted_for"),
+        E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.CLOSE: T(S.CLOSED),
+    },
+    S.SUCCEEDED: {
+        E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.CLOSE: T(S.CLOSED),
+    },
+    S.CLOSED: {},
+}
+
+# What the lease holder is told on heartbeat, by state. The directive is derived, never stored
+# separately, so it can never disagree with the state.
+DIRECTIVES: dict[State, str] = {
+    S.QUEUED: "stop",
+    S.RUNNING: "continue",
+    S.AWAITING_APPROVAL: "wait",
+    S.PAUSING: "pause",
+    S.PAUSED: "pause",
+    S.REVALIDATING: "stop",
+    S.CANCELLING: "cancel",
+    S.CANCELLED: "cancel",
+    S.ORPHANED: "stop",
+    S.RECOVERING: "stop",
+    S.COMPENSATING: "stop",
+    S.COMPENSATED: "stop",
+    S.FAILED: "stop",
+    S.SUCCEEDED: "stop",
+    S.CLOSED: "stop",
+}
+
+# States in which a worker holds (or may hold) the execution lease and may write facts.
+LEASED_STATES = frozenset({S.RUNNING, S.AWAITING_APPROVAL, S.PAUSING, S.CANCELLING})
+# States in which a new effect may be authorised. Only RUNNING: a pause or cancel committing
+# removes the run from this set in the same transaction that records the intervention.
+EFFECT_STATES = frozenset({S.RUNNING})
+TERMINAL_STATES = frozenset(s for s, edges in TRANSITIONS.items() if not edges)
+# Execution is over (no lease, no effects) though follow-up interventions may still apply.
+FINISHED_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.COMPENSATED, S.CLOSED})
+
+# Denial reason for an effect declared while the run is not running.
+DENIAL_BY_STATE: dict[State, str] = {
+    S.PAUSING: "run_paused",
+    S.PAUSED: "run_paused",
+    S.REVALIDATING: "run_paused",
+    S.CANCELLING: "run_cancelled",
+    S.CANCELLED: "run_cancelled",
+}
+
+
+def transition(state: State | str, event: Event | str) -> Transition | None:
+    """The allowed transition, or None if the table has no such edge."""
+    return TRANSITIONS[State(state)].get(Event(event))
+
+
+def allowed_events(state: State | str) -> list[Event]:
+    return list(TRANSITIONS[State(state)])
+
+
+def directive_for(state: State | str) -> str:
+    return DIRECTIVES[State(state)]
+
+
+def denial_reason(state: State | str) -> str:
+    return DENIAL_BY_STATE.get(State(state), "not_running")
+
+
+def as_table() -> list[dict[str, str | None]]:
+    """Flat rows for the contracts page and the API."""
+    return [
+        {"from": s.value, "event": e.value, "to": t.target.value, "guard": t.guard}
+        for s, edges in TRANSITIONS.items()
+        for e, t in edges.items()
+    ]

@@ -1,0 +1,114 @@
+"""Shared cast and helpers. The suite runs on PostgreSQL (make test / .ci/run set DATABASE_URL)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from django.db import connection
+
+
+def pytest_configure(config):
+    if os.environ.get("CONTROLPLANE_REQUIRE_POSTGRES") == "1":
+        from django.conf import settings
+
+        if not settings.IS_POSTGRES:
+            raise pytest.UsageError("CONTROLPLANE_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: refusing to fall back to SQLite")
+
+
+@pytest.fixture
+def postgres_only():
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (run via make test)")
+
+
+class Api:
+    """A JSON client for /api/v1 acting with one bearer token (or a logged-in session)."""
+
+    def __init__(self, client, token: str | None = None):
+        self.client = client
+        self.headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+
+    def post(self, path: str, body: dict | None = None, **extra):
+        return self.client.post(f"/api/v1{path}", data=json.dumps(body or {}), content_type="application/json",
+                                **self.headers, **extra)
+
+    def get(self, path: str, **params):
+        return self.client.get(f"/api/v1{path}", params, **self.headers)
+
+
+PURCHASING_SCOPES = ["inventory:*", "shipping:*", "payments:charge", "payments:refund", "notifications:*", "address:verify"]
+
+
+@pytest.fixture
+def agent(db):
+    from runs.models import Agent
+
+    return Agent.objects.create(name="purchasing", allowed_scopes=PURCHASING_SCOPES)
+
+
+@pytest.fixture
+def worker_token(agent):
+    from runs.models import ApiToken
+
+    _, secret = ApiToken.issue(kind=ApiToken.WORKER, name="worker-1", agents=["purchasing"])
+    return secret
+
+
+@pytest.fixture
+def worker(client, worker_token):
+    return Api(client, worker_token)
+
+
+ROLE_USERS = {"vera": "viewer", "otto": "operator", "olga": "operator", "april": "approver",
+              "ian": "incident_commander", "sam": "security_responder", "ada": "admin"}
+
+
+@pytest.fixture
+def cast(db):
+    """A fixed cast: vera viewer, otto & olga operators, april approver, ian incident commander,
+    sam security responder, ada admin. Returns {username: (user, token)}."""
+    from django.contrib.auth.models import Group, User
+
+    from runs.models import ApiToken
+
+    people = {}
+    for username, role in ROLE_USERS.items():
+        user = User.objects.create_user(username, password="pw-" + username)
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+        _, secret = ApiToken.issue(kind=ApiToken.OPERATOR, name=f"{username}-token", user=user)
+        people[username] = (user, secret)
+    return people
+
+
+@pytest.fixture
+def as_user(client, cast):
+    def make(username: str) -> Api:
+        from django.test import Client
+
+        return Api(Client(), cast[username][1])
+
+    return make
+
+
+def start_run(api: Api, **overrides) -> dict:
+    body = {"agent": "purchasing", "goal": "buy 2 of sku-1", "input": {"sku": "sku-1", "qty": 2},
+            "versions": {"code": "1.0.0", "model": "m-1", "tools": {"payments": "3.1"}, "config_hash": "abc"},
+            "authority": [{"scope": "inventory:*", "ttl_s": 3600}, {"scope": "payments:charge", "ttl_s": 3600}]}
+    body.update(overrides)
+    resp = api.post("/runs", body)
+    assert resp.status_code == 201, resp.content
+    return resp.json()
+
+
+def claim(api: Api, run_id: str, worker_name: str = "worker-7") -> dict:
+    resp = api.post(f"/runs/{run_id}/claim", {"worker": worker_name})
+    assert resp.status_code == 200, resp.content
+    return resp.json()
+
+
+def declare(api: Api, run_id: str, token: int, key: str = "order-42-charge", **overrides):
+    body = {"fencing_token": token, "step": "charge", "tool": "payments", "action": "charge",
+            "idempotency_key": key, "args": {"amount": 100}, "compensation": {"tool": "payments", "action": "refund"}}
+    body.update(overrides)
+    return api.post(f"/runs/{run_id}/effects", body)
