@@ -34,3 +34,6 @@ class Intervention(models.Model):
             models.CheckConstraint(condition=~models.Q(reason=""), name="intervention_reason_required"),
             models.CheckConstraint(condition=models.Q(scope__in=["run", "tree"]), name="intervention_scope_valid"),
         ]
+
+
+from interventions.models_compensation import *  # noqa: E402,F401,F403  (CompensationPlan, CompensationStep)

@@ -59,3 +59,7 @@ class EffectUnresolved(Conflict):
 
 class EffectsUnresolved(Conflict):
     code = "effects_unresolved"
+
+
+class NotDecisionAuthority(Forbidden):
+    code = "not_decision_authority"

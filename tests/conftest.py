@@ -9,9 +9,11 @@ from django.db import connection
 
 
 def pytest_configure(config):
-    if os.environ.get("CONTROLPLANE_REQUIRE_POSTGRES") == "1":
-        from django.conf import settings
+    from django.conf import settings
 
+    # Tests create users; the production hasher's cost buys nothing here.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    if os.environ.get("CONTROLPLANE_REQUIRE_POSTGRES") == "1":
         if not settings.IS_POSTGRES:
             raise pytest.UsageError("CONTROLPLANE_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: refusing to fall back to SQLite")
 

@@ -15,6 +15,9 @@ class Agent(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
     allowed_scopes = models.JSONField(default=list, help_text="e.g. ['payments:charge', 'inventory:*']")
+    # Versions a worker of this agent currently runs (reported at claim): what "now" means when a
+    # resume or recovery compares a run's pinned versions.
+    current_versions = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:

@@ -32,6 +32,8 @@ class Run(models.Model):
     assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="assigned_runs")
     decision_authority = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="decided_runs")
     retry_policy = models.JSONField(default=dict, blank=True)
+    claimable_after = models.DateTimeField(null=True, blank=True)  # retry backoff
+    execution_pin = models.CharField(max_length=150, blank=True)  # transfer: only this worker may claim next
     deadline = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -113,6 +113,12 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
                             state=run.state)
         if run.state != State.QUEUED:
             raise NotClaimable(f"run is {run.state}; only queued runs can be claimed", state=run.state)
+        if run.claimable_after and run.claimable_after > now:
+            raise NotClaimable(f"retry backoff: claimable after {run.claimable_after.isoformat()}", state=run.state)
+        if run.execution_pin and run.execution_pin != worker:
+            raise NotClaimable(f"execution was transferred to worker {run.execution_pin!r}", state=run.state)
+        if versions:  # what this agent's workers run now: compared by resume and recovery
+            Agent.objects.filter(pk=run.agent_id).update(current_versions=versions)
         if live is not None:  # defensive: a stale active row must never block the partial unique index
             _end_lease(live, ExecutionLease.EXPIRED, "superseded", now)
         run.fencing_token += 1

@@ -1,0 +1,192 @@
+"""What every intervention shares: request, permission and decision-authority checks, scope,
+preview -> issue -> receipt, and the one transaction each decision runs in.
+
+Each contract module (pause.py, resume.py, ...) registers a :class:`Contract` with a ``preview``
+(pure read) and an ``apply`` (the change, called with the run locked inside the transaction).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from audit.actors import Actor
+from audit.services import record_audit
+from controlplane.roles import may
+from interventions.models import Intervention
+from runs.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority
+from runs.models import Approval, Run
+from runs.services.common import decision, lock_run, run_snapshot
+from runs.states import Event, transition
+
+# Contracts that act on the run's course honour its decision authority; an emergency pause and the
+# security responder's authority changes do not wait for the owner (recorded all the same).
+OWNER_BOUND = {"resume", "cancel", "retry", "compensate", "close", "transfer", "recover", "reconcile"}
+
+
+@dataclass
+class Request:
+    kind: str
+    reason: str
+    scope: str = "run"
+    options: dict[str, Any] = field(default_factory=dict)
+    override_reason: str = ""
+
+    @property
+    def override(self) -> bool:
+        return bool(self.override_reason)
+
+
+@dataclass
+class Contract:
+    kind: str
+    event: Event | None  # the state-machine event, or None for contracts that do not move state
+    preview: Callable[[Run, Request, Actor], dict[str, Any]]
+    apply: Callable[[Run, Request, Actor, Intervention], dict[str, Any]]
+    scoped: bool = False  # may cascade to descendants (scope=tree)
+
+
+CONTRACTS: dict[str, Contract] = {}
+
+
+def register(contract: Contract) -> Contract:
+    CONTRACTS[contract.kind] = contract
+    return contract
+
+
+def get_contract(kind: str) -> Contract:
+    _load()
+    if kind not in CONTRACTS:
+        raise Invalid(f"unknown intervention kind {kind!r}; one of {sorted(CONTRACTS)}", field="kind")
+    return CONTRACTS[kind]
+
+
+CONTRACT_MODULES = ["pause", "resume", "cancel", "retry", "reconcile", "compensate", "transfer", "recover",
+                    "approvals", "authority", "close"]
+
+
+def _load() -> None:
+    import importlib
+
+    for name in CONTRACT_MODULES:
+        try:
+            importlib.import_module(f"interventions.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"interventions.{name}":
+                raise
+
+
+def descendants(run: Run) -> list[Run]:
+    """The delegation tree below ``run``, breadth first."""
+    out, frontier = [], [run.pk]
+    while frontier:
+        children = list(Run.objects.filter(parent_id__in=frontier).select_related("agent").order_by("created_at"))
+        out.extend(children)
+        frontier = [c.pk for c in children]
+    return out
+
+
+def children_in_scope(run: Run, req: Request, event: Event | None) -> list[dict[str, Any]]:
+    """Children are always listed, with whether this intervention reaches them and why not."""
+    rows = []
+    for child in descendants(run):
+        in_scope = req.scope == "tree"
+        applies = event is None or transition(child.state, event) is not None
+        rows.append({"id": str(child.pk), "agent": child.agent.name, "state": child.state, "parent": str(child.parent_id),
+                     "in_scope": in_scope, "will_change": in_scope and applies,
+                     "note": "" if not in_scope else ("" if applies else f"{event.value} does not apply to a {child.state} run")})
+    return rows
+
+
+def authorize(actor: Actor, run: Run, req: Request) -> dict[str, Any]:
+    """Role permission, then decision authority. Returns what to record about any override."""
+    if actor.is_worker:
+        raise Forbidden("a worker token can never issue an intervention")
+    if not may(actor.roles, req.kind):
+        raise Forbidden(f"role(s) {sorted(actor.roles) or ['none']} may not {req.kind}", kind=req.kind)
+    owner = run.decision_authority
+    if req.kind in OWNER_BOUND and owner is not None and owner.pk != actor.user_id:
+        if not req.override:
+            raise NotDecisionAuthority(f"{owner.username} holds decision authority over this run; an override "
+                                       "with a reason by an incident commander is required",
+                                       decision_authority=owner.username)
+        if not may(actor.roles, "override"):
+            raise NotDecisionAuthority(f"role(s) {sorted(actor.roles)} may not override {owner.username}'s "
+                                       "decision authority", decision_authority=owner.username)
+        return {"override": True, "overridden": owner.username, "override_reason": req.override_reason}
+    return {"override": False}
+
+
+def check_transition(run: Run, event: Event | None) -> None:
+    if event is not None and transition(run.state, event) is None:
+        raise Conflict(f"{event.value} is not allowed while the run is {run.state}", state=run.state)
+
+
+def user_for(actor: Actor):
+    return get_user_model().objects.filter(pk=actor.user_id).first() if actor.user_id else None
+
+
+def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
+    """What would happen if confirmed. Changes nothing (and is not audited as a decision)."""
+    contract = get_contract(req.kind)
+    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
+    authorize(actor, run, req)
+    allowed = contract.event is None or transition(run.state, contract.event) is not None
+    body = contract.preview(run, req, actor)
+    return {"kind": req.kind, "run_id": str(run.pk), "state": run.state, "allowed": allowed,
+            "next_state": transition(run.state, contract.event).target.value if contract.event and allowed else run.state,
+            "scope": req.scope, **body}
+
+
+def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
+    """One transaction: lock, authorise, check the table, apply, record intervention + history + audit."""
+    if not req.reason.strip():
+        raise Invalid("a reason is required for every intervention", field="reason")
+    if req.scope not in ("run", "tree"):
+        raise Invalid("scope must be 'run' or 'tree'", field="scope")
+    contract = get_contract(req.kind)
+    with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
+        run = lock_run(run_id)
+        override = authorize(actor, run, req)
+        check_transition(run, contract.event)
+        shown = contract.preview(run, req, actor)
+        intervention = Intervention.objects.create(
+            run=run, kind=req.kind, actor=user_for(actor), actor_label=actor.label, role=actor.role,
+            reason=req.reason, scope=req.scope, options=req.options, override=override["override"],
+            override_reason=req.override_reason, preview=_jsonable(shown), status=Intervention.APPLIED,
+        )
+        receipt = contract.apply(run, req, actor, intervention)
+        receipt = {"kind": req.kind, "issued_by": actor.name, "role": actor.role, "reason": req.reason,
+                   "scope": req.scope, **override, **receipt}
+        intervention.receipt = _jsonable(receipt)
+        intervention.save(update_fields=["receipt", "status"])
+        record_audit(actor=actor, action=f"intervention.{req.kind}", object_type="intervention",
+                     object_id=intervention.pk, run_id=run.pk, reason=req.reason,
+                     context={"intervention": str(intervention.pk), **override, "after": run_snapshot(run)})
+    return intervention
+
+
+def finish_job(intervention: Intervention, status: str, result: dict[str, Any]) -> None:
+    """Record a follow-up job's result on the receipt (inside the caller's transaction)."""
+    intervention.receipt = _jsonable({**intervention.receipt, "job": {"status": status, **result}})
+    intervention.status = status
+    intervention.completed_at = timezone.now()
+    intervention.save(update_fields=["receipt", "status", "completed_at"])
+
+
+def pending_approvals(run: Run) -> list[dict[str, Any]]:
+    return [{"id": str(a.pk), "tool": a.tool, "action": a.action, "status": a.status}
+            for a in Approval.objects.filter(run=run, status=Approval.PENDING)]
+
+
+def _jsonable(value: Any) -> Any:
+    from audit.chain import normalise
+
+    return normalise(value)
+
+
+def on_commit(fn: Callable[[], Any]) -> None:
+    transaction.on_commit(fn)

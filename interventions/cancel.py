@@ -1,0 +1,52 @@
+"""Cancel stops *future* work: new effects are denied at once, the worker is told to stop
+(cooperative), and the lease's expiry forces it. Committed effects stay committed and are listed with
+the compensations available -- cancel never marks them undone."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from audit.actors import Actor
+from interventions import facts
+from interventions.base import Contract, Request, children_in_scope, descendants, register
+from interventions.models import Intervention
+from runs.models import Run
+from runs.services.common import apply_transition, lock_run
+from runs.states import Event, State, transition
+
+
+def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+    return {
+        "stops": "all future work: no new effect is authorised; the worker is told to cancel at its next boundary, "
+                 "and is forced out when its lease expires",
+        "committed_effects": facts.committed_effects(run),
+        "in_flight_effects": facts.in_flight_effects(run),
+        "children": children_in_scope(run, req, Event.CANCEL),
+        "note": "committed effects remain committed; use compensate to repair them",
+    }
+
+
+def _cancel_one(run: Run, req: Request, actor: Actor) -> None:
+    apply_transition(run, Event.CANCEL, actor=actor, reason=req.reason, data={"scope": req.scope})
+
+
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+    _cancel_one(run, req, actor)
+    if req.scope == "tree":
+        for child in descendants(run):
+            locked = lock_run(child.pk)
+            if transition(locked.state, Event.CANCEL) is not None:
+                _cancel_one(locked, req, actor)
+    return {
+        "state": run.state,
+        "cancelled_at": timezone.now().isoformat(),
+        "new_effects": "denied from this commit on",
+        "waiting_for": "the worker to stop (or its lease to expire)" if run.state == State.CANCELLING else None,
+        "committed_effects": facts.committed_effects(run),
+        "in_flight_effects": facts.in_flight_effects(run),
+        "children": children_in_scope(run, req, Event.CANCEL),
+    }
+
+
+register(Contract(kind="cancel", event=Event.CANCEL, preview=preview, apply=apply, scoped=True))

@@ -1,0 +1,121 @@
+"""Reconciliation: settle an effect whose outcome is not known, from evidence.
+
+Either an operator records what they found (with evidence), or a registered reconciler asks the
+external system by idempotency key. Retry, resume and recovery refuse to proceed past an unknown
+effect; this is how it becomes known.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.utils import timezone
+
+from audit.actors import Actor, system_actor
+from audit.services import record_audit
+from controlplane.roles import may
+from interventions import facts
+from interventions.base import Contract, Request, register
+from interventions.models import Intervention
+from interventions.registry import get_reconciler
+from runs.errors import Conflict, Forbidden, Invalid, NotFound
+from runs.models import Effect, Run
+from runs.services.common import append_history, decision, lock_run, notify_run_changed
+from runs.states import LEASED_STATES
+
+
+def reconcile_effect(*, actor: Actor, effect_id: Any, outcome: str, evidence: Any, external_ref: str = "",
+                     reason: str = "", source: str = "operator") -> Effect:
+    if outcome not in (Effect.COMMITTED, Effect.FAILED):
+        raise Invalid("outcome must be committed or failed", field="outcome")
+    if actor.kind == "user" and not may(actor.roles, "reconcile"):
+        raise Forbidden("your role may not reconcile effects")
+    if actor.is_worker:
+        raise Forbidden("workers report outcomes; reconciliation is an operator's or the control plane's")
+    row = Effect.objects.filter(pk=effect_id).only("run_id").first()
+    if row is None:
+        raise NotFound(f"effect {effect_id} does not exist", object="effect")
+    with decision(actor, "effect.reconcile", "effect", effect_id, row.run_id):
+        run = lock_run(row.run_id)
+        effect = Effect.objects.select_for_update().get(pk=effect_id)
+        if effect.status not in Effect.UNRESOLVED:
+            raise Conflict(f"effect is already {effect.status}; only in_flight or unknown effects are reconciled",
+                           status=effect.status)
+        if effect.status == Effect.IN_FLIGHT and run.state in LEASED_STATES and source == "operator":
+            raise Conflict("the worker still holds the lease and may report this outcome; pause or wait first",
+                           state=run.state)
+        before = effect.status
+        effect.status, effect.reconciled, effect.outcome_at = outcome, True, timezone.now()
+        effect.external_ref = external_ref or effect.external_ref
+        effect.reconciliation = {"outcome": outcome, "evidence": evidence, "by": actor.label, "source": source,
+                                 "reason": reason, "at": timezone.now().isoformat(), "was": before}
+        effect.save(update_fields=["status", "reconciled", "outcome_at", "external_ref", "reconciliation"])
+        append_history(run, "effect_reconciled", {"effect": str(effect.pk), "was": before, "now": outcome,
+                                                  "source": source}, actor=actor)
+        record_audit(actor=actor, action="effect.reconcile", object_type="effect", object_id=effect.pk, run_id=run.pk,
+                     reason=reason, context={"was": before, "now": outcome, "evidence": evidence, "source": source,
+                                             "idempotency_key": effect.idempotency_key,
+                                             "unresolved_effects": facts.unknown_effects(run)})
+        notify_run_changed(run)
+    return effect
+
+
+def auto_reconcile(effect_id: Any, actor: Actor | None = None) -> dict[str, Any]:
+    """Ask the external system by idempotency key (network: outside any transaction), then record."""
+    actor = actor or system_actor("reconciler")
+    effect = Effect.objects.get(pk=effect_id)
+    if effect.status not in Effect.UNRESOLVED:
+        return {"effect": str(effect.pk), "outcome": effect.status, "already": True}
+    reconciler = get_reconciler(effect.tool)
+    if reconciler is None:
+        return {"effect": str(effect.pk), "outcome": "unknown", "why": f"no reconciler registered for {effect.tool}"}
+    answer = reconciler(effect.tool, effect.action, effect.idempotency_key)
+    if answer.outcome == "unknown":
+        return {"effect": str(effect.pk), "outcome": "unknown", "why": "the external system could not answer",
+                "evidence": answer.evidence}
+    outcome = Effect.COMMITTED if answer.outcome == "committed" else Effect.FAILED
+    evidence = {"asked": f"{effect.tool} by idempotency key {effect.idempotency_key}", "answer": answer.outcome,
+                **answer.evidence}
+    try:
+        reconcile_effect(actor=actor, effect_id=effect.pk, outcome=outcome, evidence=evidence,
+                         external_ref=answer.external_ref, reason="reconciled with the external system", source="reconciler")
+    except Conflict as err:  # someone settled it meanwhile; report what is recorded now
+        return {"effect": str(effect.pk), "outcome": Effect.objects.get(pk=effect.pk).status, "already": True,
+                "detail": err.detail}
+    return {"effect": str(effect.pk), "outcome": outcome, "evidence": evidence, "external_ref": answer.external_ref}
+
+
+@shared_task(acks_late=True)
+def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
+    """The job behind a "reconcile" intervention: ask the world about every unresolved effect."""
+    from django.db import transaction
+
+    from interventions.base import finish_job
+
+    intervention = Intervention.objects.get(pk=intervention_id)
+    results = [auto_reconcile(e.pk) for e in Effect.objects.filter(run_id=intervention.run_id, decision=Effect.AUTHORIZED,
+                                                                  status__in=Effect.UNRESOLVED)
+               if not (e.status == Effect.IN_FLIGHT and Run.objects.get(pk=e.run_id).state in LEASED_STATES)]
+    still = [r for r in results if r["outcome"] == "unknown"]
+    with transaction.atomic():
+        locked = Intervention.objects.select_for_update().get(pk=intervention_id)
+        finish_job(locked, Intervention.COMPLETED if not still else Intervention.FAILED,
+                   {"reconciled": results, "still_unknown": len(still)})
+    return {"results": results}
+
+
+def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+    return {"unresolved_effects": facts.unknown_effects(run),
+            "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence"}
+
+
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+    from django.db import transaction
+
+    Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
+    intervention.status = Intervention.PENDING
+    transaction.on_commit(lambda: reconcile_run_effects.delay(str(intervention.pk)))
+    return {"unresolved_effects": facts.unknown_effects(run), "job": {"status": "queued"}}
+
+
+register(Contract(kind="reconcile", event=None, preview=preview, apply=apply))

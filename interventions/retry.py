@@ -1,0 +1,92 @@
+"""Retry creates *another attempt* -- with its own id, assigned when a worker claims it -- from a
+named checkpoint, reusing the recorded idempotency keys. It is refused while any effect of the
+previous attempt is in flight or unknown: reconcile first."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from audit.actors import Actor
+from interventions import facts
+from interventions.base import Contract, Request, register
+from interventions.models import Intervention
+from runs.errors import Conflict, Invalid
+from runs.models import Attempt, Checkpoint, Run
+from runs.services.common import apply_transition, latest_checkpoint
+from runs.states import Event
+
+DEFAULT_POLICY = {"max_attempts": 3, "backoff_s": 2, "backoff_factor": 2, "max_backoff_s": 300,
+                  "retryable": [], "non_retryable": ["invalid_input", "policy_violation", "authority"]}
+
+
+def policy(run: Run) -> dict[str, Any]:
+    return DEFAULT_POLICY | (run.retry_policy or {})
+
+
+def _last_attempt(run: Run) -> Attempt | None:
+    return run.attempts.order_by("-number").first()
+
+
+def _checkpoint(run: Run, req: Request) -> Checkpoint | None:
+    seq = req.options.get("checkpoint_seq")
+    if seq is None:
+        return latest_checkpoint(run)
+    cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
+    if cp is None:
+        raise Invalid(f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq")
+    return cp
+
+
+def _backoff(run: Run) -> int:
+    p = policy(run)
+    n = max(run.attempt_count - 1, 0)
+    return int(min(p["backoff_s"] * (p["backoff_factor"] ** n), p["max_backoff_s"]))
+
+
+def eligibility(run: Run, req: Request) -> dict[str, Any]:
+    p, last = policy(run), _last_attempt(run)
+    failure = last.failure_class if last else ""
+    unresolved = facts.unknown_effects(run)
+    problems = []
+    if unresolved:
+        problems.append({"error": "effects_unresolved", "detail": "the previous attempt is not accounted for: "
+                         f"{len(unresolved)} effect(s) in flight or unknown must be reconciled first", "effects": unresolved})
+    if run.attempt_count >= p["max_attempts"]:
+        problems.append({"error": "retries_exhausted", "detail": f"{run.attempt_count} of {p['max_attempts']} attempts used; "
+                         "escalate: compensate, or close"})
+    if failure and (failure in p["non_retryable"] or (p["retryable"] and failure not in p["retryable"])) and not req.override_reason:
+        problems.append({"error": "not_retryable", "detail": f"failure class {failure!r} is not retryable under the policy"})
+    return {"policy": p, "last_attempt": {"number": last.number, "failure_class": failure, "id": str(last.pk)} if last else None,
+            "problems": problems}
+
+
+def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+    info = eligibility(run, req)
+    cp = latest_checkpoint(run) if req.options.get("checkpoint_seq") is None else None
+    return {**info, "next_attempt": run.attempt_count + 1, "backoff_s": _backoff(run),
+            "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else req.options.get("checkpoint_seq"),
+            "idempotency_keys": "reused: effects already committed replay instead of repeating"}
+
+
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+    info = eligibility(run, req)
+    if info["problems"]:
+        first = info["problems"][0]
+        err = Conflict(first["detail"], state=run.state, problems=info["problems"])
+        err.code = first["error"]
+        raise err
+    cp = _checkpoint(run, req)
+    delay = _backoff(run)
+    run.resume_checkpoint, run.claimable_after = cp, timezone.now() + timedelta(seconds=delay)
+    Run.objects.filter(pk=run.pk).update(resume_checkpoint=cp, claimable_after=run.claimable_after)
+    apply_transition(run, Event.RETRY, actor=actor, reason=req.reason,
+                     data={"from_checkpoint": cp.seq if cp else None, "backoff_s": delay})
+    return {"state": run.state, "next_attempt": run.attempt_count + 1,
+            "note": "the new attempt gets its own id when a worker claims it",
+            "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
+            "claimable_after": run.claimable_after.isoformat(), "previous_attempt": info["last_attempt"]}
+
+
+register(Contract(kind="retry", event=Event.RETRY, preview=preview, apply=apply))
