@@ -1,0 +1,86 @@
+"""`make run`: start every process of the demo and stop them all on Ctrl-C.
+
+ASGI server (console + API) on :8000, a Celery worker and beat, the demo world on :8100, and the demo
+agent fleet. Embedded defaults (SQLite, in-memory channel layer, filesystem broker) unless
+DATABASE_URL / REDIS_URL are set.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+HOST = os.environ.get("HOST", "127.0.0.1")
+PORT = os.environ.get("PORT", "8000")
+WORLD_PORT = os.environ.get("WORLD_PORT", "8100")
+AGENTS = int(os.environ.get("DEMO_AGENTS", "3"))
+
+
+def processes() -> list[tuple[str, list[str]]]:
+    procs = [
+        ("web", [PY, "manage.py", "runserver", f"{HOST}:{PORT}", "--noreload"]),
+        ("world", [PY, "-m", "world", "--host", "127.0.0.1", "--port", WORLD_PORT, "--db", "var/world.sqlite3"]),
+        ("celery", [PY, "-m", "celery", "-A", "controlplane", "worker", "-l", "info", "-P", "threads", "-c", "4"]),
+        ("beat", [PY, "-m", "celery", "-A", "controlplane", "beat", "-l", "info"]),
+    ]
+    if (ROOT / "agents").is_dir():
+        procs.append(("traffic", [PY, "-m", "agents.traffic"]))
+        procs += [(f"agent-{i}", [PY, "-m", "agents.worker", "--name", f"demo-worker-{i}"]) for i in range(1, AGENTS + 1)]
+    return procs
+
+
+def _pump(name: str, stream) -> None:
+    for line in iter(stream.readline, b""):
+        sys.stdout.write(f"{name:>10} | {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+def main() -> int:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WORLD_URL=f"http://127.0.0.1:{WORLD_PORT}",
+               CONTROLPLANE_URL=f"http://{HOST}:{PORT}")
+    token_file = ROOT / "var" / "demo-worker-token"
+    if token_file.exists():
+        env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
+    running: list[tuple[str, subprocess.Popen]] = []
+    for name, cmd in processes():
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        threading.Thread(target=_pump, args=(name, proc.stdout), daemon=True).start()
+        running.append((name, proc))
+    print(f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n", flush=True)
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping:
+            for name, proc in running:
+                if proc.poll() is not None:
+                    print(f"{name} exited with {proc.returncode}; stopping everything", flush=True)
+                    stopping = True
+            time.sleep(0.5)
+    finally:
+        for _, proc in running:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        for _, proc in running:
+            try:
+                proc.wait(timeout=max(deadline - time.time(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
