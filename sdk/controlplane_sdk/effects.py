@@ -1,0 +1,201 @@
+"""The ``effect(...)`` context manager: declare → dispatch → record the outcome.
+
+Usage (inside an agent step)::
+
+    with ctx.effect("payments", "charge", key=f"order-{oid}-charge", args={"amount": 42},
+                    compensate={"tool": "payments", "action": "refund"}) as fx:
+        if fx.already_done:            # replayed: the charge committed in an earlier attempt
+            pass                        # do NOT call the world again; fx.external_ref / fx.result are set
+        else:
+            charge = payments.charge(amount=42, idempotency_key=fx.idempotency_key)
+            fx.committed(external_ref=charge["id"], detail={"amount": 42})
+    charge_id = fx.external_ref        # available in both cases
+
+Contract:
+
+* Entering declares the effect (with the run's fencing token). A refusal raises
+  :class:`~controlplane_sdk.errors.EffectDenied` **before the body runs**, so nothing is dispatched.
+  ``EffectUnresolved``, ``EffectAlreadyFailed`` and ``IdempotencyKeyReused`` are raised the same way.
+* Always pass ``fx.idempotency_key`` to the external system: it is stable across attempts, and is
+  what reconciliation asks the world about.
+* On exit the outcome is recorded exactly once:
+  - the body called ``fx.committed(...)``, ``fx.failed(...)`` or ``fx.unknown(...)`` → that outcome
+    (even if the body raised afterwards: the world call already happened);
+  - the body raised a timeout/connection error (``httpx.TimeoutException``, ``httpx.TransportError``,
+    ``TimeoutError``, ``ConnectionError`` or a class in ``unknown_on``) → ``unknown``: the world may have
+    accepted the request; recovery will reconcile it by idempotency key;
+  - the body raised anything else → ``failed``;
+  - the body returned normally without saying → ``committed``.
+  The body's exception is then re-raised unchanged.
+* When ``fx.already_done`` is true nothing is recorded (the ledger already says ``committed``).
+* If the outcome cannot be written (server unreachable after retries) the SDK raises
+  :class:`~controlplane_sdk.errors.OutcomeNotRecorded` (or, if the body itself raised, logs it and adds a
+  note to the body's exception). The effect then stays ``in_flight`` until recovery reconciles it.
+* Do not call ``ctx.check_directive()`` inside an effect block: check at step boundaries.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from .errors import ControlPlaneError, EffectDenied, LeaseLost, OutcomeNotRecorded
+from .models import EffectDecision
+
+if TYPE_CHECKING:
+    from .runtime import RunContext
+
+__all__ = ["EffectScope", "UNKNOWN_ON_DEFAULT"]
+
+log = logging.getLogger("controlplane_sdk")
+
+UNKNOWN_ON_DEFAULT: tuple[type[BaseException], ...] = (
+    httpx.TimeoutException,
+    httpx.TransportError,
+    TimeoutError,
+    ConnectionError,
+)
+
+
+class EffectScope:
+    """One declared external side effect; created by :meth:`RunContext.effect`."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        tool: str,
+        action: str,
+        key: str,
+        step: str,
+        args: dict[str, Any] | None,
+        compensate: dict[str, Any] | None,
+        irreversible: bool,
+        unknown_on: tuple[type[BaseException], ...] = (),
+        approval_id: str | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self.tool = tool
+        self.action = action
+        self.step = step
+        self.args = args or {}
+        self.compensate = compensate
+        self.irreversible = irreversible
+        self.idempotency_key = key
+        self.approval_id = approval_id
+        self._unknown_on = UNKNOWN_ON_DEFAULT + tuple(unknown_on)
+        self.declaration: EffectDecision | None = None
+        #: outcome the agent asked for: (status, external_ref, detail) or None
+        self._outcome: tuple[str, str | None, Any] | None = None
+        #: the server's answer to the outcome POST (``{"id", "status", "late", "stale_lease"}``)
+        self.outcome_response: dict[str, Any] | None = None
+        self.external_ref: str | None = None
+        self.result: Any = None
+
+    # -- what the declaration said ---------------------------------------------------------------
+
+    @property
+    def effect_id(self) -> str:
+        assert self.declaration is not None, "effect not declared yet"
+        return self.declaration.id
+
+    @property
+    def decision(self) -> str:
+        """``authorized`` or ``replayed`` (a denial raises instead)."""
+        return self.declaration.decision if self.declaration else "undeclared"
+
+    @property
+    def replayed(self) -> bool:
+        return bool(self.declaration and self.declaration.replayed)
+
+    @property
+    def already_done(self) -> bool:
+        """True when an earlier attempt committed this effect: skip the world call."""
+        return bool(self.declaration and self.declaration.already_done)
+
+    @property
+    def status(self) -> str | None:
+        """Ledger status: as declared, then as recorded on exit."""
+        if self.outcome_response and self.outcome_response.get("status"):
+            return str(self.outcome_response["status"])
+        if self._outcome:
+            return self._outcome[0]
+        return self.declaration.status if self.declaration else None
+
+    # -- what the agent reports ------------------------------------------------------------------
+
+    def committed(self, external_ref: str | None = None, detail: Any = None) -> None:
+        """The world accepted the request (``external_ref``: its id for the thing, e.g. ``ch_123``)."""
+        self._set("committed", external_ref, detail)
+
+    def failed(self, detail: Any = None) -> None:
+        """The world definitely rejected the request (nothing happened)."""
+        self._set("failed", None, detail)
+
+    def unknown(self, detail: Any = None) -> None:
+        """The outcome is ambiguous (e.g. accepted then timed out); recovery will reconcile."""
+        self._set("unknown", None, detail)
+
+    def _set(self, status: str, external_ref: str | None, detail: Any) -> None:
+        if self.already_done:
+            log.warning("effect %s already committed (replayed); %s() ignored", self.idempotency_key, status)
+            return
+        self._outcome = (status, external_ref, detail)
+        if external_ref is not None:
+            self.external_ref = external_ref
+        if detail is not None:
+            self.result = detail
+
+    # -- context manager -------------------------------------------------------------------------
+
+    def __enter__(self) -> EffectScope:
+        ctx = self._ctx
+        try:
+            self.declaration = ctx.client.declare_effect(
+                ctx.run_id, ctx.fencing_token, step=self.step, tool=self.tool, action=self.action,
+                idempotency_key=self.idempotency_key, args=self.args, compensation=self.compensate,
+                irreversible=self.irreversible, approval_id=self.approval_id, attempt_id=ctx.attempt.id,
+            )
+        except (LeaseLost, EffectDenied) as err:
+            if isinstance(err, LeaseLost) or err.reason == "lease_lost":
+                ctx._mark_lease_lost(err)
+            raise
+        self.idempotency_key = self.declaration.idempotency_key
+        if self.already_done:
+            self.external_ref = self.declaration.external_ref
+            self.result = self.declaration.outcome_detail
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.already_done:
+            return
+        if self._outcome is None:
+            if exc is None:
+                self._outcome = ("committed", None, None)
+            elif isinstance(exc, self._unknown_on):
+                self._outcome = ("unknown", None, _describe(exc))
+            else:
+                self._outcome = ("failed", None, _describe(exc))
+        status, ref, detail = self._outcome
+        try:
+            self.outcome_response = self._ctx.client.record_outcome(
+                self.effect_id, self._ctx.fencing_token, status, external_ref=ref, detail=detail)
+        except ControlPlaneError as err:
+            msg = f"{type(err).__name__}: {err}"
+            if exc is None:
+                raise OutcomeNotRecorded(self.effect_id, status, msg) from err
+            log.error("outcome %s of effect %s not recorded: %s", status, self.effect_id, msg)
+            exc.add_note(f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})")
+
+    def __repr__(self) -> str:
+        return (f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
+                f"decision={self.decision} status={self.status}>")
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    return {"exception": type(exc).__name__, "message": str(exc)[:1000]}
