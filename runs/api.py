@@ -107,7 +107,7 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
     event = bus.subscribe(run_id)
     try:
         first = await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)
-        if first.directive != "continue" or first.timers:
+        if first.directive not in ("continue", "wait") or first.timers:
             return first.as_dict()
         loop_deadline = _now() + wait_s
         while _now() < loop_deadline:
