@@ -133,6 +133,7 @@ RECOVERY_SCAN_INTERVAL_S = env_int("RECOVERY_SCAN_INTERVAL_S", 5)
 CELERY_BEAT_SCHEDULE = {
     "scan-expired-leases": {"task": "runs.tasks.scan_expired_leases", "schedule": RECOVERY_SCAN_INTERVAL_S},
     "fire-due-timers": {"task": "runs.tasks.fire_due_timers", "schedule": RECOVERY_SCAN_INTERVAL_S},
+    "expire-approvals": {"task": "interventions.approvals.expire_approvals", "schedule": RECOVERY_SCAN_INTERVAL_S},
 }
 
 # --- control-plane behaviour -------------------------------------------------------------------
