@@ -35,6 +35,16 @@ def processes() -> list[tuple[str, list[str]]]:
     return procs
 
 
+def _die_with_parent() -> None:
+    """Linux: children get SIGTERM if the supervisor itself dies, so nothing is left running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _pump(name: str, stream) -> None:
     for line in iter(stream.readline, b""):
         sys.stdout.write(f"{name:>10} | {line.decode(errors='replace')}")
@@ -50,7 +60,7 @@ def main() -> int:
     running: list[tuple[str, subprocess.Popen]] = []
     for name, cmd in processes():
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         threading.Thread(target=_pump, args=(name, proc.stdout), daemon=True).start()
         running.append((name, proc))
     print(f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n", flush=True)
