@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from audit.actors import Actor, system_actor
 from audit.services import record_audit
-from controlplane.roles import ADMIN, INCIDENT_COMMANDER
+from controlplane.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
 from interventions.base import Contract, Request, register, user_for
 from interventions.models import Intervention
 from runs.errors import Conflict, Forbidden, Invalid, NotFound
@@ -64,8 +64,17 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
             "delivery": "the worker's next heartbeat carries the decision"}
 
 
+# Who satisfies an approval's required role. An incident commander may decide an approver-level
+# request: a timed-out approval escalates to them, so they must be able to act on it.
+SATISFIES: dict[str, frozenset[str]] = {
+    APPROVER: frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+    INCIDENT_COMMANDER: frozenset({INCIDENT_COMMANDER, ADMIN}),
+    ADMIN: frozenset({ADMIN}),
+}
+
+
 def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:
-    if approval.required_role not in actor.roles and ADMIN not in actor.roles:
+    if not SATISFIES.get(approval.required_role, frozenset({ADMIN})) & actor.roles:
         raise Forbidden(f"this approval needs role {approval.required_role}; you hold {sorted(actor.roles)}",
                         required_role=approval.required_role)
     # Four eyes: the identity that asked (or that started the run) never decides.

@@ -135,6 +135,23 @@ def _check_restorable(grant: AuthorityGrant) -> None:
         source = source.delegated_from
 
 
+def _commit(changing: list[AuthorityGrant], roots: set, req: Request, actor: Actor, target: str, now) -> list[dict[str, Any]]:
+    changed = []
+    for grant in changing:
+        if req.kind == "restore_authority":
+            _check_restorable(grant)
+        was = grant.status
+        mark = "" if grant.pk in roots else f"{CASCADE_MARK}{grant.delegated_from_id}: "
+        # Compare-and-swap on the status we planned from: a concurrent change wins and we say so.
+        updated = AuthorityGrant.objects.filter(pk=grant.pk, status=was).update(
+            status=target, changed_at=now, changed_by=actor.label, change_reason=f"{mark}{req.reason}")
+        if updated != 1:
+            raise Conflict(f"grant {grant.scope} changed meanwhile; try again", grant=str(grant.pk))
+        grant.status = target
+        changed.append({**_grant_row(grant, now), "was": was, "cascaded": grant.pk not in roots})
+    return changed
+
+
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
     if run.state == State.CLOSED:
         raise Conflict("the run is closed: its authority can no longer change", state=run.state)
@@ -149,20 +166,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     for run_id in sorted({g.run_id for g in changing} - {run.pk}, key=str):
         runs[run_id] = lock_run(run_id)  # child runs: their history and envelope change too
     before = {pk: authority_envelope(r) for pk, r in runs.items()}
-    changed = []
-    for grant in changing:
-        if req.kind == "restore_authority":
-            _check_restorable(grant)
-        was = grant.status
-        mark = "" if grant.pk in roots else f"{CASCADE_MARK}{grant.delegated_from_id}: "
-        # Compare-and-swap on the status we planned from: a concurrent change wins and we say so.
-        updated = AuthorityGrant.objects.filter(pk=grant.pk, status=was).update(
-            status=target, changed_at=now, changed_by=actor.label, change_reason=f"{mark}{req.reason}")
-        if updated != 1:
-            raise Conflict(f"grant {grant.scope} changed meanwhile; try again", state=run.state, grant=str(grant.pk))
-        grant.status = target
-        row = {**_grant_row(grant, now), "was": was, "cascaded": grant.pk not in roots}
-        changed.append(row)
+    changed = _commit(changing, roots, req, actor, target, now)
     in_flight = _in_flight_using(changing)
     after = {pk: authority_envelope(r) for pk, r in runs.items()}
     for grant, row in zip(changing, changed):

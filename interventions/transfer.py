@@ -34,6 +34,7 @@ FACETS = ("assignment", "decision_authority", "execution_lease")
 # What "who may now ..." answers: the actions the decision authority governs.
 GOVERNED = ("resume", "cancel", "compensate", "close")
 AGENT_LANE = "agent lane (no human owner)"
+FIELDS = {"assignment": "assignee", "decision_authority": "decision_authority", "execution_lease": "execution_pin"}
 
 
 def _facets(req: Request) -> list[str]:
@@ -138,6 +139,12 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
+def _holds(run: Run, facet: str, value: Any) -> bool:
+    if facet == "execution_lease":
+        return run.execution_pin == value
+    return getattr(run, f"{FIELDS[facet]}_id") == value.pk
+
+
 def _move(run: Run, facet: str, before: Any, after: Any, req: Request, actor: Actor,
           intervention: Intervention) -> dict[str, Any]:
     record = {"facet": facet, "from": before, "to": after, "reason": req.reason, "by": actor.name,
@@ -160,26 +167,15 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
                        "first, then transfer execution", state=run.state)
     at_handoff = {"unresolved_effects": facts.unknown_effects(run), "pending_approvals": pending_approvals(run)}
     moved, unchanged, fields = [], [], {}
-    if "assignment" in facets:
-        if run.assignee_id == user.pk:
-            unchanged.append("assignment")
-        else:
-            run.assignee, fields["assignee"] = user, user
-            moved.append(_move(run, "assignment", before["assignment"], user.username, req, actor, intervention))
-    if "decision_authority" in facets:
-        if run.decision_authority_id == user.pk:
-            unchanged.append("decision_authority")
-        else:
-            run.decision_authority, fields["decision_authority"] = user, user
-            moved.append(_move(run, "decision_authority", before["decision_authority"], user.username, req, actor,
-                               intervention))
-    if "execution_lease" in facets:
-        if run.execution_pin == worker:
-            unchanged.append("execution_lease")
-        else:
-            run.execution_pin, fields["execution_pin"] = worker, worker
-            moved.append(_move(run, "execution_lease", before["execution_lease"], {"pinned_to": worker}, req, actor,
-                               intervention))
+    for facet in facets:
+        value = worker if facet == "execution_lease" else user
+        if _holds(run, facet, value):
+            unchanged.append(facet)
+            continue
+        setattr(run, FIELDS[facet], value)
+        fields[FIELDS[facet]] = value
+        to = {"pinned_to": worker} if facet == "execution_lease" else user.username
+        moved.append(_move(run, facet, before[facet], to, req, actor, intervention))
     if not moved:
         raise Conflict(f"nothing to transfer: {', '.join(unchanged)} already held by the proposed owner", state=run.state)
     Run.objects.filter(pk=run.pk).update(**fields, updated_at=timezone.now())
