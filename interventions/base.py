@@ -143,12 +143,12 @@ def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
 
 def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
     """One transaction: lock, authorise, check the table, apply, record intervention + history + audit."""
-    if not req.reason.strip():
-        raise Invalid("a reason is required for every intervention", field="reason")
-    if req.scope not in ("run", "tree"):
-        raise Invalid("scope must be 'run' or 'tree'", field="scope")
-    contract = get_contract(req.kind)
     with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
+        if not req.reason.strip():
+            raise Invalid("a reason is required for every intervention", field="reason")
+        if req.scope not in ("run", "tree"):
+            raise Invalid("scope must be 'run' or 'tree'", field="scope")
+        contract = get_contract(req.kind)  # inside: an unknown kind is a refused decision, audited too
         run = lock_run(run_id)
         override = authorize(actor, run, req)
         check_transition(run, contract.event)

@@ -83,10 +83,13 @@ def _approval_denial(run: Run, approval_id: Any, tool: str, action: str, args: d
         if digest != approval.digest:
             return "approval_mismatch", None
         return None, approval
-    # An action that asked for approval may not slip through without citing it.
-    if Approval.objects.filter(run=run, tool=tool, action=action, consumed_by__isnull=True,
-                               status__in=[Approval.PENDING, Approval.APPROVED]).exists():
-        return "approval_required", None
+    # An action that asked for approval may not slip through without citing it -- and one that was
+    # rejected or timed out may not either, unless a newer request was approved and cited.
+    latest = Approval.objects.filter(run=run, tool=tool, action=action).order_by("-requested_at").first()
+    if latest is not None and latest.consumed_by_id is None:
+        if latest.status in (Approval.PENDING, Approval.APPROVED):
+            return "approval_required", None
+        return f"approval_{latest.status}", None
     return None, None
 
 

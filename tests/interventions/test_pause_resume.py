@@ -136,3 +136,23 @@ def test_contracts_document_reads_the_state_table_and_matrix(worker, as_user):
     assert doc["contracts"]["pause"]["from_states"] == ["awaiting_approval", "queued", "running"]
     assert "incident_commander" in doc["contracts"]["compensate"]["may_issue"]
     assert any(r["event"] == "pause" and r["to"] == "pausing" for r in doc["state_machine"])
+
+
+def test_a_rejected_action_cannot_slip_through_without_an_approval(worker, as_user):
+    run, c = running_run(worker)
+    req = worker.post(f"/runs/{run['id']}/approvals", {"fencing_token": 1, "tool": "payments", "action": "charge",
+                                                         "args": {"amount": 100}, "reason": "big order"}).json()
+    rejected = intervene(as_user("april"), run["id"], "reject", "too expensive", options={"approval_id": req["id"]})
+    assert rejected.status_code == 202, rejected.content
+    sneaky = declare(worker, run["id"], 1)
+    assert sneaky.status_code == 409 and sneaky.json()["reason"] == "approval_rejected"
+
+
+def test_worker_tokens_and_unknown_kinds_are_refused_and_audited(worker, as_user):
+    run, _ = running_run(worker)
+    resp = intervene(worker, run["id"], "pause")
+    assert resp.status_code == 403
+    unknown = intervene(as_user("otto"), run["id"], "explode")
+    assert unknown.status_code == 422 and unknown.json()["field"] == "kind"
+    assert AuditEvent.objects.filter(action="intervention.pause", outcome="denied", actor="worker-1").exists()
+    assert AuditEvent.objects.filter(action="intervention.explode", outcome="denied").exists()
