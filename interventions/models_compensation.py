@@ -67,6 +67,7 @@ class CompensationStep(models.Model):
     tool = models.CharField(max_length=100)    # of the compensation (from the declared spec)
     action = models.CharField(max_length=100)
     args = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=200)  # the compensation's own key, fixed at plan time
     status = models.CharField(max_length=10, default=PENDING)
     attempts = models.PositiveIntegerField(default=0)  # compensator calls started
     failures = models.PositiveIntegerField(default=0)  # failures recorded (retries are bounded by these)
