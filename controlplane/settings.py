@@ -104,6 +104,9 @@ IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
+    # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
+    # so an early redelivery is harmless; the beat sweeps cover a lost message too).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)}
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
     }
@@ -134,6 +137,8 @@ CELERY_BEAT_SCHEDULE = {
     "scan-expired-leases": {"task": "runs.tasks.scan_expired_leases", "schedule": RECOVERY_SCAN_INTERVAL_S},
     "fire-due-timers": {"task": "runs.tasks.fire_due_timers", "schedule": RECOVERY_SCAN_INTERVAL_S},
     "expire-approvals": {"task": "interventions.approvals.expire_approvals", "schedule": RECOVERY_SCAN_INTERVAL_S},
+    "sweep-compensation-plans": {"task": "interventions.compensate.sweep_compensation_plans", "schedule": 30},
+    "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
 }
 
 # --- control-plane behaviour -------------------------------------------------------------------
