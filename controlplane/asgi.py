@@ -2,10 +2,29 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
+from django.conf import settings  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
+# Django first: the routing below imports models.
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from controlplane.routing import websocket_urlpatterns  # noqa: E402
+
+http_app = django_asgi_app
+if settings.DEBUG:
+    # The console's CSS and vendored htmx under plain `daphne` too, as runserver would. In production
+    # (DEBUG off) serve STATIC_ROOT (manage.py collectstatic) from the proxy in front.
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    http_app = ASGIStaticFilesHandler(django_asgi_app)
+
+application = ProtocolTypeRouter({
+    "http": http_app,
+    # Origin must be one of ALLOWED_HOSTS (no cross-site socket riding the session cookie); the
+    # session identifies the user; the consumer then checks the role.
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})

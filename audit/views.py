@@ -1,0 +1,102 @@
+"""Console audit review: filtered trail, chain verification (first broken link), JSON Lines export.
+
+Reads only. The Django admin serves the same rows read-only; this page adds verification and export.
+"""
+from __future__ import annotations
+
+import tempfile
+import uuid
+from urllib.parse import urlencode
+
+from django.core.exceptions import PermissionDenied
+from django.http import FileResponse, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from audit.models import AuditEvent
+from audit.services import export_jsonl, verify_chain
+from controlplane.roles import may
+from runs.views import console_view, is_fragment, present
+
+PAGE = 100
+FILTERS = ("action", "actor", "outcome", "object_type", "component", "run")
+
+
+def audit_filters(request: HttpRequest) -> dict[str, str]:
+    return {name: request.GET.get(name, "").strip() for name in FILTERS}
+
+
+def audit_context(request: HttpRequest) -> dict:
+    filters = audit_filters(request)
+    qs = AuditEvent.objects.all()
+    if filters["action"]:
+        qs = qs.filter(action__startswith=filters["action"])
+    if filters["actor"]:
+        qs = qs.filter(actor__icontains=filters["actor"])
+    if filters["outcome"]:
+        qs = qs.filter(outcome=filters["outcome"])
+    if filters["object_type"]:
+        qs = qs.filter(object_type=filters["object_type"])
+    if filters["component"]:
+        qs = qs.filter(component=filters["component"])
+    if filters["run"]:
+        try:
+            qs = qs.filter(run_id=uuid.UUID(filters["run"]))
+        except ValueError:
+            qs = qs.none()
+    before = request.GET.get("before", "")
+    if before.isdigit():
+        qs = qs.filter(seq__lt=int(before))
+    rows = list(qs.order_by("-seq")[:PAGE + 1])
+    more = len(rows) > PAGE
+    rows = rows[:PAGE]
+    query = urlencode({k: v for k, v in filters.items() if v})
+    return {"events": [{"a": a, "context": present(a.context)} for a in rows], "filters": filters,
+            "next_before": rows[-1].seq if more and rows else None, "query": query,
+            "outcomes": [AuditEvent.ALLOWED, AuditEvent.DENIED, AuditEvent.ERROR],
+            "may_export": may(request.roles, "audit_export"), "nav": "audit"}
+
+
+@console_view
+@require_GET
+def audit_page(request: HttpRequest) -> HttpResponse:
+    ctx = audit_context(request)
+    if is_fragment(request):
+        return render(request, "audit/list.html#events", ctx)
+    ctx["object_types"] = AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
+    ctx["components"] = AuditEvent.objects.order_by().values_list("component", flat=True).distinct()
+    return render(request, "audit/list.html", ctx)
+
+
+@console_view
+@require_GET
+def audit_verify(request: HttpRequest) -> HttpResponse:
+    """Walk the whole chain now; name the first broken link."""
+    report = verify_chain()
+    broken = AuditEvent.objects.filter(seq=report.first_broken_seq).first() if report.first_broken_seq else None
+    return render(request, "audit/list.html#verify", {"report": report, "broken": broken, "checked_at": timezone.now()})
+
+
+@console_view
+@require_GET
+def audit_export(request: HttpRequest) -> FileResponse:
+    """JSON Lines, one event per line with its hashes (role audit_export). Spooled, so a long chain
+    goes to a temporary file instead of memory."""
+    if not may(request.roles, "audit_export"):
+        raise PermissionDenied("exporting the audit log needs the audit_export permission")
+    since = request.GET.get("since_seq", "0")
+    spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024, mode="w+b")
+    writer = _Utf8Writer(spool)
+    export_jsonl(writer, int(since) if since.isdigit() else 0)
+    spool.seek(0)
+    name = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}.jsonl"
+    return FileResponse(spool, as_attachment=True, filename=name, content_type="application/x-ndjson")
+
+
+class _Utf8Writer:
+    def __init__(self, raw):
+        self.raw = raw
+
+    def write(self, text: str) -> None:
+        self.raw.write(text.encode("utf-8"))

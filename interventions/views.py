@@ -1,0 +1,326 @@
+"""Console intervention dialogs: choose a kind -> preview (interventions.base.preview) -> confirm
+(interventions.base.issue) -> receipt; the reconcile form; the approvals inbox; the contracts page.
+
+The edge parses the form into a :class:`base.Request` and maps domain errors to the dialog with their
+HTTP status. The services decide and enforce everything again (role, decision authority, state table).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth import get_user_model
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from controlplane.auth import actor_for_user
+from controlplane.roles import PERMISSIONS, ROLES, may, roles_of
+from interventions import base
+from interventions.api import receipt_dict
+from interventions.approvals import SATISFIES
+from interventions.contracts import CONTRACTS as SPECS
+from interventions.contracts import contracts_document
+from interventions.models import Intervention
+from interventions.reconcile import reconcile_effect
+from interventions.transfer import FACETS
+from runs.errors import Conflict, DomainError, Forbidden, Invalid
+from runs.models import Approval, AuthorityGrant, Effect, Run
+from runs.selectors import visible_runs
+from runs.services.effects import effect_dict
+from runs.states import State, as_table
+from runs.views import console_view, detail_context, is_fragment, kind_label, present, visible_run_or_404
+
+# Form fields -> options, per kind. Anything not listed for a kind is ignored.
+OPTION_FIELDS: dict[str, tuple[str, ...]] = {
+    "pause": ("suspend_authority",),
+    "resume": ("reobserve_assumptions",),
+    "retry": ("checkpoint_seq",),
+    "transfer": ("to", "facets", "to_worker"),
+    "approve": ("approval_id",), "reject": ("approval_id",),
+    "revoke_authority": ("grant_id", "grant_scope"), "suspend_authority": ("grant_id", "grant_scope"),
+    "restore_authority": ("grant_id", "grant_scope"),
+    "recover": ("prefer",),
+}
+FLAGS = ("suspend_authority", "reobserve_assumptions")
+PREFERENCES = ("redrive", "compensate", "escalate")
+HEADLINE = ("kind", "run_id", "state", "allowed", "next_state", "scope")
+
+
+# --- parsing --------------------------------------------------------------------------------------
+
+
+def request_from(kind: str, data: QueryDict) -> base.Request:
+    """The form (or the query string) as a service Request. Bad input is a 422 here, at the edge."""
+    options: dict[str, Any] = {}
+    for name in OPTION_FIELDS.get(kind, ()):
+        if name in FLAGS:
+            if data.get(name) in ("on", "1", "true"):
+                options[name] = True
+        elif name == "facets":
+            if data.getlist("facets"):
+                options["facets"] = data.getlist("facets")
+        elif name == "checkpoint_seq":
+            raw = data.get(name, "").strip()
+            if raw:
+                try:
+                    options[name] = int(raw)
+                except ValueError:
+                    raise Invalid("checkpoint must be a whole number", field="options.checkpoint_seq") from None
+        elif (value := data.get(name, "").strip()):
+            options["scope" if name == "grant_scope" else name] = value
+    scope = data.get("scope", "run") or "run"
+    if scope not in ("run", "tree"):
+        raise Invalid("scope must be 'run' or 'tree'", field="scope")
+    return base.Request(kind=kind, reason=data.get("reason", "").strip(), scope=scope, options=options,
+                        override_reason=data.get("override_reason", "").strip())
+
+
+def preview_token(req: base.Request) -> str:
+    """What the preview was computed from. Confirm refuses a form that no longer matches it, so what is
+    issued is what was shown (the reason and override text do not change the preview)."""
+    shown = {"kind": req.kind, "scope": req.scope, "options": req.options, "override": req.override}
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def error_dict(err: DomainError) -> dict[str, Any]:
+    extra = {k: v for k, v in err.extra.items() if k not in ("problems",)}
+    return {"status": err.status, "code": err.code, "detail": err.detail, "extra": present(extra) if extra else None,
+            "problems": err.extra.get("problems")}
+
+
+# --- the dialog -----------------------------------------------------------------------------------
+
+
+def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
+    """Sensible first values so the first preview says something: the pending approval, the grant."""
+    data = params.copy()
+    if kind in ("approve", "reject") and not data.get("approval_id"):
+        first = run.approvals.filter(status=Approval.PENDING).order_by("requested_at").first()
+        if first:
+            data["approval_id"] = str(first.pk)
+    if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
+        wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
+        first = run.grants.filter(status=wanted).order_by("granted_at").first()
+        if first:
+            data["grant_id"] = str(first.pk)
+    if kind == "transfer" and not data.getlist("facets"):
+        data.setlist("facets", ["assignment", "decision_authority"])
+    return data
+
+
+def dialog_context(request: HttpRequest, run: Run, req: base.Request, form: QueryDict) -> dict[str, Any]:
+    roles, owner = request.roles, run.decision_authority
+    not_owner = req.kind in base.OWNER_BOUND and owner is not None and owner.pk != request.user.pk
+    show_override = (not_owner and may(roles, "override")) or (req.kind == "resume" and may(roles, "override_revalidation")) \
+        or (req.kind == "retry" and may(roles, "override"))
+    contract = base.get_contract(req.kind) if req.kind in SPECS else None
+    ctx = {"run": run, "kind": req.kind, "label": kind_label(req.kind), "spec": SPECS.get(req.kind, {}),
+           "scoped": bool(contract and contract.scoped), "fields": OPTION_FIELDS.get(req.kind, ()), "form": form,
+           "facets_checked": form.getlist("facets"), "show_override": show_override, "not_owner": not_owner,
+           "owner": owner, "may_override": may(roles, "override"), "origin": form.get("origin", "run")}
+    if "checkpoint_seq" in ctx["fields"]:
+        ctx["checkpoints"] = run.checkpoints.order_by("-seq").values("seq", "step")
+    if "to" in ctx["fields"]:
+        ctx["users"] = get_user_model().objects.filter(is_active=True, groups__name__in=ROLES).distinct().order_by("username")
+        ctx["all_facets"] = FACETS
+    if "approval_id" in ctx["fields"]:
+        ctx["approvals"] = run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
+    if "grant_id" in ctx["fields"]:
+        ctx["grants"] = run.grants.order_by("granted_at")
+    if "prefer" in ctx["fields"]:
+        ctx["preferences"] = PREFERENCES
+    return ctx
+
+
+def with_preview(request: HttpRequest, run: Run, req: base.Request, ctx: dict[str, Any]) -> int:
+    """Adds the preview (or the domain error it raised) to ctx; returns the HTTP status."""
+    try:
+        if not may(request.roles, req.kind):
+            raise Forbidden(f"role(s) {sorted(request.roles) or ['none']} may not {req.kind}", kind=req.kind)
+        shown = base.preview(actor=request.actor, run_id=run.pk, req=req)
+    except DomainError as err:
+        ctx["error"] = error_dict(err)
+        return err.status
+    ctx["preview"] = {k: shown.get(k) for k in HEADLINE}
+    ctx["preview_body"] = present({k: v for k, v in shown.items() if k not in HEADLINE})
+    ctx["token"] = preview_token(req)
+    return 200
+
+
+@console_view
+@require_GET
+def intervention_new(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Open the dialog for one kind, with its first preview."""
+    run = visible_run_or_404(request.actor, run_id)
+    kind = request.GET.get("kind", "")
+    if kind not in SPECS:
+        raise Http404("unknown intervention kind")
+    if not may(request.roles, kind):
+        ctx = {"run": run, "kind": kind, "label": kind_label(kind),
+               "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}"))}
+        return render(request, "interventions/dialog.html#dialog", ctx, status=403)
+    form = _defaults(run, kind, request.GET)
+    req = _safe_request(kind, form)
+    ctx = dialog_context(request, run, req, form)
+    with_preview(request, run, req, ctx)  # a preview refusal is shown in the dialog, which itself opened fine
+    return render(request, "interventions/dialog.html#dialog", ctx)
+
+
+@console_view
+@require_POST
+def intervention_preview(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Re-preview as the options change (hx-trigger="change" on the form)."""
+    run = visible_run_or_404(request.actor, run_id)
+    kind = request.POST.get("kind", "")
+    ctx = {"run": run, "kind": kind}
+    try:
+        req = request_from(kind, request.POST)
+    except DomainError as err:
+        ctx["error"] = error_dict(err)
+        return render(request, "interventions/dialog.html#preview", ctx, status=err.status)
+    status = with_preview(request, run, req, ctx)
+    return render(request, "interventions/dialog.html#preview", ctx, status=status)
+
+
+@console_view
+@require_POST
+def intervention_issue(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Confirm: one call to interventions.base.issue, then the receipt (and fresh run sections)."""
+    run = visible_run_or_404(request.actor, run_id)
+    kind = request.POST.get("kind", "")
+    try:
+        req = request_from(kind, request.POST)
+        # A role that may not issue this kind is refused by the service itself, so the refusal is
+        # audited like the API's; for everyone else the form must still be what the preview showed.
+        if may(request.roles, kind) and request.POST.get("preview_token") != preview_token(req):
+            stale = Conflict("the options changed since the preview: review the new preview, then confirm")
+            stale.code = "preview_stale"
+            raise stale
+        intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
+    except DomainError as err:
+        req = _safe_request(kind, request.POST)
+        ctx = dialog_context(request, run, req, request.POST) if kind in SPECS else {"run": run, "kind": kind}
+        if kind in SPECS and may(request.roles, kind):
+            with_preview(request, run, req, ctx)
+        ctx["error"] = error_dict(err)
+        return render(request, "interventions/dialog.html#dialog", ctx, status=err.status)
+    return receipt_response(request, intervention, request.POST.get("origin", "run"))
+
+
+def _safe_request(kind: str, data: QueryDict) -> base.Request:
+    try:
+        return request_from(kind, data)
+    except DomainError:
+        return base.Request(kind=kind, reason="")
+
+
+def receipt_response(request: HttpRequest, intervention: Intervention, origin: str) -> HttpResponse:
+    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=intervention.run_id)
+    ctx = {"i": intervention, "r": receipt_dict(intervention), "receipt": present(intervention.receipt), "run": run,
+           "label": kind_label(intervention.kind), "job": present(intervention.receipt.get("job"))}
+    html = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
+    # The page behind the dialog refreshes in the same response, so it is current even without a socket.
+    html += out_of_band(request, run, origin)
+    return HttpResponse(html)
+
+
+def out_of_band(request: HttpRequest, run: Run, origin: str) -> str:
+    if origin == "inbox":
+        return render_to_string("interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True})
+    return render_to_string("runs/detail.html#sections", detail_context(run, request.user, request.roles) | {"oob": True})
+
+
+@console_view
+@require_GET
+def intervention_job(request: HttpRequest, intervention_id: UUID) -> HttpResponse:
+    """The receipt's job status, re-read after every push (and every few seconds while pending)."""
+    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    if intervention is None:
+        raise Http404("no such intervention")
+    visible_run_or_404(request.actor, intervention.run_id)
+    return render(request, "interventions/dialog.html#job",
+                  {"i": intervention, "job": present(intervention.receipt.get("job"))})
+
+
+# --- reconcile one effect -------------------------------------------------------------------------
+
+
+@console_view
+@require_http_methods(["GET", "POST"])
+def reconcile(request: HttpRequest, effect_id: UUID) -> HttpResponse:
+    effect = Effect.objects.filter(pk=effect_id).select_related("run").first()
+    if effect is None:
+        raise Http404("no such effect")
+    run = visible_run_or_404(request.actor, effect.run_id)
+    ctx = {"run": run, "effect": effect_dict(effect), "form": request.POST if request.method == "POST" else {}}
+    if not may(request.roles, "reconcile"):
+        ctx["error"] = error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects"))
+        return render(request, "interventions/dialog.html#reconcile", ctx, status=403)
+    if request.method == "GET":
+        return render(request, "interventions/dialog.html#reconcile", ctx)
+    try:
+        if not request.POST.get("evidence", "").strip() or not request.POST.get("reason", "").strip():
+            raise Invalid("evidence and a reason are both required", field="evidence")
+        settled = reconcile_effect(actor=request.actor, effect_id=effect.pk, outcome=request.POST.get("outcome", ""),
+                                   evidence=request.POST["evidence"].strip(),
+                                   external_ref=request.POST.get("external_ref", "").strip()[:200],
+                                   reason=request.POST["reason"].strip(), source="operator")
+    except DomainError as err:
+        ctx["error"] = error_dict(err)
+        return render(request, "interventions/dialog.html#reconcile", ctx, status=err.status)
+    ctx |= {"effect": effect_dict(settled), "done": present(settled.reconciliation)}
+    html = render_to_string("interventions/dialog.html#reconciled", ctx, request=request) + out_of_band(request, run, "run")
+    return HttpResponse(html)
+
+
+# --- approvals inbox ------------------------------------------------------------------------------
+
+
+def inbox_context(actor) -> dict[str, Any]:
+    """Pending approvals this user's roles may decide (required role satisfied, permission to approve)."""
+    roles = actor.roles
+    decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
+    rows = []
+    if may(roles, "approve") or may(roles, "reject"):
+        pending = (Approval.objects.filter(status=Approval.PENDING, required_role__in=decidable,
+                                           run__in=visible_runs(actor))
+                   .select_related("run__agent").order_by("deadline", "requested_at"))
+        for a in pending:
+            rows.append({"a": a, "args": present(a.args),
+                         "self": actor.label in (a.requested_by, a.run.created_by),
+                         "may_approve": may(roles, "approve"), "may_reject": may(roles, "reject")})
+    return {"rows": rows, "decidable": decidable, "roles": roles}
+
+
+@console_view
+@require_GET
+def approvals_inbox(request: HttpRequest) -> HttpResponse:
+    ctx = inbox_context(request.actor) | {"nav": "approvals"}
+    return render(request, "interventions/approvals.html#inbox" if is_fragment(request) else "interventions/approvals.html", ctx)
+
+
+def render_inbox_push(user) -> str:
+    return render_to_string("interventions/approvals.html#inbox",
+                            inbox_context(actor_for_user(user, None, component="console")) | {"oob": True})
+
+
+# --- contracts page -------------------------------------------------------------------------------
+
+
+@console_view
+@require_GET
+def contracts_page(request: HttpRequest) -> HttpResponse:
+    doc = contracts_document()
+    by_state: dict[str, list[dict[str, Any]]] = {s.value: [] for s in State}
+    for row in as_table():
+        by_state[row["from"]].append(row)
+    matrix = [{"action": action, "cells": [role in roles for role in ROLES]} for action, roles in PERMISSIONS.items()]
+    return render(request, "interventions/contracts.html", {
+        "contracts": [{"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()],
+        "by_state": by_state, "matrix": matrix, "roles_header": ROLES, "nav": "contracts",
+        "my_roles": roles_of(request.user),
+    })
