@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test venv migrate seed bench check-deploy clean
+.PHONY: run test venv browser migrate seed bench check-deploy clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -28,7 +28,12 @@ seed: migrate  ## roles, demo users (logins printed), agents and worker tokens
 run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; Ctrl-C stops all
 	$(PY) -m demo.supervisor
 
-test: venv  ## the whole suite on PostgreSQL + Redis (never silently on SQLite)
+browser:  ## Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium; no browser downloads)
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "could not install chromium: the browser test will say it is skipped"
+
+test: venv browser  ## the whole suite on PostgreSQL + Redis (never silently on SQLite)
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
