@@ -23,7 +23,11 @@ def lock_run(run_id: Any) -> Run:
     """Lock the run row for the rest of the transaction. Every decision about a run starts here,
     so decisions on one run are serialised by the database (pause vs declare, claim vs claim)."""
     try:
-        return Run.objects.select_for_update().select_related("agent").get(pk=run_id)
+        # of=("self",): lock the run row only. A bare FOR UPDATE would also lock the joined *agent* row,
+        # serialising every run of an agent and deadlocking against transactions that insert a row
+        # referencing that agent (their deferred FK check takes KEY SHARE on it at COMMIT, after they
+        # locked the audit chain head).
+        return Run.objects.select_for_update(of=("self",)).select_related("agent").get(pk=run_id)
     except (Run.DoesNotExist, ValueError):
         raise NotFound(f"run {run_id} does not exist", object="run") from None
 
