@@ -1,0 +1,376 @@
+"""Shared plumbing for the benchmarks: database preparation, ASGI server processes, CPU accounting,
+percentiles and machine facts. Nothing here imports Django: the benchmark's parent process drives the
+control plane from the outside (management commands, HTTP), like an operator would."""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/controlplane_bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+AGENT = "bench"
+SCOPES = ["bench:*"]
+
+
+# --- environment ---------------------------------------------------------------------------------
+
+def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
+    """Environment for manage.py and the servers: PostgreSQL + Redis, DEBUG off (no query log), quiet."""
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "LOG_LEVEL": "WARNING",
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+    })
+    env.pop("CONTROLPLANE_PRODUCTION", None)
+    return env
+
+
+def python_exe() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def daphne_exe() -> str:
+    venv = ROOT / ".venv" / "bin" / "daphne"
+    if venv.exists():
+        return str(venv)
+    found = shutil.which("daphne")
+    if not found:
+        raise SystemExit("daphne not found: run `make venv` first")
+    return found
+
+
+def redact(url: str) -> str:
+    """A database URL without its password, for the results file."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+def describe_failure(resp) -> str:
+    """`HTTP 409 lease_held: …` for JSON errors, `HTTP 500 (non-JSON body)` for Django's HTML 500 page."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code} (non-JSON body)"
+    if isinstance(body, dict):
+        return f"HTTP {resp.status_code} {body.get('error', '')}: {str(body.get('detail') or body.get('reason') or '')[:200]}"
+    return f"HTTP {resp.status_code}: {str(body)[:200]}"
+
+
+# --- database ------------------------------------------------------------------------------------
+
+def ensure_database(database_url: str, fresh: bool = False) -> bool:
+    """CREATE DATABASE if it does not exist yet (with fresh=True: DROP it first). True if it was created."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(database_url)
+    name = params.get("dbname")
+    if not name:
+        raise SystemExit(f"DATABASE_URL names no database: {redact(database_url)}")
+    admin = {k: v for k, v in params.items() if k != "dbname"}
+    with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
+        if fresh:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            return False
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return True
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run([python_exe(), "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        hint = ("\n(the benchmark database holds migrations that no longer match the code: rerun with --fresh-db "
+                "to drop and recreate it)") if args[0] == "migrate" else ""
+        raise SystemExit(f"manage.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-3000:]}{hint}")
+    return proc.stdout
+
+
+def prepare(env: dict[str, str], token_name: str) -> tuple[str, str]:
+    """Migrate, register the bench agent, issue a worker token. Returns (secret, visible prefix)."""
+    manage(env, "migrate", "--noinput", "-v", "0")
+    manage(env, "register_agent", AGENT, *[a for s in SCOPES for a in ("--scope", s)],
+           "--description", "benchmark agent (bench/)")
+    out = manage(env, "create_worker_token", token_name, "--agent", AGENT).strip().splitlines()
+    secret = out[-1].strip()
+    prefix = out[0].split("worker token ", 1)[-1].split("…", 1)[0].strip() if out else ""
+    return secret, prefix
+
+
+def revoke_token(env: dict[str, str], prefix: str) -> None:
+    if prefix:
+        subprocess.run([python_exe(), "manage.py", "revoke_token", prefix], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+
+
+def dbname_of(database_url: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    return str(conninfo_to_dict(database_url).get("dbname", ""))
+
+
+def postgres_facts(database_url: str) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        facts: dict[str, Any] = {"version": conn.execute("SHOW server_version").fetchone()[0]}
+        for setting in ("synchronous_commit", "fsync", "wal_sync_method", "shared_buffers", "max_connections",
+                        "commit_delay"):
+            try:
+                facts[setting] = conn.execute(f"SHOW {setting}").fetchone()[0]
+            except psycopg.Error:
+                pass
+        facts["host"] = conn.info.host
+    return facts
+
+
+# --- ASGI servers --------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Servers:
+    """K daphne processes, each in its own session so Ctrl-C reaches us (and our cleanup) first."""
+
+    count: int
+    env: dict[str, str]
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    logdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cp-bench-")))
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def start(self) -> None:
+        for i in range(self.count):
+            port = free_port()
+            log = open(self.logdir / f"server-{i}.log", "wb")
+            proc = subprocess.Popen(
+                [daphne_exe(), "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            log.close()
+            self.procs.append(proc)
+            self.ports.append(port)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        pending = dict(zip(self.urls, self.procs))
+        while pending:
+            for url, proc in list(pending.items()):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server {url} exited with {proc.returncode}:\n{self.log_tail()}")
+                try:
+                    resp = httpx.get(f"{url}/api/v1/openapi.json", timeout=5)
+                    if resp.status_code < 500:
+                        pending.pop(url)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(f"servers not ready after {timeout:.0f}s: {list(pending)}\n{self.log_tail()}")
+            if pending:
+                time.sleep(0.2)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        out = []
+        for log in sorted(self.logdir.glob("server-*.log")):
+            text = log.read_text(errors="replace")
+            out.append(f"--- {log.name}\n{text[-chars:]}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        # A second Ctrl-C must not interrupt the cleanup itself.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=5)
+        self.procs.clear()
+
+
+def install_sigterm_as_interrupt() -> None:
+    """SIGTERM/SIGHUP behave like Ctrl-C, so `finally:` blocks stop the servers."""
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, raise_interrupt)
+
+
+def stop_processes(procs) -> None:
+    """Terminate multiprocessing children that are still alive (after an error or Ctrl-C)."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
+# --- CPU accounting (Linux /proc) ----------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def postgres_backends_cpu(dbname: str) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend connected to `dbname` (found by its process title)."""
+    found: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+        except OSError:
+            continue
+        if dbname in title:
+            found[int(entry.name)] = proc_cpu_s(int(entry.name))
+    return found
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy seconds, total seconds) summed over all CPUs since boot."""
+    try:
+        parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
+    total = sum(parts[:8])
+    return (total - idle) / _TICK, total / _TICK
+
+
+class CpuMeter:
+    """CPU spent by the servers, by the PostgreSQL backends of the benchmark's database and by the whole
+    machine between start() and stop()."""
+
+    def __init__(self, server_pids: list[int], dbname: str):
+        self.server_pids, self.dbname = server_pids, dbname
+
+    def _sample(self) -> tuple[float, dict[int, float], float, float]:
+        busy, total = machine_cpu()
+        return sum(proc_cpu_s(p) for p in self.server_pids), postgres_backends_cpu(self.dbname), busy, total
+
+    def start(self) -> None:
+        self.t0 = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        s0, pg0, busy0, total0 = self.t0
+        s1, pg1, busy1, total1 = self._sample()
+        servers, busy, total = s1 - s0, busy1 - busy0, total1 - total0
+        pg = sum(max(cpu - pg0.get(pid, 0.0), 0.0) for pid, cpu in pg1.items())  # new backends count whole
+        return {"servers_cpu_s": round(servers, 2), "postgres_cpu_s": round(pg, 2), "machine_busy_s": busy,
+                "machine_busy_pct": round(100 * busy / total, 1) if total else None}
+
+
+# --- statistics and facts --------------------------------------------------------------------------
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * p // 100))  # ceil(n * p / 100)
+    return round(ordered[int(rank) - 1], 2)
+
+
+def machine_info(database_url: str) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "hostname": platform.node(),
+    }
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+        info["cpu_model"] = model
+    except (OSError, StopIteration):
+        pass
+    try:
+        info["memory_gb"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    info["postgres"] = postgres_facts(database_url)
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=5)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,410 @@
+"""Worker-protocol throughput and latency through the HTTP API on PostgreSQL (issue 2, "Benchmark").
+
+    .venv/bin/python -m bench.protocol [--workers 1,4,16] [--runs-per-worker N] [--servers K]
+                                       [--out bench/results/protocol.json]
+
+For each worker count W, W separate processes (own httpx.Client each) start together from a barrier and
+each drives runs of 20 effects: POST /runs, claim, then per step declare the effect, record its outcome
+(committed) and write a checkpoint, then finish. Every effect is therefore two durable ledger writes
+(declare + outcome, each with a history row and an audit event) plus a checkpoint. We time every call
+and the phase's wall clock (barrier → last worker done): effects/s = committed effects / wall time,
+including the create/claim/finish calls of each run.
+
+In the same invocation we measure PostgreSQL's raw single-row INSERT+COMMIT rate over 4 connections
+(psycopg 3, a scratch table), before and after the phases, and report effects/s ÷ raw commits/s.
+See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.rawpg import RAW_CONNECTIONS, RAW_TABLE, raw_pg_commits
+
+EFFECTS_PER_RUN = 20
+TARGET_EFFECTS_PER_S = 400
+TARGET_DECLARE_P99_MS = 25.0
+TARGET_WORKERS = 16
+CALLS = ("create", "claim", "declare", "outcome", "checkpoint", "finish", "heartbeat")
+HEARTBEAT_EVERY_S = 10.0  # leases last 30 s by default; long phases keep theirs alive
+
+
+# --- one worker process ------------------------------------------------------------------------
+
+class CallFailed(Exception):
+    pass
+
+
+def _post(client, lat: dict[str, list[float]], name: str, url: str, body: dict, ok=(200, 201)) -> dict:
+    t0 = time.perf_counter()
+    resp = client.post(url, json=body)
+    lat[name].append((time.perf_counter() - t0) * 1000)
+    if resp.status_code not in ok:
+        raise CallFailed(f"{name} -> {harness.describe_failure(resp)}")
+    return resp.json()
+
+
+def _one_run(client, base: str, lat: dict[str, list[float]], worker: int, number: int, effects: int,
+             tally: dict[str, int]) -> None:
+    """Create, claim, `effects` × (declare, outcome committed, checkpoint), finish. Counts committed
+    effects in `tally` as they happen, so a run that fails half-way still counts what it committed."""
+    run = _post(client, lat, "create", f"{base}/runs", {
+        "agent": harness.AGENT, "goal": "protocol benchmark", "input": {"worker": worker, "run": number},
+        "versions": {"code": "bench", "model": "none", "tools": {"bench": "1"}, "config_hash": "bench"},
+        "authority": [{"scope": s, "ttl_s": 3600} for s in harness.SCOPES],
+    }, ok=(201,))
+    run_id = run["id"]
+    claim = _post(client, lat, "claim", f"{base}/runs/{run_id}/claim", {"worker": f"bench-{worker}"})
+    token, lease_id = claim["lease"]["fencing_token"], claim["lease"]["id"]
+    last_beat = time.monotonic()
+    for i in range(effects):
+        if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
+            _post(client, lat, "heartbeat", f"{base}/leases/{lease_id}/heartbeat", {"fencing_token": token})
+            last_beat = time.monotonic()
+        effect = _post(client, lat, "declare", f"{base}/runs/{run_id}/effects", {
+            "fencing_token": token, "step": f"step-{i}", "tool": "bench", "action": "write",
+            "idempotency_key": f"{run_id}:step-{i}", "args": {"i": i, "worker": worker},
+            "compensation": {"tool": "bench", "action": "undo"}, "irreversible": False,
+        }, ok=(201,))
+        if effect.get("decision") != "authorized":
+            raise CallFailed(f"declare -> decision {effect.get('decision')}: {effect.get('reason')}")
+        _post(client, lat, "outcome", f"{base}/effects/{effect['id']}/outcome",
+              {"fencing_token": token, "status": "committed", "external_ref": f"bench-{i}"})
+        tally["effects"] += 1
+        _post(client, lat, "checkpoint", f"{base}/runs/{run_id}/checkpoints",
+              {"fencing_token": token, "step": f"step-{i}", "state": {"done": i + 1}}, ok=(201,))
+    _post(client, lat, "finish", f"{base}/runs/{run_id}/finish", {"fencing_token": token, "outcome": "succeeded"})
+
+
+def _take_run(counter, total: int) -> int | None:
+    """The next run number of the phase's shared pool, or None when all `total` runs are taken."""
+    with counter.get_lock():
+        number = counter.value
+        if number >= total:
+            return None
+        counter.value = number + 1
+        return number
+
+
+def worker_main(index: int, servers: list[str], token: str, counter, total_runs: int, effects: int, barrier, results,
+                stop=None) -> None:
+    """Takes runs from the shared pool until it is empty (or, with counter=None, runs until `stop` is set)
+    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
+    import httpx
+
+    lat: dict[str, list[float]] = {name: [] for name in CALLS}
+    errors: list[str] = []
+    error_count = 0
+    tally = {"effects": 0}
+    done_runs = 0
+    client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60.0)
+    try:
+        for url in servers:  # open a keep-alive connection to every server before the clock starts
+            client.get(f"{url}/api/v1/runs", params={"limit": 1})
+        barrier.wait()
+        t_start, cpu0 = time.monotonic(), time.process_time()
+        number = 0
+        while True:
+            if counter is not None:
+                number = _take_run(counter, total_runs)
+                if number is None:
+                    break
+            elif stop.is_set():
+                break
+            base = servers[(index + number) % len(servers)] + "/api/v1"
+            try:
+                _one_run(client, base, lat, index, number, effects, tally)
+                done_runs += 1
+            except (CallFailed, httpx.HTTPError, ValueError, KeyError) as exc:
+                error_count += 1
+                if len(errors) < 5:
+                    errors.append(f"{type(exc).__name__}: {exc}"[:400])
+            if counter is None:
+                number += 1
+        t_end, cpu = time.monotonic(), time.process_time() - cpu0
+        results.put({"index": index, "t_start": t_start, "t_end": t_end, "cpu_s": cpu, "effects": tally["effects"],
+                     "runs": done_runs, "errors": error_count, "error_samples": errors, "lat": lat})
+    except Exception as exc:  # noqa: BLE001 - report, never hang the parent
+        results.put({"index": index, "fatal": f"{type(exc).__name__}: {exc}"[:1000]})
+    finally:
+        client.close()
+
+
+# --- phases ----------------------------------------------------------------------------------------
+
+def run_phase(ctx, workers: int, total_runs: int, servers: harness.Servers, token: str,
+              timeout: float) -> dict[str, Any]:
+    """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
+    to the last worker finishing."""
+    barrier = ctx.Barrier(workers + 1)
+    results = ctx.Queue()
+    counter = ctx.Value("i", 0)
+    procs = [ctx.Process(target=worker_main, daemon=True,
+                         args=(i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN, barrier, results))
+             for i in range(workers)]
+    meter = harness.CpuMeter(servers.pids, harness.dbname_of(servers.env["DATABASE_URL"]))
+    try:
+        for p in procs:
+            p.start()
+        barrier.wait(timeout=120)
+        meter.start()
+        reports = []
+        deadline = time.monotonic() + timeout
+        while len(reports) < workers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"phase with {workers} workers did not finish within {timeout:.0f}s")
+            try:
+                reports.append(results.get(timeout=min(remaining, 5)))
+            except Exception:  # queue.Empty: check the workers are still alive
+                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                if dead:
+                    raise RuntimeError(f"{len(dead)} worker process(es) died (exit {dead[0].exitcode})") from None
+        cpu = meter.stop()
+        for p in procs:
+            p.join(timeout=10)
+    finally:
+        harness.stop_processes(procs)
+    fatal = [r["fatal"] for r in reports if "fatal" in r]
+    if fatal:
+        raise RuntimeError(f"worker failed: {fatal[0]}")
+    return summarise(workers, total_runs, reports, cpu)
+
+
+def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> dict[str, Any]:
+    lat = {name: [v for r in reports for v in r["lat"][name]] for name in CALLS}
+    wall = max(r["t_end"] for r in reports) - min(r["t_start"] for r in reports)
+    effects = sum(r["effects"] for r in reports)
+    requests = sum(len(v) for v in lat.values())
+    worker_cpu = sum(r["cpu_s"] for r in reports)
+    per_worker = [r["runs"] for r in reports]
+    out: dict[str, Any] = {
+        "workers": workers,
+        "runs": total_runs,
+        "runs_completed": sum(per_worker),
+        "runs_per_worker_min_max": [min(per_worker), max(per_worker)],
+        "effects": effects,
+        "wall_s": round(wall, 3),
+        "effects_per_s": round(effects / wall, 1) if wall > 0 else 0.0,
+        "requests": requests,
+        "requests_per_s": round(requests / wall, 1) if wall > 0 else 0.0,
+    }
+    for name in ("declare", "outcome", "checkpoint"):
+        out[f"{name}_p50_ms"] = harness.percentile(lat[name], 50)
+        out[f"{name}_p99_ms"] = harness.percentile(lat[name], 99)
+        out[f"{name}_max_ms"] = round(max(lat[name]), 2) if lat[name] else None
+    for name in ("create", "claim", "finish"):
+        out[f"{name}_p50_ms"] = harness.percentile(lat[name], 50)
+        out[f"{name}_p99_ms"] = harness.percentile(lat[name], 99)
+    out["heartbeats"] = len(lat["heartbeat"])
+    out["errors"] = sum(r["errors"] for r in reports)
+    out["error_samples"] = [e for r in reports for e in r["error_samples"]][:5]
+    cpu = dict(cpu)
+    busy_s = cpu.pop("machine_busy_s", None)
+    cpu["workers_cpu_s"] = round(worker_cpu, 2)
+    if busy_s is not None:
+        # Anything else on the machine (other sessions, the OS) competing for the same cores.
+        cpu["other_cpu_s"] = round(max(busy_s - cpu["servers_cpu_s"] - cpu["postgres_cpu_s"] - worker_cpu, 0.0), 2)
+    if effects:
+        cpu["server_cpu_ms_per_effect"] = round(1000 * cpu["servers_cpu_s"] / effects, 2)
+        cpu["postgres_cpu_ms_per_effect"] = round(1000 * cpu["postgres_cpu_s"] / effects, 2)
+        cpu["client_cpu_ms_per_effect"] = round(1000 * worker_cpu / effects, 2)
+    out["cpu"] = cpu
+    return out
+
+
+# --- main ----------------------------------------------------------------------------------------------
+
+def phase_runs(workers: int, args: argparse.Namespace) -> int:
+    """Runs in a phase: --runs-per-worker × workers if given, else --runs-per-phase (at least 2 per worker)."""
+    if args.runs_per_worker:
+        return args.runs_per_worker * workers
+    return max(args.runs_per_phase, 2 * workers)
+
+
+def effect_rows(database_url: str) -> int | None:
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM runs_effect WHERE status = 'committed'").fetchone()[0]
+    except psycopg.Error:
+        return None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.protocol", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,4,16", help="comma-separated worker-process counts (default 1,4,16)")
+    parser.add_argument("--runs-per-worker", type=int, default=None,
+                        help="runs (of 20 effects) per worker process, i.e. a phase does N × workers runs")
+    parser.add_argument("--runs-per-phase", type=int, default=32,
+                        help="runs per phase when --runs-per-worker is not given (default 32 = 640 effects; "
+                             "at least 2 per worker)")
+    parser.add_argument("--servers", type=int, default=2, help="ASGI server processes (default 2)")
+    parser.add_argument("--raw-seconds", type=float, default=4.0, help="duration of each raw PostgreSQL measurement")
+    parser.add_argument("--fresh-db", action="store_true",
+                        help="DROP and recreate the benchmark database first (e.g. after migrations were rewritten)")
+    parser.add_argument("--out", default=str(harness.RESULTS_DIR / "protocol.json"))
+    parser.add_argument("--phase-timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    try:
+        args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        parser.error("--workers must be comma-separated integers")
+    if not args.worker_counts or min(args.worker_counts) < 1 or args.servers < 1:
+        parser.error("--workers and --servers must be positive")
+    return args
+
+
+def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -> dict[str, Any]:
+    """Start the servers, warm up, run one phase per worker count; always stop the servers."""
+    servers = harness.Servers(args.servers, env)
+    phases: dict[str, Any] = {}
+    try:
+        servers.start()
+        servers.wait_ready()
+        print(f"{args.servers} daphne server(s) ready on {', '.join(servers.urls)}", flush=True)
+        # Warm-up (not measured): imports, connection pools, the LISTEN connection, first query plans.
+        run_phase(ctx, args.servers, args.servers, servers, token, args.phase_timeout)
+        for workers in args.worker_counts:
+            runs = phase_runs(workers, args)
+            print(f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects …", flush=True)
+            phase = phases[str(workers)] = run_phase(ctx, workers, runs, servers, token, args.phase_timeout)
+            print(f"  {phase['effects_per_s']:.0f} effects/s · declare p50 {phase['declare_p50_ms']} / "
+                  f"p99 {phase['declare_p99_ms']} ms · outcome p50 {phase['outcome_p50_ms']} / p99 "
+                  f"{phase['outcome_p99_ms']} ms · errors {phase['errors']}", flush=True)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        print(servers.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        servers.stop()
+    return phases
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    database_url = os.environ.get("DATABASE_URL") or harness.DEFAULT_DATABASE_URL
+    redis_url = os.environ.get("REDIS_URL") or harness.DEFAULT_REDIS_URL
+    if not database_url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit("bench.protocol needs a PostgreSQL DATABASE_URL")
+    harness.install_sigterm_as_interrupt()
+    ctx = mp.get_context("spawn")
+    env = harness.bench_env(database_url, redis_url)
+    facts: dict[str, Any] = {"started_at": datetime.now(timezone.utc).isoformat()}
+
+    print(f"preparing {harness.redact(database_url)} …", flush=True)
+    facts["database_created"] = harness.ensure_database(database_url, fresh=args.fresh_db)
+    token, prefix = harness.prepare(env, f"bench-protocol-{int(time.time())}")
+    facts["machine"] = harness.machine_info(database_url)
+    rows_before = effect_rows(database_url)
+    try:
+        print(f"raw PostgreSQL INSERT+COMMIT over {RAW_CONNECTIONS} connections ({args.raw_seconds:.0f}s) …", flush=True)
+        raw = {"before": raw_pg_commits(ctx, database_url, args.raw_seconds),
+               "single_connection": raw_pg_commits(ctx, database_url, min(args.raw_seconds, 3.0), connections=1)}
+        print(f"  {raw['before']['commits_per_s']:.0f} commits/s; {raw['single_connection']['commits_per_s']:.0f} "
+              "on a single connection", flush=True)
+        phases = run_phases(ctx, args, env, token)
+        print(f"raw PostgreSQL again ({args.raw_seconds:.0f}s) …", flush=True)
+        raw["after"] = raw_pg_commits(ctx, database_url, args.raw_seconds)
+        print(f"  {raw['after']['commits_per_s']:.0f} commits/s", flush=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted: servers and workers stopped", file=sys.stderr)
+        return 130
+    finally:
+        harness.revoke_token(env, prefix)
+    rows_after = effect_rows(database_url)
+    facts["committed_effect_rows_added"] = (rows_after - rows_before) if None not in (rows_before, rows_after) else None
+    result = build_result(args, database_url, redis_url, facts, phases, raw)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_summary(result, out)
+    return 0
+
+
+def _target(headline: dict[str, Any], key: str, target: float, higher_is_better: bool) -> dict[str, Any]:
+    value = headline[key]
+    met = value is not None and (value >= target if higher_is_better else value <= target)
+    return {"workers": headline["workers"], "target": target, "value": value, "met": met}
+
+
+def build_result(args: argparse.Namespace, database_url: str, redis_url: str, facts: dict[str, Any],
+                 phases: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    raw_rate = round((raw["before"]["commits_per_s"] + raw["after"]["commits_per_s"]) / 2, 1)
+    headline = phases.get(str(TARGET_WORKERS)) or phases[str(max(args.worker_counts))]
+    return {
+        "benchmark": "protocol",
+        "started_at": facts["started_at"],
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "git_commit": harness.git_commit(),
+        "machine": facts["machine"],
+        "config": {
+            "workers": args.worker_counts,
+            "runs_per_phase": {str(w): phase_runs(w, args) for w in args.worker_counts},
+            "work_distribution": "each phase's runs are a shared pool the worker processes draw from",
+            "effects_per_run": EFFECTS_PER_RUN,
+            "calls_per_effect": ["declare", "outcome(committed)", "checkpoint"],
+            "calls_per_run": ["create", "claim", "finish"],
+            "servers": args.servers,
+            "server": "daphne (controlplane.asgi:application), DEBUG=0",
+            "client": "one httpx.Client per worker process, keep-alive; runs alternate between servers",
+            "database_url": harness.redact(database_url),
+            "database_created": facts["database_created"],
+            "redis_url": harness.redact(redis_url),
+            "raw_pg": {"connections": RAW_CONNECTIONS, "seconds": args.raw_seconds,
+                       "statement": f"INSERT INTO {RAW_TABLE} (worker, payload) VALUES (…); COMMIT"},
+        },
+        "phases": phases,
+        "raw_pg_commits_per_s": raw_rate,
+        "raw_pg": raw,
+        "ratio": round(headline["effects_per_s"] / raw_rate, 3) if raw_rate else None,
+        "ratio_note": f"effects/s at {headline['workers']} workers ÷ raw single-row INSERT+COMMIT/s over "
+                      f"{RAW_CONNECTIONS} connections (mean of before and after)",
+        "ratios": {w: round(p["effects_per_s"] / raw_rate, 3) for w, p in phases.items()} if raw_rate else {},
+        "committed_effect_rows_added": facts["committed_effect_rows_added"],
+        "targets": {
+            "effects_per_s": _target(headline, "effects_per_s", TARGET_EFFECTS_PER_S, higher_is_better=True),
+            "declare_p99_ms": _target(headline, "declare_p99_ms", TARGET_DECLARE_P99_MS, higher_is_better=False),
+        },
+        "reference": {"raw_pg_commits_per_s_reported_in_issue": 5700, "dbos_steps_per_s_in_process": 330},
+    }
+
+
+def print_summary(result: dict[str, Any], out: Path) -> None:
+    m = result["machine"]
+    print()
+    print(f"protocol benchmark — {m['cpu_count']} CPUs, Python {m['python']}, PostgreSQL {m['postgres']['version']}, "
+          f"{result['config']['servers']} server(s)")
+    print(f"{'workers':>7} {'effects/s':>10} {'declare p50/p99 ms':>19} {'outcome p50/p99 ms':>19} "
+          f"{'checkpoint p50 ms':>18} {'errors':>7}")
+    for w, p in result["phases"].items():
+        print(f"{w:>7} {p['effects_per_s']:>10.1f} {p['declare_p50_ms']:>9}/{p['declare_p99_ms']:<9} "
+              f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {p['checkpoint_p50_ms']:>18} {p['errors']:>7}")
+    print(f"raw PostgreSQL: {result['raw_pg_commits_per_s']:.0f} INSERT+COMMIT/s over {RAW_CONNECTIONS} connections; "
+          f"ratio {result['ratio']}")
+    for w, p in result["phases"].items():
+        if p["errors"]:
+            print(f"{w} workers: {p['errors']} failed run(s), e.g. {p['error_samples'][0]}")
+        other = p["cpu"].get("other_cpu_s")
+        if other and other > 0.2 * p["wall_s"] * (m["cpu_count"] or 1):
+            print(f"{w} workers: note — other processes used {other:.1f} CPU-s of the {p['wall_s']:.1f} s phase "
+                  f"(machine {p['cpu']['machine_busy_pct']}% busy): numbers are depressed by competing load")
+    for name, t in result["targets"].items():
+        print(f"target {name} at {t['workers']} workers: {t['value']} vs {t['target']} → {'met' if t['met'] else 'NOT met'}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
