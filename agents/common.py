@@ -42,6 +42,10 @@ VERSIONS: dict[str, Any] = {
     "tools": {"inventory": "1.0", "shipping": "1.0", "payments": "3.1", "notifications": "1.0"},
     "config_hash": "demo-1",
 }
+# A deployment bumps tool versions, e.g. AGENT_TOOL_VERSIONS="payments=3.2" (what a resume then sees).
+for _pair in filter(None, os.environ.get("AGENT_TOOL_VERSIONS", "").split(",")):
+    _tool, _, _version = _pair.partition("=")
+    VERSIONS["tools"][_tool.strip()] = _version.strip()
 
 #: set by the worker process on SIGTERM/SIGINT; long waits inside an agent give up when it is set
 SHUTDOWN = threading.Event()

@@ -81,7 +81,10 @@ def check_versions(run: Run) -> Check:
 
 def check_assumptions(run: Run, reobserve: bool) -> tuple[Check, list[tuple[Assumption, Any]]]:
     now, stale, fresh, refreshed = timezone.now(), [], [], []
+    latest: dict[str, Assumption] = {}
     for a in Assumption.objects.filter(run=run).order_by("observed_at"):
+        latest[a.key] = a  # a later observation of the same fact supersedes the earlier one
+    for a in latest.values():
         problem, current = None, None
         if a.max_age_s and a.observed_at + timedelta(seconds=a.max_age_s) < now:
             problem = f"older than {a.max_age_s}s"

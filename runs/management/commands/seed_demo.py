@@ -39,6 +39,7 @@ class Command(BaseCommand):
         for name, (scopes, description) in DEMO_AGENTS.items():
             Agent.objects.update_or_create(name=name, defaults={"allowed_scopes": scopes, "description": description})
         token_file = Path(settings.VAR_DIR) / "demo-worker-token"
+        token_file.parent.mkdir(parents=True, exist_ok=True)
         secret = token_file.read_text().strip() if token_file.exists() else ""
         if not secret or not ApiToken.objects.filter(token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True).exists():
             _, secret = ApiToken.issue(kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS))
