@@ -165,6 +165,7 @@ class Servers:
     count: int
     env: dict[str, str]
     procs: list[subprocess.Popen] = field(default_factory=list)
+    keep_logs: bool = False
     ports: list[int] = field(default_factory=list)
     logdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cp-bench-")))
 
@@ -209,7 +210,9 @@ class Servers:
                 time.sleep(0.2)
 
     def log_tail(self, chars: int = 3000) -> str:
-        out = []
+        """The end of every server's log; the log directory is then kept for inspection."""
+        self.keep_logs = True
+        out = [f"server logs kept in {self.logdir}"]
         for log in sorted(self.logdir.glob("server-*.log")):
             text = log.read_text(errors="replace")
             out.append(f"--- {log.name}\n{text[-chars:]}")
@@ -220,6 +223,8 @@ class Servers:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._stop()
+            if not self.keep_logs:
+                shutil.rmtree(self.logdir, ignore_errors=True)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

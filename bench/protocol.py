@@ -283,6 +283,9 @@ def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -
             print(f"  {phase['effects_per_s']:.0f} effects/s · declare p50 {phase['declare_p50_ms']} / "
                   f"p99 {phase['declare_p99_ms']} ms · outcome p50 {phase['outcome_p50_ms']} / p99 "
                   f"{phase['outcome_p99_ms']} ms · errors {phase['errors']}", flush=True)
+            if phase["errors"] and not servers.keep_logs:
+                servers.keep_logs = True  # the servers' tracebacks explain the failed calls
+                print(f"  server logs kept in {servers.logdir}", flush=True)
     except KeyboardInterrupt:
         raise
     except Exception:
