@@ -8,17 +8,11 @@ package; `playwright install` is never used (no browser download).
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 import pytest
-from django.conf import settings
-from django.db import connection
+
+from tests.live import Procs, server_env, start_daphne
 
 CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
@@ -33,48 +27,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _database_url() -> str:
-    db = connection.settings_dict
-    auth = quote(db["USER"] or "") + (f":{quote(db['PASSWORD'])}" if db["PASSWORD"] else "")
-    return f"postgresql://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
 def live_console(postgres_only, tmp_path):
     """daphne serving controlplane.asgi against the test database (committed rows: transaction=True)."""
-    port = _free_port()
-    env = {**os.environ, "DATABASE_URL": _database_url(), "DEBUG": "1", "ALLOWED_HOSTS": "127.0.0.1,localhost",
-           "LEASE_TTL_S": "300", "CONTROLPLANE_VAR_DIR": str(tmp_path / "var"), "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "daphne.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                             "controlplane.asgi:application"], cwd=str(Path(settings.BASE_DIR)), env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/accounts/login/", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            pytest.fail(f"daphne did not start:\n{log.read()[-4000:]}")
-        time.sleep(0.2)
-    yield base
-    proc.terminate()
+    procs = Procs(tmp_path)
+    env = server_env(tmp_path, DEBUG="1", LEASE_TTL_S="300")
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    log.close()
+        yield start_daphne(procs, env, ready_path="/accounts/login/")
+    finally:
+        procs.stop()
 
 
 def _server_password(user, raw: str) -> None:

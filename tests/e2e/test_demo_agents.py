@@ -8,21 +8,16 @@ but the suite runs on PostgreSQL). No Celery: nothing here needs a background jo
 """
 from __future__ import annotations
 
-import os
-import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 from django.db import connection
 
 from sdk.controlplane_sdk import Client
+from tests.live import Procs, server_env, start_daphne, start_world, wait_for
 from world.client import WorldClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,62 +29,8 @@ ADDRESS = "12 St James's Square, SW1Y 4JH London, UK"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-# -- processes ---------------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-class Procs:
-    """Subprocesses in their own process groups; ``stop()`` kills every group."""
-
-    def __init__(self, tmp: Path):
-        self.tmp, self.procs = tmp, []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
-        log = self.tmp / f"{name}.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        self.procs.append((name, proc, log))
-        return proc, log
-
-    def stop(self, names: set[str] | None = None) -> dict[str, int | None]:
-        """SIGTERM the chosen process groups, SIGKILL what is left after 10 s. Returns exit codes
-        (``None``: had to be killed)."""
-        chosen = [(n, p, log) for n, p, log in self.procs if names is None or n in names]
-        for _, proc, _ in chosen:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline, codes = time.monotonic() + 10, {}
-        for name, proc, _ in chosen:
-            try:
-                codes[name] = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                codes[name] = None
-            finally:  # whatever the leader did, nothing of its group may survive
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=5)
-        self.procs = [t for t in self.procs if t not in chosen]
-        return codes
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n} ---\n{log.read_text()[-4000:]}" for n, _, log in self.procs)
+    return wait_for(what, predicate, timeout, interval)
 
 
 @pytest.fixture(scope="module")
@@ -98,31 +39,11 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (run via make test)")
     tmp = tmp_path_factory.mktemp("e2e-agents")
-    db = connection.settings_dict
-    database_url = f"postgresql://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:" \
-                   f"{db.get('PORT') or 5432}/{db['NAME']}"
-    env = dict(os.environ, DATABASE_URL=database_url, DEBUG="0", ALLOWED_HOSTS="127.0.0.1,localhost",
-               PYTHONUNBUFFERED="1", CONTROLPLANE_VAR_DIR=str(tmp / "var"))
-    if db.get("PASSWORD"):
-        env["PGPASSWORD"] = str(db["PASSWORD"])
+    env = server_env(tmp)
     procs = Procs(tmp)
     try:
-        port = _free_port()
-        daphne = str(Path(sys.executable).parent / "daphne")
-        procs.start("daphne", [daphne, "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"], env)
-        _, world_log = procs.start("world", [sys.executable, "-m", "world", "--host", "127.0.0.1", "--port", "0",
-                                             "--db", str(tmp / "world.sqlite3"), "--send-delay", "0.5"], env)
-        world_url = _wait(lambda: (m := re.search(r"listening on (http://\S+)", world_log.read_text())) and m.group(1),
-                          15, "the world to listen")
-        base = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/api/v1/openapi.json", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _wait(up, 30, "daphne to serve")
+        base = start_daphne(procs, env)
+        world_url = start_world(procs, env)
         yield {"url": base, "world_url": world_url, "env": env, "procs": procs, "tmp": tmp}
     except BaseException:
         print(procs.logs())
