@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Query, Router
 from pydantic import Field
 
 from audit.actors import Actor
 from audit.models import AuditEvent
 from audit.services import verify_chain
+from controlplane.auth import refuse
 from controlplane.roles import may
-from runs.errors import Forbidden
+from runs.schemas import Schema
 
 router = Router(tags=["audit"])
 
@@ -17,7 +18,7 @@ router = Router(tags=["audit"])
 def _viewer(request: HttpRequest) -> Actor:
     actor: Actor = request.auth
     if actor.is_worker or not may(actor.roles, "view"):
-        raise Forbidden("audit is for people with a console role")
+        raise refuse(request, "audit is for people with a console role")
     return actor
 
 
@@ -25,7 +26,7 @@ class AuditFilter(Schema):
     run_id: str | None = Field(default=None, max_length=36)
     action: str | None = Field(default=None, max_length=60)
     outcome: str | None = Field(default=None, max_length=10)
-    after_seq: int = Field(default=0, ge=0)
+    after_seq: int = Field(default=0, ge=0, le=2**63 - 1)  # seq is a bigint
     limit: int = Field(default=100, ge=1, le=1000)
 
 

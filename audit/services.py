@@ -51,7 +51,7 @@ class ChainReport:
     checked: int
     head_seq: int
     first_broken_seq: int | None = None
-    problem: str = ""  # edited | deleted | inserted | reordered | head_mismatch
+    problem: str = ""  # edited | deleted | inserted | reordered
     detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,26 +59,56 @@ class ChainReport:
 
 
 def verify_chain(batch: int = 2000) -> ChainReport:
-    """Walk the chain in seq order and name the first broken link."""
-    prev_hash, expected_seq, checked = GENESIS, 1, 0
-    for event in _iter_events(batch):
+    """Walk the chain in seq order and name the first broken link.
+
+    A broken ``prev_hash`` alone does not say what happened, so the walk looks one row back (the hash
+    two links ago) and one row ahead to tell an edited, deleted, inserted or reordered row apart; the
+    chain head (kept by every writer) catches rows removed from, or appended behind, the end.
+    """
+    prev_hash, prev_prev, expected_seq, checked = GENESIS, None, 1, 0
+    events = _iter_events(batch)
+    event = next(events, None)
+    while event is not None:
+        following = next(events, None)
         if event.seq != expected_seq:
             kind = "deleted" if event.seq > expected_seq else "reordered"
             return ChainReport(False, checked, _head_seq(), expected_seq, kind,
                                f"expected seq {expected_seq}, found {event.seq}")
         if event.prev_hash != prev_hash:
-            kind = "inserted" if _hash_exists(event.prev_hash) is False else "reordered"
-            return ChainReport(False, checked, _head_seq(), event.seq, kind,
+            kind, seq = _broken_link(event, following, prev_hash, prev_prev)
+            return ChainReport(False, checked, _head_seq(), seq, kind,
                                f"event {event.seq} does not link to event {event.seq - 1}")
         if link_hash(event.prev_hash, event.hashed_fields()) != event.hash:
             return ChainReport(False, checked, _head_seq(), event.seq, "edited",
                                f"event {event.seq}'s stored hash does not match its content")
-        prev_hash, expected_seq, checked = event.hash, expected_seq + 1, checked + 1
+        prev_prev, prev_hash, expected_seq, checked = prev_hash, event.hash, expected_seq + 1, checked + 1
+        event = following
     head = AuditChainHead.objects.filter(id=1).first()
-    if head and (head.seq != checked or head.hash != prev_hash):
+    if head and head.seq < checked:
+        return ChainReport(False, checked, head.seq, head.seq + 1, "inserted",
+                           f"chain head says {head.seq} events, found {checked}")
+    if head and head.seq > checked:
         return ChainReport(False, checked, head.seq, checked + 1, "deleted",
                            f"chain head says {head.seq} events, found {checked}")
+    if head and head.hash != prev_hash:
+        return ChainReport(False, checked, head.seq, checked, "edited",
+                           f"event {checked} was rewritten: its hash is not the one the chain head recorded")
     return ChainReport(True, checked, checked)
+
+
+def _broken_link(event: AuditEvent, following: AuditEvent | None, prev_hash: str, prev_prev: str | None) -> tuple[str, int]:
+    """``event`` does not link to the row before it: say why, and where the chain first went wrong."""
+    if prev_prev is not None and event.prev_hash == prev_prev:
+        return "inserted", event.seq - 1  # it links past the previous row: that row was slipped in
+    if AuditEvent.objects.filter(hash=event.prev_hash, seq__gt=event.seq).exists():
+        return "reordered", event.seq  # it links to a row that now comes after it
+    if following is not None and following.prev_hash == prev_hash:
+        return "inserted", event.seq  # the chain carries on around it: it was slipped in
+    if not _hash_exists(event.prev_hash):
+        if link_hash(event.prev_hash, event.hashed_fields()) == event.hash:
+            return "edited", event.seq - 1  # intact, but its predecessor was rewritten (and rehashed)
+        return "deleted", event.seq  # its predecessor is gone and the rows after it were renumbered
+    return "reordered", event.seq
 
 
 def _iter_events(batch: int) -> Iterator[AuditEvent]:

@@ -1,6 +1,9 @@
 """The /api/v1/ surface: one NinjaAPI, JSON errors {"error": code, "detail": ...}, OpenAPI at openapi.json."""
 from __future__ import annotations
 
+import logging
+
+from django.db import DataError
 from django.http import Http404, HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
@@ -16,6 +19,7 @@ api = NinjaAPI(
     auth=API_AUTH,
     urls_namespace="api",
 )
+logger = logging.getLogger(__name__)
 
 
 def _field(loc: list) -> str:
@@ -35,6 +39,17 @@ def validation_error(request: HttpRequest, exc: ValidationError):
     detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
     return api.create_response(request, {"error": "invalid", "detail": detail, "field": first["field"], "errors": errors},
                                status=422)
+
+
+@api.exception_handler(DataError)
+def unstorable(request: HttpRequest, exc: DataError):
+    """Last line of "no input ever yields a 500": a value PostgreSQL cannot store (a number out of range,
+    a string it refuses) is bad input. The schemas refuse the known cases naming the field; this catches
+    the rest -- after the service's transaction has rolled back -- and logs it so a schema gets fixed."""
+    logger.warning("unstorable input on %s %s: %s", request.method, request.path, exc)
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "value out of range"
+    return api.create_response(request, {"error": "invalid", "detail": f"a value could not be stored: {first_line}",
+                                         "field": ""}, status=422)
 
 
 @api.exception_handler(AuthenticationError)

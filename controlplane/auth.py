@@ -67,3 +67,17 @@ class SessionAuth(APIKeyCookie):
 
 
 API_AUTH = [TokenAuth(), SessionAuth()]
+
+
+def refuse(request: HttpRequest, detail: str):
+    """An authenticated caller at an endpoint its kind or role may never use (a worker token at an
+    operator endpoint, say): the refusal is a denied call, so it is audited before it is returned.
+    Call from sync code only (inside ``sync_to_async`` in an async view): it writes to the database."""
+    from audit.models import AuditEvent
+    from audit.services import record_audit
+    from runs.errors import Forbidden
+
+    record_audit(actor=request.auth, action="api.denied", object_type="endpoint", object_id=request.path[:64],
+                 outcome=AuditEvent.DENIED, reason=f"forbidden: {detail}",
+                 context={"method": request.method, "path": request.path})
+    return Forbidden(detail)

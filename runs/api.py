@@ -6,18 +6,19 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Query, Router
 from ninja.responses import Status
 from pydantic import Field
 
 from audit.actors import Actor
+from controlplane.auth import refuse
 from controlplane.roles import may
 from runs import selectors, services
 from runs.directive_bus import get_bus
-from runs.errors import Forbidden, NotFound
+from runs.errors import NotFound
 from runs.models import Effect, ExecutionLease
 from runs.schemas import (ApprovalIn, CheckpointIn, ClaimIn, EffectIn, EventsIn, FinishIn, HeartbeatIn, OutcomeIn,
-                          ReleaseIn, RunIn)
+                          ReleaseIn, RunIn, Schema)
 from runs.states import directive_for
 
 router = Router(tags=["worker protocol"])
@@ -26,7 +27,7 @@ router = Router(tags=["worker protocol"])
 def _worker(request: HttpRequest) -> Actor:
     actor: Actor = request.auth
     if not actor.is_worker:
-        raise Forbidden("only worker tokens may make worker-protocol writes")
+        raise refuse(request, "only worker tokens may make worker-protocol writes")
     return actor
 
 
@@ -40,7 +41,7 @@ def _worker_for_run(request: HttpRequest, run_id) -> Actor:
 def create_run(request: HttpRequest, body: RunIn):
     actor: Actor = request.auth
     if not actor.is_worker and not may(actor.roles, "start_run"):
-        raise Forbidden("your role may not start runs")
+        raise refuse(request, "your role may not start runs")
     run = services.create_run(
         actor=actor, agent=body.agent, goal=body.goal, input=body.input, parent_run_id=body.parent_run_id,
         versions=body.versions, authority=[g.dict() for g in body.authority], deadline=body.deadline,

@@ -21,6 +21,14 @@ from .common import append_history, apply_transition, decision, lock_run, notify
 from .effects import approval_digest
 from .lifecycle import check_fencing
 
+MAX_TIMER_S = 10 * 366 * 24 * 3600  # a timer further out than ten years is a bug, not a plan
+MAX_AGE_S = 2**31 - 1  # Assumption.max_age_s is a PositiveIntegerField
+
+
+def _whole_seconds(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_AGE_S
+
+
 WORKER_EVENT_KINDS = {"step_started", "step_completed", "assumption", "timer_set", "timer_cancelled",
                       "message", "signal", "log"}
 
@@ -42,7 +50,10 @@ def write_checkpoint(*, actor: Actor, run_id: Any, fencing_token: int, step: str
 
 
 def _parse_time(value: Any, field: str) -> datetime:
-    parsed = parse_datetime(value) if isinstance(value, str) else None
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well formed but not a date (e.g. month 13): bad input, not a 500
+        parsed = None
     if parsed is None:
         raise Invalid(f"{field} must be an ISO 8601 datetime", field=field)
     if timezone.is_naive(parsed):
@@ -73,15 +84,20 @@ def _materialise(run: Run, kind: str, data: dict, i: int) -> None:
         if not data.get("key"):
             raise Invalid(f"events[{i}].data.key is required for an assumption", field=f"events[{i}].data.key")
         observed = _parse_time(data["observed_at"], f"events[{i}].data.observed_at") if data.get("observed_at") else timezone.now()
+        max_age = data.get("max_age_s")
+        if max_age is not None and not _whole_seconds(max_age):
+            raise Invalid(f"events[{i}].data.max_age_s must be a whole number of seconds", field=f"events[{i}].data.max_age_s")
         Assumption.objects.create(run=run, key=str(data["key"])[:200], value=data.get("value"), step=str(data.get("step", ""))[:100],
-                                  observed_at=observed, max_age_s=data.get("max_age_s"),
+                                  observed_at=observed, max_age_s=max_age,
                                   checker=str(data.get("checker") or "")[:100], meta=data.get("meta") or {})
     elif kind == "timer_set":
         if not data.get("name"):
             raise Invalid(f"events[{i}].data.name is required for a timer", field=f"events[{i}].data.name")
         if data.get("fire_at"):
             fire_at = _parse_time(data["fire_at"], f"events[{i}].data.fire_at")
-        elif isinstance(data.get("in_s"), (int, float)):
+        elif isinstance(data.get("in_s"), (int, float)) and not isinstance(data["in_s"], bool):
+            if not 0 <= data["in_s"] <= MAX_TIMER_S:  # timedelta overflows long before a bad value is caught
+                raise Invalid(f"events[{i}].data.in_s must be between 0 and {MAX_TIMER_S}", field=f"events[{i}].data.in_s")
             fire_at = timezone.now() + timedelta(seconds=data["in_s"])
         else:
             raise Invalid(f"events[{i}].data needs fire_at or in_s", field=f"events[{i}].data.fire_at")
