@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest
@@ -28,6 +29,9 @@ def actor_for_user(user, request: HttpRequest | None = None, component: str = "a
                  token_id=token_id, roles=roles, component=component, **meta)
 
 
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
 class TokenAuth(HttpBearer):
     """Bearer tokens; only their SHA-256 is stored. Revoked tokens are refused."""
 
@@ -38,7 +42,11 @@ class TokenAuth(HttpBearer):
                                                              revoked_at__isnull=True).first()
         if row is None:
             return None
-        ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+        now = timezone.now()
+        if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+            # Coarse on purpose: a write on every call would add a commit per request and make
+            # every worker sharing a token contend on one row.
+            ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
         if row.kind == ApiToken.WORKER:
             actor = Actor(kind="worker", name=row.name, role="worker", token_id=row.pk, agents=tuple(row.agents),
                           component="worker-api", **request_meta(request))

@@ -99,7 +99,7 @@ def _decide(status: str, event: Event):
             raise Conflict("approval was decided meanwhile", state=run.state)
         record = {"approval": str(approval.pk), "decision": status, "decided_by": actor.name, "role": actor.role,
                   "decided_at": now.isoformat(), "decision_reason": req.reason, "digest": approval.digest}
-        append_history(run, "approval_decided", record, attempt=run.current_attempt, actor=actor)
+        append_history(run, "approval_decided", record, attempt=run.current_attempt_id, actor=actor)
         apply_transition(run, event, actor=actor, reason=req.reason, data={"approval": str(approval.pk), "decision": status})
         return {"state": run.state, "approval": {**record, "tool": approval.tool, "action": approval.action},
                 "shown": shown,
@@ -128,13 +128,13 @@ def expire_due_approvals(*, actor: Actor, now=None) -> list[str]:
             data = {"approval": str(approval.pk), "tool": approval.tool, "action": approval.action,
                     "deadline": approval.deadline, "status": Approval.TIMED_OUT,
                     "note": "timed out: no human decided; this is not a rejection"}
-            append_history(run, "approval_timed_out", data, attempt=run.current_attempt, actor=actor)
+            append_history(run, "approval_timed_out", data, attempt=run.current_attempt_id, actor=actor)
             if transition(run.state, Event.APPROVAL_TIMED_OUT) is not None:
                 apply_transition(run, Event.APPROVAL_TIMED_OUT, actor=actor, reason="approval deadline passed",
                                  data={"approval": str(approval.pk)})
             escalation = {**data, "escalated_to": INCIDENT_COMMANDER, "run_state": run.state,
                           "required_role": approval.required_role}
-            append_history(run, "approval_escalated", escalation, attempt=run.current_attempt, actor=actor)
+            append_history(run, "approval_escalated", escalation, attempt=run.current_attempt_id, actor=actor)
             record_audit(actor=actor, action="approval.escalated", object_type="approval", object_id=approval.pk,
                          run_id=run.pk, reason="approval deadline passed without a decision", context=escalation)
             expired.append(str(approval.pk))

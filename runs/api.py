@@ -16,7 +16,7 @@ from controlplane.roles import may
 from runs import selectors, services
 from runs.directive_bus import get_bus
 from runs.errors import NotFound
-from runs.models import Effect, ExecutionLease
+from runs.models import Effect, ExecutionLease, Run
 from runs.schemas import (ApprovalIn, CheckpointIn, ClaimIn, EffectIn, EventsIn, FinishIn, HeartbeatIn, OutcomeIn,
                           ReleaseIn, RunIn, Schema)
 from runs.states import directive_for
@@ -33,7 +33,10 @@ def _worker(request: HttpRequest) -> Actor:
 
 def _worker_for_run(request: HttpRequest, run_id) -> Actor:
     actor = _worker(request)
-    selectors.get_visible_run(actor, run_id)  # 404 for runs of agents this token may not act for
+    # A token scoped to some agents must not learn of other agents' runs: 404, as if absent. An
+    # unscoped token needs no check here: the service's row lock answers 404 for a missing run.
+    if actor.agents and not Run.objects.filter(pk=run_id, agent__name__in=actor.agents).exists():
+        raise NotFound(f"run {run_id} does not exist", object="run")
     return actor
 
 
@@ -157,10 +160,10 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
 
 
 def _effect_run_id(request: HttpRequest, effect_id: UUID):
-    row = Effect.objects.filter(pk=effect_id).only("run_id").first()
-    if row is None:
-        raise NotFound(f"effect {effect_id} does not exist", object="effect")
-    return row.run_id
+    try:
+        return Effect.objects.values_list("run_id", flat=True).get(pk=effect_id)
+    except Effect.DoesNotExist:
+        raise NotFound(f"effect {effect_id} does not exist", object="effect") from None
 
 
 @router.post("/effects/{effect_id}/outcome", response=dict)

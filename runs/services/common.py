@@ -38,8 +38,10 @@ def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, a
     prev = run.history_head or GENESIS
     now = timezone.now()
     payload = normalise(data or {})
+    # ``attempt`` may be an Attempt or its id: callers pass the id so no row is loaded just for this.
+    attempt_id = getattr(attempt, "pk", attempt)
     event = HistoryEvent(
-        run=run, seq=seq, kind=kind, attempt=attempt, actor=actor.label if actor else "",
+        run=run, seq=seq, kind=kind, attempt_id=attempt_id, actor=actor.label if actor else "",
         data=payload, created_at=now, prev_hash=prev,
     )
     event.hash = link_hash(prev, history_fields(event))
@@ -145,7 +147,7 @@ def apply_transition(
     run.state, run.state_changed_at = edge.target.value, now
     Run.objects.filter(pk=run.pk).update(state=run.state, state_changed_at=now, updated_at=now)
     append_history(run, "state_changed", {"from": previous, "to": run.state, "event": event.value,
-                                          "reason": reason, **(data or {})}, attempt=run.current_attempt, actor=actor)
+                                          "reason": reason, **(data or {})}, attempt=run.current_attempt_id, actor=actor)
     context = audit_context if audit_context is not None else {"before": before, "after": run_snapshot(run)}
     context = {"from_state": previous, "to_state": run.state, "event": event.value, **context}
     record_audit(actor=actor, action=audit_action or f"run.{event.value}", object_type="run", object_id=run.pk,

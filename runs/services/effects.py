@@ -5,7 +5,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from audit.actors import Actor
@@ -127,7 +126,7 @@ def declare_effect(
         if approval is not None:
             Approval.objects.filter(pk=approval.pk).update(consumed_by=effect)
         append_history(run, "effect_intent", {"effect": str(effect.pk), "step": step, "tool": tool, "action": action,
-                                              "idempotency_key": idempotency_key}, attempt=run.current_attempt, actor=actor)
+                                              "idempotency_key": idempotency_key}, attempt=run.current_attempt_id, actor=actor)
         record_audit(actor=actor, action="effect.declare", object_type="effect", object_id=effect.pk, run_id=run.pk,
                      context={"decision": "authorized", "state": run.state, "tool": tool, "action": action,
                               "idempotency_key": idempotency_key, "fencing_token": fencing_token,
@@ -157,7 +156,7 @@ def _deny(run, actor, reason, detail, step, tool, action, key, fp, args, fencing
         denial_reason=reason,
     )
     append_history(run, "effect_denied", {"effect": str(effect.pk), "tool": tool, "action": action,
-                                          "idempotency_key": key, "reason": reason}, attempt=run.current_attempt, actor=actor)
+                                          "idempotency_key": key, "reason": reason}, attempt=run.current_attempt_id, actor=actor)
     record_audit(actor=actor, action="effect.declare", object_type="effect", object_id=effect.pk, run_id=run.pk,
                  outcome=AuditEvent.DENIED, reason=reason,
                  context={"decision": "denied", "reason": reason, "detail": detail, "state": run.state,
@@ -194,7 +193,7 @@ def record_outcome(
         effect.save(update_fields=["status", "outcome_at", "external_ref", "outcome_detail", "late", "stale_lease"])
         append_history(run, "effect_outcome", {"effect": str(effect.pk), "status": status, "external_ref": effect.external_ref,
                                                "late": effect.late, "stale_lease": effect.stale_lease},
-                       attempt=run.current_attempt, actor=actor)
+                       attempt=run.current_attempt_id, actor=actor)
         record_audit(actor=actor, action="effect.outcome", object_type="effect", object_id=effect.pk, run_id=run.pk,
                      context={"status": status, "external_ref": effect.external_ref, "late": effect.late,
                               "stale_lease": effect.stale_lease, "state": run.state, "fencing_token": fencing_token})

@@ -45,7 +45,7 @@ def write_checkpoint(*, actor: Actor, run_id: Any, fencing_token: int, step: str
                                        versions=run.versions, history_seq=run.history_seq + 1, hash=digest)
         run.checkpoint_seq = seq
         Run.objects.filter(pk=run.pk).update(checkpoint_seq=seq)
-        append_history(run, "checkpoint", {"seq": seq, "step": step, "hash": digest}, attempt=run.current_attempt, actor=actor)
+        append_history(run, "checkpoint", {"seq": seq, "step": step, "hash": digest}, attempt=run.current_attempt_id, actor=actor)
     return cp
 
 
@@ -75,7 +75,7 @@ def append_events(*, actor: Actor, run_id: Any, fencing_token: int, events: list
         for i, ev in enumerate(events):
             data = ev.get("data") or {}
             _materialise(run, ev["kind"], data, i)
-            seqs.append(append_history(run, ev["kind"], data, attempt=run.current_attempt, actor=actor).seq)
+            seqs.append(append_history(run, ev["kind"], data, attempt=run.current_attempt_id, actor=actor).seq)
     return seqs
 
 
@@ -120,7 +120,7 @@ def request_approval(*, actor: Actor, run_id: Any, fencing_token: int, tool: str
             deadline=now + timedelta(seconds=deadline_s) if deadline_s else None,
         )
         append_history(run, "approval_requested", {"approval": str(approval.pk), "tool": tool, "action": action,
-                                                   "digest": approval.digest}, attempt=run.current_attempt, actor=actor)
+                                                   "digest": approval.digest}, attempt=run.current_attempt_id, actor=actor)
         apply_transition(run, Event.REQUEST_APPROVAL, actor=actor, reason=reason or f"approval for {tool}:{action}",
                          data={"approval": str(approval.pk)})
     return approval
