@@ -38,9 +38,11 @@ test: venv browser  ## the whole suite on PostgreSQL + Redis (never silently on 
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
-bench: venv  ## benchmarks on PostgreSQL; JSON results in bench/results/
-	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}"; \
-	$(PY) -m bench.protocol
+BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
+
+bench: venv  ## benchmarks on a scratch PostgreSQL database; JSON results in bench/results/
+	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.protocol
+	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.longpoll
 
 check-deploy: venv  ## Django's deployment checks against the production settings
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
