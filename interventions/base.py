@@ -117,6 +117,13 @@ def authorize(actor: Actor, run: Run, req: Request) -> dict[str, Any]:
             raise NotDecisionAuthority(f"role(s) {sorted(actor.roles)} may not override {owner.username}'s "
                                        "decision authority", decision_authority=owner.username)
         return {"override": True, "overridden": owner.username, "override_reason": req.override_reason}
+    if req.override:
+        # An override of a guard (failing revalidation, a non-retryable failure class) is a decision
+        # only some roles may take; it is recorded as an override like any other.
+        right = "override_revalidation" if req.kind == "resume" else "override"
+        if not may(actor.roles, right):
+            raise Forbidden(f"role(s) {sorted(actor.roles)} may not override ({right})", kind=req.kind)
+        return {"override": True, "overridden": "guard", "override_reason": req.override_reason}
     return {"override": False}
 
 
