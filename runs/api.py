@@ -16,7 +16,7 @@ from controlplane.roles import may
 from runs import selectors, services
 from runs.directive_bus import get_bus
 from runs.errors import NotFound
-from runs.models import Effect, ExecutionLease, Run
+from runs.models import Effect, Run
 from runs.schemas import (ApprovalIn, CheckpointIn, ClaimIn, EffectIn, EventsIn, FinishIn, HeartbeatIn, OutcomeIn,
                           ReleaseIn, RunIn, Schema)
 from runs.states import directive_for
@@ -89,11 +89,9 @@ def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
 
 
 def _lease_run_id(request: HttpRequest, lease_id: UUID):
-    lease = ExecutionLease.objects.filter(pk=lease_id).only("run_id").first()
-    if lease is None:
-        raise NotFound(f"lease {lease_id} does not exist", object="lease")
-    _worker_for_run(request, lease.run_id)
-    return str(lease.run_id)
+    run_id = services.lifecycle.lease_run_id(lease_id)
+    _worker_for_run(request, run_id)
+    return str(run_id)
 
 
 @router.post("/leases/{lease_id}/heartbeat", response=dict)

@@ -182,12 +182,18 @@ class Beat:
                 "fencing_token": self.lease.fencing_token, "timers_fired": self.timers, "approval": self.approval}
 
 
+def lease_run_id(lease_id: Any) -> Any:
+    """The run a lease belongs to (read before locking the run, which every lease decision does)."""
+    try:
+        return ExecutionLease.objects.values_list("run_id", flat=True).get(pk=lease_id)
+    except (ExecutionLease.DoesNotExist, ValueError):
+        raise NotFound(f"lease {lease_id} does not exist", object="lease") from None
+
+
 def heartbeat(*, actor: Actor, lease_id: Any, fencing_token: int) -> Beat:
-    lease_row = ExecutionLease.objects.filter(pk=lease_id).only("run_id").first()
-    if lease_row is None:
-        raise NotFound(f"lease {lease_id} does not exist", object="lease")
-    with decision(actor, "lease.heartbeat", "lease", lease_id, lease_row.run_id):
-        run = lock_run(lease_row.run_id)
+    run_id = lease_run_id(lease_id)
+    with decision(actor, "lease.heartbeat", "lease", lease_id, run_id):
+        run = lock_run(run_id)
         now = timezone.now()
         lease = _current_lease(run, lease_id, fencing_token, now)
         if lease.status == ExecutionLease.ACTIVE:
@@ -225,11 +231,9 @@ def _last_reason(run: Run) -> str:
 
 def release_lease(*, actor: Actor, lease_id: Any, fencing_token: int, reason: str = "") -> Run:
     """The worker acknowledges a pause or cancel at a step boundary and lets go of the lease."""
-    lease_row = ExecutionLease.objects.filter(pk=lease_id).only("run_id").first()
-    if lease_row is None:
-        raise NotFound(f"lease {lease_id} does not exist", object="lease")
-    with decision(actor, "lease.release", "lease", lease_id, lease_row.run_id):
-        run = lock_run(lease_row.run_id)
+    run_id = lease_run_id(lease_id)
+    with decision(actor, "lease.release", "lease", lease_id, run_id):
+        run = lock_run(run_id)
         now = timezone.now()
         lease = _current_lease(run, lease_id, fencing_token, now)
         if lease.status == ExecutionLease.ACTIVE:

@@ -20,14 +20,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Callable
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from audit.services import verify_chain
@@ -36,6 +33,7 @@ from interventions.models import CompensationPlan, CompensationStep, Interventio
 from runs.models import Effect, Run
 from runs.services.common import verify_history
 from tests.conftest import claim, declare, start_run
+from tests.live import test_database_url, wait_for
 from world.client import WorldClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
@@ -49,17 +47,6 @@ SAGA = [  # step, tool, action, args, compensation
 ]
 
 
-def wait_for(what: str, predicate: Callable[[], object], timeout: float, logs: tuple[Path, ...] = ()) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    tails = "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tails}")
-
-
 class Process:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None):
         self.log = log
@@ -71,7 +58,7 @@ class Process:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{self.log.name} exited early:\n{self.log.read_text()[-3000:]}")
             return re.search(pattern, self.log.read_text())
-        return wait_for(f"{pattern!r} in {self.log.name}", seen, timeout, (self.log,))
+        return wait_for(f"{pattern!r} in {self.log.name}", seen, timeout, 0.1, logs=(self.log,))
 
     def sigkill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -111,15 +98,6 @@ def broker():
     client.close()
 
 
-def test_db_url() -> str:
-    s = connection.settings_dict
-    auth = quote(s["USER"] or "") + (f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else "")
-    return f"postgresql://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-test_db_url.__test__ = False  # a helper, not a test
-
-
 def start_world(tmp: Path) -> tuple[Process, str]:
     world = Process([sys.executable, "-m", "world", "--port", "0", "--db", str(tmp / "world.sqlite3"),
                      "--send-delay", "0.5"], tmp / "world.log")
@@ -127,7 +105,7 @@ def start_world(tmp: Path) -> tuple[Process, str]:
 
 
 def start_celery(tmp: Path, name: str, broker_url: str, world_url: str) -> Process:
-    env = {**os.environ, "DATABASE_URL": test_db_url(), "REDIS_URL": broker_url, "WORLD_URL": world_url,
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "REDIS_URL": broker_url, "WORLD_URL": world_url,
            "CELERY_TASK_ALWAYS_EAGER": "0", "DB_POOL_MIN": "1", "PYTHONUNBUFFERED": "1"}
     worker = Process([str(ROOT / ".venv/bin/celery"), "-A", "controlplane", "worker", "-l", "info", "-P", "solo",
                       "--concurrency", "1", "--without-gossip", "--without-mingle", "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h"],
@@ -177,7 +155,7 @@ def test_a_sigkilled_worker_mid_plan_still_compensates_each_effect_exactly_once(
             # the world has taken the call (its slow fault is consumed) and is holding the answer.
             wait_for("refund done and void in flight", lambda: (
                 steps(plan_id)[1].status == "done" and steps(plan_id)[2].status == "running"
-                and not any(f["system"] == "shipping" for f in world.faults())), 20, logs)
+                and not any(f["system"] == "shipping" for f in world.faults())), 20, logs=logs)
             first.sigkill()
             killed_at = steps(plan_id)
             assert killed_at[1].failures == 1 and killed_at[1].attempts == 2
@@ -185,7 +163,7 @@ def test_a_sigkilled_worker_mid_plan_still_compensates_each_effect_exactly_once(
             assert void.status == "in_flight" and void.idempotency_key == "compensate:e2e-label"
             # The world finishes the call the dead worker made: the void committed, nobody heard.
             wait_for("the orphaned void to commit in the world", lambda: any(
-                r["committed"] for r in world.requests(system="shipping", action="void_label")), 10, logs)
+                r["committed"] for r in world.requests(system="shipping", action="void_label")), 10, logs=logs)
 
             second = start_celery(tmp_path, "worker-2", broker, world_url)
             processes.append(second)
@@ -193,7 +171,7 @@ def test_a_sigkilled_worker_mid_plan_still_compensates_each_effect_exactly_once(
                      lambda: steps(plan_id)[2].claimed_until <= timezone.now(), 10)
             sweep_compensation_plans.delay()  # what celery beat runs periodically
             plan = wait_for("the plan to finish", lambda: CompensationPlan.objects.filter(
-                pk=plan_id, status__in=CompensationPlan.FINAL).first(), 30, (second.log, world_proc.log))
+                pk=plan_id, status__in=CompensationPlan.FINAL).first(), 30, logs=(second.log, world_proc.log))
 
             assert plan.status == "completed"
             final = steps(plan_id)
