@@ -201,6 +201,9 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
     grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
     interventions = list(run.interventions.select_related("actor").order_by("-created_at")[:50])
     from interventions.api import receipt_dict  # late: interventions imports runs
+    from interventions.views import receipt_rest, run_reports
+
+    reports = run_reports(run, interventions)  # revalidation, compensation plans, recovery gate
 
     return {
         "run": run, "data": data, "roles": roles, "user": user, "nav": "runs",
@@ -214,7 +217,9 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "tree": _tree(run),
         "checkpoints": [{"c": c, "state": present(c.state)} for c in run.checkpoints.order_by("-seq")],
         "starting_checkpoint": (data["checkpoint"] or {}).get("seq"),
-        "interventions": [{"i": i, "r": receipt_dict(i), "receipt": present(i.receipt)} for i in interventions],
+        "interventions": [{"i": i, "r": receipt_dict(i), "rep": reports["reports"][i.pk],
+                           "receipt": present(receipt_rest(i, reports["reports"][i.pk]))} for i in interventions],
+        "plans": reports["plans"], "recovery": reports["recovery"],
         "audit": [{"a": a, "context": present(a.context)}
                   for a in AuditEvent.objects.filter(run_id=run.pk).order_by("-seq")[:AUDIT_LIMIT]],
         "parent": run.parent,
@@ -239,8 +244,8 @@ def run_page(request: HttpRequest, run_id: UUID) -> HttpResponse:
     return render(request, "runs/detail.html", ctx)
 
 
-DETAIL_PARTS = ("header", "timeline", "ledger", "authority", "tree", "attempts", "checkpoints", "approvals",
-                "interventions", "audit", "sections")
+DETAIL_PARTS = ("header", "timeline", "ledger", "compensation", "recovery", "authority", "tree", "attempts",
+                "checkpoints", "approvals", "interventions", "audit", "sections")
 
 
 def render_detail_push(user, run_id: Any) -> str:
