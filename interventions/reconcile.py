@@ -18,9 +18,10 @@ from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from interventions.registry import get_reconciler
-from runs.errors import Conflict, Forbidden, Invalid, NotFound
+from runs.errors import Conflict, Forbidden, Invalid
 from runs.models import Effect, Run
 from runs.services.common import append_history, decision, lock_run, notify_run_changed
+from runs.services.effects import effect_run_id
 from runs.states import LEASED_STATES
 
 
@@ -32,11 +33,9 @@ def reconcile_effect(*, actor: Actor, effect_id: Any, outcome: str, evidence: An
         raise Forbidden("your role may not reconcile effects")
     if actor.is_worker:
         raise Forbidden("workers report outcomes; reconciliation is an operator's or the control plane's")
-    row = Effect.objects.filter(pk=effect_id).only("run_id").first()
-    if row is None:
-        raise NotFound(f"effect {effect_id} does not exist", object="effect")
-    with decision(actor, "effect.reconcile", "effect", effect_id, row.run_id):
-        run = lock_run(row.run_id)
+    run_id = effect_run_id(effect_id)
+    with decision(actor, "effect.reconcile", "effect", effect_id, run_id):
+        run = lock_run(run_id)
         effect = Effect.objects.select_for_update().get(pk=effect_id)
         if effect.status not in Effect.UNRESOLVED:
             raise Conflict(f"effect is already {effect.status}; only in_flight or unknown effects are reconciled",

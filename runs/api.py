@@ -16,7 +16,7 @@ from controlplane.roles import may
 from runs import selectors, services
 from runs.directive_bus import get_bus
 from runs.errors import NotFound
-from runs.models import Effect, Run
+from runs.models import Run
 from runs.schemas import (ApprovalIn, CheckpointIn, ClaimIn, EffectIn, EventsIn, FinishIn, HeartbeatIn, OutcomeIn,
                           ReleaseIn, RunIn, Schema)
 from runs.states import directive_for
@@ -157,16 +157,9 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
     return Status(201 if result.decision == "authorized" else 200, payload)
 
 
-def _effect_run_id(request: HttpRequest, effect_id: UUID):
-    try:
-        return Effect.objects.values_list("run_id", flat=True).get(pk=effect_id)
-    except Effect.DoesNotExist:
-        raise NotFound(f"effect {effect_id} does not exist", object="effect") from None
-
-
 @router.post("/effects/{effect_id}/outcome", response=dict)
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
-    actor = _worker_for_run(request, _effect_run_id(request, effect_id))
+    actor = _worker_for_run(request, services.effects.effect_run_id(effect_id))
     effect = services.record_outcome(actor=actor, effect_id=effect_id, fencing_token=body.fencing_token,
                                      status=body.status, external_ref=body.external_ref, detail=body.detail)
     return services.effect_dict(effect)

@@ -164,6 +164,14 @@ def _deny(run, actor, reason, detail, step, tool, action, key, fp, args, fencing
     return Declaration(effect, "denied")
 
 
+def effect_run_id(effect_id: Any) -> Any:
+    """The run an effect belongs to, read before locking that run (every effect decision does)."""
+    try:
+        return Effect.objects.values_list("run_id", flat=True).get(pk=effect_id)
+    except (Effect.DoesNotExist, ValueError):
+        raise NotFound(f"effect {effect_id} does not exist", object="effect") from None
+
+
 def record_outcome(
     *, actor: Actor, effect_id: Any, fencing_token: int | None, status: str, external_ref: str = "",
     detail: dict | None = None,
@@ -171,11 +179,9 @@ def record_outcome(
     """Always accepted: an outcome is a fact about the world, even after pause/cancel or fencing."""
     if status not in OUTCOMES:
         raise Invalid("status must be committed, failed or unknown", field="status")
-    row = Effect.objects.filter(pk=effect_id).only("run_id").first()
-    if row is None:
-        raise NotFound(f"effect {effect_id} does not exist", object="effect")
-    with decision(actor, "effect.outcome", "effect", effect_id, row.run_id):
-        run = lock_run(row.run_id)
+    run_id = effect_run_id(effect_id)
+    with decision(actor, "effect.outcome", "effect", effect_id, run_id):
+        run = lock_run(run_id)
         effect = Effect.objects.select_for_update().get(pk=effect_id)
         if effect.decision != Effect.AUTHORIZED:
             raise Conflict("a denied declaration has no outcome: nothing was dispatched", status=effect.status)
