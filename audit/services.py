@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from .actors import Actor
 from .chain import GENESIS, link_hash, normalise
+from .dbutil import insert_and_update
 from .models import AuditChainHead, AuditEvent
 
 
@@ -30,19 +31,36 @@ def record_audit(
         with transaction.atomic():
             return record_audit(actor=actor, action=action, object_type=object_type, object_id=object_id,
                                 outcome=outcome, reason=reason, run_id=run_id, context=context)
-    head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
+    head_seq, head_hash = _lock_head()
     event = AuditEvent(
-        seq=head.seq + 1, event_id=uuid.uuid4(), created_at=timezone.now(),
+        seq=head_seq + 1, event_id=uuid.uuid4(), created_at=timezone.now(),
         actor_kind=actor.kind, actor=actor.name, role=actor.role, on_behalf_of=actor.on_behalf_of,
         action=action, object_type=object_type, object_id=str(object_id),
         run_id=run_id, reason=reason or "", outcome=outcome, component=actor.component,
         source_ip=actor.source_ip[:64], user_agent=actor.user_agent[:300], request_id=actor.request_id[:64],
-        context=normalise(context or {}), prev_hash=head.hash,
+        context=normalise(context or {}), prev_hash=head_hash,
     )
     event.hash = link_hash(event.prev_hash, event.hashed_fields())
-    event.save(force_insert=True)
-    AuditChainHead.objects.filter(id=1).update(seq=event.seq, hash=event.hash)
+    # INSERT the event and move the head in one round trip: the head's lock is held until COMMIT and
+    # serialises every audit writer, so each round trip saved under it counts.
+    insert_and_update(event, AuditChainHead, 1, {"seq": event.seq, "hash": event.hash})
     return event
+
+
+def _lock_head() -> tuple[int, str]:
+    """Lock the chain head (``AuditChainHead`` id 1) FOR UPDATE and return its (seq, hash), creating it
+    on first use. Every audit writer queues here, so the common case is one hand-written statement
+    rather than a compiled ORM query; it is exactly
+    ``AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})``."""
+    connection = transaction.get_connection()
+    table = connection.ops.quote_name(AuditChainHead._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT seq, hash FROM {table} WHERE id = 1 FOR UPDATE")
+        row = cursor.fetchone()
+    if row is not None:
+        return row[0], row[1]
+    head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
+    return head.seq, head.hash
 
 
 @dataclass(frozen=True)

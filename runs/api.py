@@ -31,11 +31,31 @@ def _worker(request: HttpRequest) -> Actor:
     return actor
 
 
+# run id -> the name of its agent, for the scope check below. A run's agent is fixed when the run is
+# created and never changes, and agents are registered by name (never renamed; runs PROTECT them), so
+# an answer found once stays true: only runs that were found are remembered, and the map is bounded.
+# It saves the check's query on every call but a run's first per server process.
+_RUN_AGENT: dict[str, str] = {}
+_RUN_AGENT_MAX = 10_000
+
+
+def _run_agent(run_id) -> str | None:
+    key = str(run_id)
+    name = _RUN_AGENT.get(key)
+    if name is None:
+        name = Run.objects.filter(pk=run_id).values_list("agent__name", flat=True).first()
+        if name is not None:
+            if len(_RUN_AGENT) >= _RUN_AGENT_MAX:
+                _RUN_AGENT.clear()
+            _RUN_AGENT[key] = name
+    return name
+
+
 def _worker_for_run(request: HttpRequest, run_id) -> Actor:
     actor = _worker(request)
     # A token scoped to some agents must not learn of other agents' runs: 404, as if absent. An
     # unscoped token needs no check here: the service's row lock answers 404 for a missing run.
-    if actor.agents and not Run.objects.filter(pk=run_id, agent__name__in=actor.agents).exists():
+    if actor.agents and _run_agent(run_id) not in actor.agents:
         raise NotFound(f"run {run_id} does not exist", object="run")
     return actor
 
@@ -159,9 +179,11 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
 
 @router.post("/effects/{effect_id}/outcome", response=dict)
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
-    actor = _worker_for_run(request, services.effects.effect_run_id(effect_id))
+    run_id = services.effects.effect_run_id(effect_id)
+    actor = _worker_for_run(request, run_id)
     effect = services.record_outcome(actor=actor, effect_id=effect_id, fencing_token=body.fencing_token,
-                                     status=body.status, external_ref=body.external_ref, detail=body.detail)
+                                     status=body.status, external_ref=body.external_ref, detail=body.detail,
+                                     run_id=run_id)
     return services.effect_dict(effect)
 
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from audit.actors import Actor
 from audit.chain import GENESIS, link_hash, normalise
+from audit.dbutil import insert_and_update
 from audit.models import AuditEvent
 from audit.services import record_audit
 from runs.errors import Conflict, DomainError, NotFound
@@ -32,8 +33,10 @@ def lock_run(run_id: Any) -> Run:
         raise NotFound(f"run {run_id} does not exist", object="run") from None
 
 
-def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, attempt=None, actor: Actor | None = None) -> HistoryEvent:
-    """Append to the run's hash chain. Caller holds the run lock, so seq and head cannot race."""
+def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, attempt=None, actor: Actor | None = None,
+                   run_updates: dict[str, Any] | None = None) -> HistoryEvent:
+    """Append to the run's hash chain. Caller holds the run lock, so seq and head cannot race.
+    ``run_updates``: further columns of the run row to write in the same UPDATE as the new head."""
     seq = run.history_seq + 1
     prev = run.history_head or GENESIS
     now = timezone.now()
@@ -45,9 +48,10 @@ def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, a
         data=payload, created_at=now, prev_hash=prev,
     )
     event.hash = link_hash(prev, history_fields(event))
-    event.save(force_insert=True)
+    # The event's INSERT and the run's head UPDATE in one round trip (see audit.dbutil).
+    insert_and_update(event, Run, run.pk, {**(run_updates or {}), "history_seq": seq, "history_head": event.hash,
+                                           "updated_at": now})
     run.history_seq, run.history_head = seq, event.hash
-    Run.objects.filter(pk=run.pk).update(history_seq=seq, history_head=event.hash, updated_at=now)
     return event
 
 

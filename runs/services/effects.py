@@ -174,12 +174,14 @@ def effect_run_id(effect_id: Any) -> Any:
 
 def record_outcome(
     *, actor: Actor, effect_id: Any, fencing_token: int | None, status: str, external_ref: str = "",
-    detail: dict | None = None,
+    detail: dict | None = None, run_id: Any = None,
 ) -> Effect:
-    """Always accepted: an outcome is a fact about the world, even after pause/cancel or fencing."""
+    """Always accepted: an outcome is a fact about the world, even after pause/cancel or fencing.
+    ``run_id``: the effect's run if the caller already looked it up with ``effect_run_id`` (the API edge
+    does, to check the token's scope); an effect never moves to another run."""
     if status not in OUTCOMES:
         raise Invalid("status must be committed, failed or unknown", field="status")
-    run_id = effect_run_id(effect_id)
+    run_id = run_id if run_id is not None else effect_run_id(effect_id)
     with decision(actor, "effect.outcome", "effect", effect_id, run_id):
         run = lock_run(run_id)
         effect = Effect.objects.select_for_update().get(pk=effect_id)

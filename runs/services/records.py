@@ -44,8 +44,8 @@ def write_checkpoint(*, actor: Actor, run_id: Any, fencing_token: int, step: str
         cp = Checkpoint.objects.create(run=run, attempt_id=run.current_attempt_id, seq=seq, step=step, state=snapshot,
                                        versions=run.versions, history_seq=run.history_seq + 1, hash=digest)
         run.checkpoint_seq = seq
-        Run.objects.filter(pk=run.pk).update(checkpoint_seq=seq)
-        append_history(run, "checkpoint", {"seq": seq, "step": step, "hash": digest}, attempt=run.current_attempt_id, actor=actor)
+        append_history(run, "checkpoint", {"seq": seq, "step": step, "hash": digest}, attempt=run.current_attempt_id,
+                       actor=actor, run_updates={"checkpoint_seq": seq})
     return cp
 
 
