@@ -3,6 +3,7 @@ the change it records: if the audit write fails, the change does not happen."""
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -76,7 +77,32 @@ class ChainReport:
         return self.__dict__.copy()
 
 
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """Read everything inside from one database snapshot.
+
+    Verification reads the rows and then the chain head; writers keep appending meanwhile, so without
+    one snapshot a row committed between the two reads looks like a broken chain. On PostgreSQL this is
+    a REPEATABLE READ, READ ONLY transaction; inside an existing transaction (whose snapshot rules are
+    the caller's) or on SQLite (whose transactions are serialised anyway) it reads as it is.
+    """
+    conn = transaction.get_connection()
+    if conn.in_atomic_block or conn.vendor != "postgresql":
+        yield
+        return
+    with transaction.atomic():
+        with conn.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
+
+
 def verify_chain(batch: int = 2000) -> ChainReport:
+    """Walk the chain in seq order, in one snapshot, and name the first broken link."""
+    with snapshot():
+        return _verify_chain(batch)
+
+
+def _verify_chain(batch: int) -> ChainReport:
     """Walk the chain in seq order and name the first broken link.
 
     A broken ``prev_hash`` alone does not say what happened, so the walk looks one row back (the hash

@@ -11,6 +11,7 @@ from ninja.responses import Status
 from pydantic import Field
 
 from audit.actors import Actor
+from audit.services import snapshot
 from controlplane.auth import refuse
 from controlplane.roles import may
 from runs import selectors, services
@@ -96,10 +97,11 @@ def list_effects(request: HttpRequest, run_id: UUID):
 
 @router.get("/runs/{run_id}/history", response=dict)
 def get_history(request: HttpRequest, run_id: UUID):
-    run = selectors.get_visible_run(request.auth, run_id)
-    return {"events": [{"seq": h.seq, "kind": h.kind, "actor": h.actor, "data": h.data, "created_at": h.created_at.isoformat(),
-                        "hash": h.hash} for h in run.history.order_by("seq")],
-            "integrity": services.common.verify_history(run)}
+    with snapshot():  # the run's head and its events from one snapshot, while workers keep appending
+        run = selectors.get_visible_run(request.auth, run_id)
+        return {"events": [{"seq": h.seq, "kind": h.kind, "actor": h.actor, "data": h.data,
+                            "created_at": h.created_at.isoformat(), "hash": h.hash} for h in run.history.order_by("seq")],
+                "integrity": services.common.verify_history(run)}
 
 
 @router.post("/runs/{run_id}/claim", response=dict)
