@@ -54,12 +54,13 @@ def _lock_head() -> tuple[int, str]:
     rather than a compiled ORM query; it is exactly
     ``AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})``."""
     connection = transaction.get_connection()
-    table = connection.ops.quote_name(AuditChainHead._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT seq, hash FROM {table} WHERE id = 1 FOR UPDATE")
-        row = cursor.fetchone()
-    if row is not None:
-        return row[0], row[1]
+    if connection.vendor == "postgresql":  # SQLite has no FOR UPDATE (its writers are serialised anyway)
+        table = connection.ops.quote_name(AuditChainHead._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT seq, hash FROM {table} WHERE id = 1 FOR UPDATE")
+            row = cursor.fetchone()
+        if row is not None:
+            return row[0], row[1]
     head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
     return head.seq, head.hash
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.actors import Actor
@@ -152,8 +152,10 @@ def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
     if fencing_token is None:  # the ORM would look for IS NULL; the column is NOT NULL, so: none
         return None
     table = ExecutionLease._meta.db_table
+    # Raw SQL skips the field's conversion: prepare the UUID as the backend stores it (SQLite: hex).
+    run_param = ExecutionLease._meta.get_field("run").target_field.get_db_prep_value(run.pk, connection)
     rows = ExecutionLease.objects.raw(f'SELECT * FROM "{table}" WHERE "run_id" = %s AND "fencing_token" = %s',
-                                      [run.pk, int(fencing_token)])
+                                      [run_param, int(fencing_token)])
     return next(iter(rows), None)
 
 
