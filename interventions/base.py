@@ -176,6 +176,17 @@ def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
     return intervention
 
 
+def lock_pending_job(intervention_id: Any, state: str) -> tuple[Intervention, Run] | None:
+    """For a follow-up job concluding its intervention, inside the caller's transaction: lock the
+    intervention, then its run (always in that order), and return both -- or None if a previous
+    delivery already concluded it or the run has moved on, so a redelivered job does nothing."""
+    intervention = Intervention.objects.select_for_update().get(pk=intervention_id)
+    run = lock_run(intervention.run_id)
+    if intervention.status != Intervention.PENDING or run.state != state:
+        return None
+    return intervention, run
+
+
 def finish_job(intervention: Intervention, status: str, result: dict[str, Any]) -> None:
     """Record a follow-up job's result on the receipt (inside the caller's transaction)."""
     intervention.receipt = _jsonable({**intervention.receipt, "job": {"status": status, **result}})

@@ -28,7 +28,7 @@ from audit.actors import Actor, system_actor
 from audit.chain import canonical, normalise
 from audit.services import record_audit
 from interventions import facts
-from interventions.base import Contract, Request, check_transition, finish_job, register
+from interventions.base import Contract, Request, check_transition, finish_job, lock_pending_job, register
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
 from interventions.reconcile import auto_reconcile
@@ -277,10 +277,10 @@ def _reconcile_one(effect: Effect, actor: Actor) -> dict[str, Any]:
 def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]) -> dict[str, Any]:
     actor = system_actor("recovery")
     with transaction.atomic():
-        intervention = Intervention.objects.select_for_update().get(pk=intervention_id)
-        run = lock_run(intervention.run_id)
-        if intervention.status != Intervention.PENDING or run.state != State.RECOVERING:
-            return {"skipped": f"run is {run.state}"}
+        locked = lock_pending_job(intervention_id, State.RECOVERING)
+        if locked is None:
+            return {"skipped": "already concluded, or the run has moved on"}
+        intervention, run = locked
         cp, pol = latest_checkpoint(run), retry_policy(run)
         report = RecoveryReport(
             trigger=intervention.options.get("trigger", "operator"), dead_lease=_dead_lease(run),

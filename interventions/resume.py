@@ -11,11 +11,11 @@ from django.utils import timezone
 
 from audit.actors import Actor, system_actor
 from interventions import facts
-from interventions.base import Contract, Request, finish_job, register
+from interventions.base import Contract, Request, finish_job, lock_pending_job, register
 from interventions.models import Intervention
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.services.common import append_history, apply_transition, latest_checkpoint, lock_run, starting_checkpoint
+from runs.services.common import append_history, apply_transition, latest_checkpoint, starting_checkpoint
 from runs.states import Event, State
 
 
@@ -55,10 +55,10 @@ def revalidate_run(intervention_id: str) -> dict[str, Any]:
 def conclude_resume(intervention_id: str, report: dict[str, Any], refreshed: list) -> dict[str, Any]:
     actor = system_actor("revalidation")
     with transaction.atomic():
-        intervention = Intervention.objects.select_for_update().get(pk=intervention_id)
-        run = lock_run(intervention.run_id)
-        if intervention.status != Intervention.PENDING or run.state != State.REVALIDATING:
-            return {"skipped": f"run is {run.state}"}
+        locked = lock_pending_job(intervention_id, State.REVALIDATING)
+        if locked is None:
+            return {"skipped": "already concluded, or the run has moved on"}
+        intervention, run = locked
         for assumption, current in refreshed:
             append_history(run, "assumption_reobserved", {"key": assumption.key, "was": assumption.value, "now": current,
                                                           "by": intervention.actor_label}, actor=actor)
