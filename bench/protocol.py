@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench import floor as floor_bench
 from bench import harness
 from bench.rawpg import RAW_CONNECTIONS, RAW_TABLE, raw_pg_commits
 
@@ -36,6 +37,8 @@ TARGET_DECLARE_P99_MS = 25.0
 TARGET_WORKERS = 16
 CALLS = ("create", "claim", "declare", "outcome", "checkpoint", "finish", "heartbeat")
 HEARTBEAT_EVERY_S = 10.0  # leases last 30 s by default; long phases keep theirs alive
+# Per effect: declare, outcome, checkpoint, and a 20th of the run's create, claim and finish.
+CALLS_PER_EFFECT = round((3 * EFFECTS_PER_RUN + 3) / EFFECTS_PER_RUN, 2)
 
 
 # --- one worker process ------------------------------------------------------------------------
@@ -256,6 +259,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="DROP and recreate the benchmark database first (e.g. after migrations were rewritten)")
     parser.add_argument("--out", default=str(harness.RESULTS_DIR / "protocol.json"))
     parser.add_argument("--phase-timeout", type=float, default=600.0)
+    parser.add_argument("--floor-seconds", type=float, default=5.0,
+                        help="duration of each floor measurement (no-work endpoints, bench/floor.py); 0 skips it")
     args = parser.parse_args(argv)
     try:
         args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -266,10 +271,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -> dict[str, Any]:
-    """Start the servers, warm up, run one phase per worker count; always stop the servers."""
+def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start the servers, warm up, run one phase per worker count, then the floor measurements;
+    always stop the servers."""
     servers = harness.Servers(args.servers, env)
     phases: dict[str, Any] = {}
+    floors: dict[str, Any] = {}
     try:
         servers.start()
         servers.wait_ready()
@@ -286,6 +293,14 @@ def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -
             if phase["errors"] and not servers.keep_logs:
                 servers.keep_logs = True  # the servers' tracebacks explain the failed calls
                 print(f"  server logs kept in {servers.logdir}", flush=True)
+        if args.floor_seconds > 0:
+            workers = TARGET_WORKERS if TARGET_WORKERS in args.worker_counts else max(args.worker_counts)
+            for route in floor_bench.ROUTES:
+                print(f"floor: {workers} worker(s) calling {floor_bench.ROUTES[route][1]} for {args.floor_seconds:.0f}s …",
+                      flush=True)
+                floors[route] = floor_bench.run_floor(ctx, workers, route, args.floor_seconds, servers)
+                print(f"  {floors[route]['requests_per_s']:.0f} requests/s · p50 {floors[route]['p50_ms']} / "
+                      f"p99 {floors[route]['p99_ms']} ms", flush=True)
     except KeyboardInterrupt:
         raise
     except Exception:
@@ -293,7 +308,7 @@ def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -
         raise
     finally:
         servers.stop()
-    return phases
+    return phases, floors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.install_sigterm_as_interrupt()
     ctx = mp.get_context("spawn")
     env = harness.bench_env(database_url, redis_url)
+    env["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # the product's settings plus the floor routes
     facts: dict[str, Any] = {"started_at": datetime.now(timezone.utc).isoformat()}
 
     print(f"preparing {harness.redact(database_url)} …", flush=True)
@@ -318,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                "single_connection": raw_pg_commits(ctx, database_url, min(args.raw_seconds, 3.0), connections=1)}
         print(f"  {raw['before']['commits_per_s']:.0f} commits/s; {raw['single_connection']['commits_per_s']:.0f} "
               "on a single connection", flush=True)
-        phases = run_phases(ctx, args, env, token)
+        phases, floors = run_phases(ctx, args, env, token)
         print(f"raw PostgreSQL again ({args.raw_seconds:.0f}s) …", flush=True)
         raw["after"] = raw_pg_commits(ctx, database_url, args.raw_seconds)
         print(f"  {raw['after']['commits_per_s']:.0f} commits/s", flush=True)
@@ -329,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         harness.revoke_token(env, prefix)
     rows_after = effect_rows(database_url)
     facts["committed_effect_rows_added"] = (rows_after - rows_before) if None not in (rows_before, rows_after) else None
-    result = build_result(args, database_url, redis_url, facts, phases, raw)
+    result = build_result(args, database_url, redis_url, facts, phases, raw, floors)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -344,7 +360,7 @@ def _target(headline: dict[str, Any], key: str, target: float, higher_is_better:
 
 
 def build_result(args: argparse.Namespace, database_url: str, redis_url: str, facts: dict[str, Any],
-                 phases: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+                 phases: dict[str, Any], raw: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
     raw_rate = round((raw["before"]["commits_per_s"] + raw["after"]["commits_per_s"]) / 2, 1)
     headline = phases.get(str(TARGET_WORKERS)) or phases[str(max(args.worker_counts))]
     return {
@@ -361,7 +377,8 @@ def build_result(args: argparse.Namespace, database_url: str, redis_url: str, fa
             "calls_per_effect": ["declare", "outcome(committed)", "checkpoint"],
             "calls_per_run": ["create", "claim", "finish"],
             "servers": args.servers,
-            "server": "daphne (controlplane.asgi:application), DEBUG=0",
+            "server": "daphne (controlplane.asgi:application, settings bench.settings = controlplane.settings "
+                      "plus the floor routes), DEBUG=0",
             "client": "one httpx.Client per worker process, keep-alive; runs alternate between servers",
             "database_url": harness.redact(database_url),
             "database_created": facts["database_created"],
@@ -382,6 +399,9 @@ def build_result(args: argparse.Namespace, database_url: str, redis_url: str, fa
             "declare_p99_ms": _target(headline, "declare_p99_ms", TARGET_DECLARE_P99_MS, higher_is_better=False),
         },
         "reference": {"raw_pg_commits_per_s_reported_in_issue": 5700, "dbos_steps_per_s_in_process": 330},
+        "floor": floors,
+        "ceiling": floor_bench.ceiling(floors["ninja_echo"], CALLS_PER_EFFECT, TARGET_EFFECTS_PER_S,
+                                       TARGET_DECLARE_P99_MS) if "ninja_echo" in floors else None,
     }
 
 
@@ -404,6 +424,11 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
         if other and other > 0.2 * p["wall_s"] * (m["cpu_count"] or 1):
             print(f"{w} workers: note — other processes used {other:.1f} CPU-s of the {p['wall_s']:.1f} s phase "
                   f"(machine {p['cpu']['machine_busy_pct']}% busy): numbers are depressed by competing load")
+    for name, f in result["floor"].items():
+        print(f"floor {name} ({f['route']}, {f['workers']} workers): {f['requests_per_s']:.0f} requests/s, "
+              f"p50 {f['p50_ms']} / p99 {f['p99_ms']} ms, {f['cpu']['server_cpu_ms_per_request']} ms server CPU per request")
+    if result["ceiling"]:
+        print(f"ceiling: {result['ceiling']['note']}")
     for name, t in result["targets"].items():
         print(f"target {name} at {t['workers']} workers: {t['value']} vs {t['target']} → {'met' if t['met'] else 'NOT met'}")
     print(f"wrote {out}")

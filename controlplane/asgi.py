@@ -3,7 +3,8 @@ import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 from django.conf import settings  # noqa: E402
-from django.core.asgi import get_asgi_application  # noqa: E402
+
+from controlplane.handler import get_asgi_application  # noqa: E402
 
 # Django first: the routing below imports models.
 django_asgi_app = get_asgi_application()

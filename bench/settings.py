@@ -1,0 +1,7 @@
+"""The control plane's own settings plus the benchmark's floor routes (bench/urls.py).
+
+The protocol phases run against these servers too: the only difference from
+``controlplane.settings`` is two extra URLs that never touch the database."""
+from controlplane.settings import *  # noqa: F401,F403
+
+ROOT_URLCONF = "bench.urls"

@@ -1,0 +1,48 @@
+"""The ASGI handler: Django's, except that a request for a *sync* view crosses into a thread once.
+
+Django's stock ASGIHandler runs the middleware chain in async mode. Every built-in middleware is a
+``MiddlewareMixin``, whose async mode runs ``process_request`` and ``process_response`` each through
+``sync_to_async``: with our eight middleware and a sync view that is ~16 thread hops per request, each
+copying the context and waking the event loop. Measured in-process on the worker protocol's calls,
+that cost more CPU than the view's own queries.
+
+Here a request whose view is a plain function runs the whole sync chain (the same ``MIDDLEWARE``,
+loaded in sync mode) in one ``sync_to_async`` hop, exactly as a WSGI server would run it. A request
+whose view is a coroutine (the long-polling heartbeat) keeps Django's async chain, so it waits
+without holding a thread. Semantics are Django's either way: same middleware, same signals, same
+per-request thread (``thread_sensitive`` inside ASGIHandler's ``ThreadSensitiveContext``), so
+database connections, transactions and on-commit hooks stay on one thread per request.
+"""
+from __future__ import annotations
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.base import BaseHandler
+from django.urls import Resolver404, get_resolver
+
+
+class ControlPlaneASGIHandler(ASGIHandler):
+    def __init__(self) -> None:
+        super().__init__()  # the async chain, for coroutine views
+        self._sync_handler = BaseHandler()
+        self._sync_handler.load_middleware(is_async=False)
+
+    @staticmethod
+    def view_is_async(path: str) -> bool:
+        try:
+            return iscoroutinefunction(get_resolver().resolve(path).func)
+        except Resolver404:
+            return False
+
+    async def get_response_async(self, request):
+        if self.view_is_async(request.path_info):
+            return await super().get_response_async(request)
+        return await sync_to_async(self._sync_handler.get_response, thread_sensitive=True)(request)
+
+
+def get_asgi_application() -> ControlPlaneASGIHandler:
+    """django.core.asgi.get_asgi_application, with our handler."""
+    import django
+
+    django.setup(set_prefix=False)
+    return ControlPlaneASGIHandler()

@@ -1,0 +1,60 @@
+"""controlplane.handler: sync views run the sync middleware chain in one thread hop; coroutine views
+(the long-polling heartbeat) keep Django's async chain. Exercised through the real ASGI application."""
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import HttpCommunicator
+from django.core.handlers.base import BaseHandler
+
+from controlplane.asgi import django_asgi_app
+from controlplane.handler import ControlPlaneASGIHandler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _get(path: str, method: str = "GET", body: bytes = b"", headers=None):
+    comm = HttpCommunicator(django_asgi_app, method, path, body=body,
+                            headers=[(b"host", b"localhost"), *(headers or [])])
+    return async_to_sync(comm.get_response)(timeout=10)
+
+
+def test_routing_by_view_kind():
+    lease = "00000000-0000-0000-0000-000000000001"
+    assert ControlPlaneASGIHandler.view_is_async(f"/api/v1/leases/{lease}/heartbeat") is True
+    assert ControlPlaneASGIHandler.view_is_async(f"/api/v1/runs/{lease}/effects") is False
+    assert ControlPlaneASGIHandler.view_is_async("/accounts/login/") is False
+    assert ControlPlaneASGIHandler.view_is_async("/no/such/page/") is False
+
+
+def test_sync_view_runs_the_whole_middleware_chain_without_the_async_chain(monkeypatch):
+    async def refuse(self, request):
+        raise AssertionError("a sync view went through the async middleware chain")
+
+    monkeypatch.setattr(BaseHandler, "get_response_async", refuse)
+    page = _get("/accounts/login/")
+    assert page["status"] == 200
+    headers = {k.lower(): v for k, v in page["headers"]}
+    assert headers[b"x-frame-options"] == b"DENY"  # XFrameOptionsMiddleware
+    assert b"csrftoken" in headers.get(b"set-cookie", b"")  # CsrfViewMiddleware
+    # CSRF still refuses a cookie-less form post.
+    post = _get("/accounts/login/", "POST", b"username=a&password=b",
+                [(b"content-type", b"application/x-www-form-urlencoded")])
+    assert post["status"] == 403
+
+
+def test_async_view_still_served_by_the_async_chain(monkeypatch):
+    calls = []
+    original = BaseHandler.get_response_async
+
+    async def spy(self, request):
+        calls.append(request.path)
+        return await original(self, request)
+
+    monkeypatch.setattr(BaseHandler, "get_response_async", spy)
+    lease = "00000000-0000-0000-0000-000000000001"
+    resp = _get(f"/api/v1/leases/{lease}/heartbeat", "POST", b'{"fencing_token": 1}',
+                [(b"content-type", b"application/json")])
+    assert calls == [f"/api/v1/leases/{lease}/heartbeat"]
+    # No bearer token: the session fallback wants a CSRF token, as on the sync chain.
+    assert resp["status"] == 403 and b"CSRF" in resp["body"], resp["body"]
