@@ -13,6 +13,7 @@ from audit.chain import GENESIS, link_hash, normalise
 from audit.dbutil import insert_and_update
 from audit.models import AuditEvent
 from audit.services import record_audit
+from controlplane.rows import select_row
 from runs.errors import Conflict, DomainError, NotFound
 from runs.models import AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
 from runs.states import Event, State, transition
@@ -23,14 +24,14 @@ NOTIFY_CHANNEL = "cp_runs"
 def lock_run(run_id: Any) -> Run:
     """Lock the run row for the rest of the transaction. Every decision about a run starts here,
     so decisions on one run are serialised by the database (pause vs declare, claim vs claim)."""
-    try:
-        # of=("self",): lock the run row only. A bare FOR UPDATE would also lock the joined *agent* row,
-        # serialising every run of an agent and deadlocking against transactions that insert a row
-        # referencing that agent (their deferred FK check takes KEY SHARE on it at COMMIT, after they
-        # locked the audit chain head).
-        return Run.objects.select_for_update(of=("self",)).select_related("agent").get(pk=run_id)
-    except (Run.DoesNotExist, ValueError):
-        raise NotFound(f"run {run_id} does not exist", object="run") from None
+    # ``Run.objects.select_for_update().get(pk=run_id)`` without the compiler (controlplane.rows): every
+    # protocol call starts here. The run row only: joining the agent row into a FOR UPDATE would lock it
+    # too, serialising every run of an agent and deadlocking against transactions whose deferred FK
+    # check takes KEY SHARE on it at COMMIT. ``run.agent`` loads lazily where a decision needs it.
+    run = select_row(Run, lock=True, pk=run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist", object="run")
+    return run
 
 
 def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, attempt=None, actor: Actor | None = None,

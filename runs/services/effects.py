@@ -11,6 +11,7 @@ from audit.actors import Actor
 from audit.chain import canonical
 from audit.models import AuditEvent
 from audit.services import record_audit
+from controlplane.rows import select_row, select_rows
 from runs.errors import Conflict, EffectUnresolved, IdempotencyKeyReused, Invalid, LeaseLost, NotFound
 from runs.models import Approval, AuthorityGrant, Effect, Run
 from runs.states import EFFECT_STATES, State, denial_reason
@@ -56,7 +57,8 @@ def effect_dict(e: Effect) -> dict[str, Any]:
 def _authority_denial(run: Run, tool: str, action: str, now) -> str | None:
     """None if an active grant (and its whole delegation chain) covers tool:action, else the reason."""
     statuses = []
-    for grant in AuthorityGrant.objects.filter(run=run).select_related("delegated_from"):
+    # A delegated grant's source (and its source) load lazily: only child runs have any.
+    for grant in select_rows(AuthorityGrant, run=run.pk):
         if not grant.covers(tool, action):
             continue
         status, source = grant.effective_status(now), grant.delegated_from
@@ -84,7 +86,7 @@ def _approval_denial(run: Run, approval_id: Any, tool: str, action: str, args: d
         return None, approval
     # An action that asked for approval may not slip through without citing it -- and one that was
     # rejected or timed out may not either, unless a newer request was approved and cited.
-    latest = Approval.objects.filter(run=run, tool=tool, action=action).order_by("-requested_at").first()
+    latest = select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",))
     if latest is not None and latest.consumed_by_id is None:
         if latest.status in (Approval.PENDING, Approval.APPROVED):
             return "approval_required", None
@@ -107,7 +109,7 @@ def declare_effect(
             check_fencing(run, fencing_token, now)
         except LeaseLost as lost:
             return _deny(run, actor, "lease_lost", lost.detail, step, tool, action, idempotency_key, fp, args, fencing_token)
-        existing = Effect.objects.filter(run=run, idempotency_key=idempotency_key, decision=Effect.AUTHORIZED).first()
+        existing = select_row(Effect, run=run.pk, idempotency_key=idempotency_key, decision=Effect.AUTHORIZED)
         if existing is not None:
             return _replay(run, actor, existing, fp)
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
@@ -184,7 +186,9 @@ def record_outcome(
     run_id = run_id if run_id is not None else effect_run_id(effect_id)
     with decision(actor, "effect.outcome", "effect", effect_id, run_id):
         run = lock_run(run_id)
-        effect = Effect.objects.select_for_update().get(pk=effect_id)
+        effect = select_row(Effect, pk=effect_id, lock=True)
+        if effect is None:
+            raise NotFound(f"effect {effect_id} does not exist", object="effect")
         if effect.decision != Effect.AUTHORIZED:
             raise Conflict("a denied declaration has no outcome: nothing was dispatched", status=effect.status)
         if effect.status in (Effect.COMMITTED, Effect.FAILED):

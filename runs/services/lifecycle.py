@@ -5,11 +5,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from audit.actors import Actor
 from audit.services import record_audit
+from controlplane.rows import select_row
 from runs.errors import AuthorityNotAllowed, EffectsUnresolved, Forbidden, Invalid, LeaseHeld, LeaseLost, NotClaimable, NotFound
 from runs.models import Agent, Attempt, AuthorityGrant, Effect, ExecutionLease, Run, Timer
 from runs.states import LEASED_STATES, Event, State, directive_for
@@ -147,16 +148,11 @@ def _end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
 
 def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
     """``ExecutionLease.objects.filter(run=run, fencing_token=fencing_token).first()`` (at most one row:
-    (run, fencing_token) is unique) as hand-written SQL: every worker write checks its fencing token
-    here, and the compiled ORM query cost more than the database's answer."""
+    (run, fencing_token) is unique) through controlplane.rows: every worker write checks its fencing
+    token here."""
     if fencing_token is None:  # the ORM would look for IS NULL; the column is NOT NULL, so: none
         return None
-    table = ExecutionLease._meta.db_table
-    # Raw SQL skips the field's conversion: prepare the UUID as the backend stores it (SQLite: hex).
-    run_param = ExecutionLease._meta.get_field("run").target_field.get_db_prep_value(run.pk, connection)
-    rows = ExecutionLease.objects.raw(f'SELECT * FROM "{table}" WHERE "run_id" = %s AND "fencing_token" = %s',
-                                      [run_param, int(fencing_token)])
-    return next(iter(rows), None)
+    return select_row(ExecutionLease, run=run.pk, fencing_token=int(fencing_token))
 
 
 def _current_lease(run: Run, lease_id: Any, fencing_token: int, now) -> ExecutionLease:

@@ -1,0 +1,92 @@
+"""controlplane.rows: the hot path's hand-written equality lookups answer exactly what the ORM answers,
+and ``lock=True`` really takes the row lock (PostgreSQL)."""
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from controlplane import rows
+from runs.models import Approval, AuthorityGrant, Effect, Run
+from tests.conftest import claim, declare, start_run
+
+
+@pytest.fixture
+def run_with_rows(worker):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    for key in ("k-1", "k-2"):
+        assert declare(worker, run["id"], token, key=key).status_code == 201
+    assert declare(worker, run["id"], token, key="k-3", tool="shipping", action="ship").status_code == 409  # no grant
+    return Run.objects.get(pk=run["id"])
+
+
+def _pks(objs):
+    return [o.pk for o in objs]
+
+
+def test_equality_lookups_match_the_orm(run_with_rows):
+    run = run_with_rows
+    grants = sorted(_pks(rows.select_rows(AuthorityGrant, run=run.pk)), key=str)
+    assert grants and grants == sorted(_pks(AuthorityGrant.objects.filter(run=run)), key=str)
+    for key in ("k-1", "k-2", "k-3", "nope"):
+        for decision in (Effect.AUTHORIZED, Effect.DENIED):
+            expected = Effect.objects.filter(run=run, idempotency_key=key, decision=decision).first()
+            got = rows.select_row(Effect, run=run, idempotency_key=key, decision=decision)
+            assert (got and got.pk) == (expected and expected.pk), (key, decision)
+    effect = Effect.objects.filter(run=run, idempotency_key="k-1").get()
+    loaded = rows.select_row(Effect, pk=effect.pk)
+    assert (loaded.args, loaded.compensation, loaded.declared_at, loaded.run_id) == (
+        effect.args, effect.compensation, effect.declared_at, effect.run_id)
+    assert loaded.run.pk == run.pk  # relations load lazily, as on any instance
+
+
+def test_order_by_and_limit(run_with_rows):
+    run = run_with_rows
+    now = timezone.now()
+    for minutes in (3, 1, 2):
+        Approval.objects.create(run=run, attempt_id=run.current_attempt_id, requested_by="worker-1", tool="payments", action="charge", args={}, digest=f"d{minutes}",
+                                requested_at=now - timedelta(minutes=minutes), status=Approval.PENDING,
+                                deadline=now + timedelta(hours=1))
+    expected = Approval.objects.filter(run=run, tool="payments", action="charge").order_by("-requested_at")
+    assert rows.select_row(Approval, run=run.pk, tool="payments", action="charge", order_by=("-requested_at",)).pk \
+        == expected.first().pk
+    assert _pks(rows.select_rows(Approval, run=run.pk, tool="payments", action="charge", order_by=("requested_at",))) \
+        == _pks(expected.reverse())
+
+
+def test_values_a_column_cannot_hold_match_nothing(db):
+    assert rows.select_rows(Run, pk="not-a-uuid") == []
+    assert rows.select_row(Run, pk=uuid.uuid4()) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_takes_the_row_lock(postgres_only, worker):
+    run = start_run(worker)
+    locked, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with transaction.atomic():
+                assert rows.select_row(Run, pk=run["id"], lock=True) is not None
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        with pytest.raises(DatabaseError):  # "could not obtain lock": the row is held FOR UPDATE
+            with transaction.atomic():
+                Run.objects.select_for_update(nowait=True).get(pk=run["id"])
+        # Without lock=True the same lookup does not wait for the holder.
+        assert rows.select_row(Run, pk=run["id"]) is not None
+    finally:
+        release.set()
+        thread.join(10)
