@@ -81,16 +81,26 @@ def run_floor(ctx, workers: int, route: str, seconds: float, servers: harness.Se
         "little_mean_latency_floor_ms": round(1000 * workers / rps, 1) if rps else None,
         "cpu": {"servers_cpu_s": cpu["servers_cpu_s"], "workers_cpu_s": round(sum(r["cpu_s"] for r in reports), 2),
                 "machine_busy_pct": cpu["machine_busy_pct"],
-                "server_cpu_ms_per_request": round(1000 * cpu["servers_cpu_s"] / len(lat), 3) if lat else None},
+                "server_cpu_ms_per_request": round(1000 * cpu["servers_cpu_s"] / len(lat), 3) if lat else None,
+                "client_cpu_ms_per_request": round(1000 * sum(r["cpu_s"] for r in reports) / len(lat), 3) if lat else None},
     }
 
 
 def ceiling(floor: dict[str, Any], calls_per_effect: float, target_effects_per_s: float,
-            target_p99_ms: float) -> dict[str, Any]:
-    """What the floor implies for the protocol targets on this machine."""
+            target_p99_ms: float, cpu_count: int | None = None) -> dict[str, Any]:
+    """What the floor implies for the protocol targets on this machine. The CPU budget: at the target,
+    the worker processes alone (their HTTP client) and the servers answering *no-work* calls would need
+    this many cores, before the protocol does anything."""
     rps = floor["requests_per_s"]
     best = round(rps / calls_per_effect, 1)
+    needed_rps = target_effects_per_s * calls_per_effect
+    cpu = floor.get("cpu", {})
+    client_cores = needed_rps * (cpu.get("client_cpu_ms_per_request") or 0) / 1000
+    server_cores = needed_rps * (cpu.get("server_cpu_ms_per_request") or 0) / 1000
+    budget = {"requests_per_s_needed": round(needed_rps), "client_cores_needed": round(client_cores, 2),
+              "noop_server_cores_needed": round(server_cores, 2), "cores_available": cpu_count}
     return {
+        "cpu_budget_at_target": budget,
         "based_on": floor["route"],
         "calls_per_effect": calls_per_effect,
         "max_effects_per_s": best,

@@ -401,7 +401,8 @@ def build_result(args: argparse.Namespace, database_url: str, redis_url: str, fa
         "reference": {"raw_pg_commits_per_s_reported_in_issue": 5700, "dbos_steps_per_s_in_process": 330},
         "floor": floors,
         "ceiling": floor_bench.ceiling(floors["ninja_echo"], CALLS_PER_EFFECT, TARGET_EFFECTS_PER_S,
-                                       TARGET_DECLARE_P99_MS) if "ninja_echo" in floors else None,
+                                       TARGET_DECLARE_P99_MS, facts["machine"].get("cpu_count"))
+        if "ninja_echo" in floors else None,
     }
 
 
@@ -429,6 +430,10 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
               f"p50 {f['p50_ms']} / p99 {f['p99_ms']} ms, {f['cpu']['server_cpu_ms_per_request']} ms server CPU per request")
     if result["ceiling"]:
         print(f"ceiling: {result['ceiling']['note']}")
+        b = result["ceiling"]["cpu_budget_at_target"]
+        print(f"CPU budget at the target ({b['requests_per_s_needed']} requests/s): the worker processes' client alone "
+              f"needs {b['client_cores_needed']} cores and no-work server calls {b['noop_server_cores_needed']} more, "
+              f"of {b['cores_available']}")
     for name, t in result["targets"].items():
         print(f"target {name} at {t['workers']} workers: {t['value']} vs {t['target']} → {'met' if t['met'] else 'NOT met'}")
     print(f"wrote {out}")

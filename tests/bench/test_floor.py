@@ -40,3 +40,11 @@ def test_ceiling_from_floor():
     assert out["mean_latency_floor_ms"] == 25.4 and out["p99_target_reachable"] is False
     fast = floor.ceiling({**measured, "requests_per_s": 1600.0, "little_mean_latency_floor_ms": 10.0}, 3.15, 400, 25)
     assert fast["effects_per_s_target_reachable"] is True and fast["p99_target_reachable"] is True
+
+
+def test_cpu_budget_at_target():
+    measured = {"route": "POST /bench/echo/", "workers": 16, "requests_per_s": 433.0, "little_mean_latency_floor_ms": 37.0,
+                "cpu": {"client_cpu_ms_per_request": 1.0, "server_cpu_ms_per_request": 3.0}}
+    budget = floor.ceiling(measured, 3.15, 400, 25, cpu_count=2)["cpu_budget_at_target"]
+    assert budget == {"requests_per_s_needed": 1260, "client_cores_needed": 1.26, "noop_server_cores_needed": 3.78,
+                      "cores_available": 2}
