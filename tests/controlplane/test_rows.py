@@ -11,7 +11,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from controlplane import rows
-from runs.models import Approval, AuthorityGrant, Effect, Run
+from runs.models import Approval, AuthorityGrant, Effect, ExecutionLease, Run
 from tests.conftest import claim, declare, start_run
 
 
@@ -40,9 +40,16 @@ def test_equality_lookups_match_the_orm(run_with_rows):
             assert (got and got.pk) == (expected and expected.pk), (key, decision)
     effect = Effect.objects.filter(run=run, idempotency_key="k-1").get()
     loaded = rows.select_row(Effect, pk=effect.pk)
-    assert (loaded.args, loaded.compensation, loaded.declared_at, loaded.run_id) == (
-        effect.args, effect.compensation, effect.declared_at, effect.run_id)
     assert loaded.run.pk == run.pk  # relations load lazily, as on any instance
+    # Every column converted exactly as the ORM converts it (JSON, UUIDs, datetimes, booleans, nulls).
+    for model, obj in ((Effect, effect), (Run, run), (ExecutionLease, ExecutionLease.objects.get(run=run)),
+                       *((AuthorityGrant, g) for g in AuthorityGrant.objects.filter(run=run))):
+        mine = rows.select_row(model, pk=obj.pk)
+        fresh = model.objects.get(pk=obj.pk)
+        for field in model._meta.concrete_fields:
+            assert getattr(mine, field.attname) == getattr(fresh, field.attname), (model.__name__, field.name)
+            assert type(getattr(mine, field.attname)) is type(getattr(fresh, field.attname)), (model.__name__, field.name)
+        assert mine._state.adding is False and mine._state.db == "default"
 
 
 def test_order_by_and_limit(run_with_rows):

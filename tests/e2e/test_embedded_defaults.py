@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBSET = ["tests/runs/test_protocol.py", "tests/interventions/test_pause_resume.py", "tests/interventions/test_contracts.py"]
+SUBSET = ["tests/runs/test_protocol.py", "tests/controlplane/test_rows.py", "tests/interventions/test_pause_resume.py",
+          "tests/interventions/test_contracts.py"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
