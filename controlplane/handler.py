@@ -15,7 +15,10 @@ database connections, transactions and on-commit hooks stay on one thread per re
 """
 from __future__ import annotations
 
+import asyncio
+
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
 from django.urls import Resolver404, get_resolver
@@ -26,6 +29,22 @@ class ControlPlaneASGIHandler(ASGIHandler):
         super().__init__()  # the async chain, for coroutine views
         self._sync_handler = BaseHandler()
         self._sync_handler.load_middleware(is_async=False)
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    def _sync_slots(self) -> asyncio.Semaphore | None:
+        """At most SYNC_VIEW_CONCURRENCY sync views run at once in this process; more wait on the event
+        loop, holding no thread. Without a bound, a saturated server runs one thread per request and
+        they fight over the GIL: a woken long-poll heartbeat (whose own database work goes straight to
+        a thread, not through this gate) then waits for the GIL at every round trip, and a pause took
+        ~430 ms to reach its worker under 16 busy protocol workers."""
+        limit = settings.SYNC_VIEW_CONCURRENCY
+        if limit <= 0:
+            return None
+        loop = asyncio.get_running_loop()
+        slots = self._slots.get(loop)
+        if slots is None:
+            slots = self._slots[loop] = asyncio.Semaphore(limit)
+        return slots
 
     @staticmethod
     def view_is_async(path: str) -> bool:
@@ -37,7 +56,12 @@ class ControlPlaneASGIHandler(ASGIHandler):
     async def get_response_async(self, request):
         if self.view_is_async(request.path_info):
             return await super().get_response_async(request)
-        return await sync_to_async(self._sync_handler.get_response, thread_sensitive=True)(request)
+        run = sync_to_async(self._sync_handler.get_response, thread_sensitive=True)
+        slots = self._sync_slots()
+        if slots is None:
+            return await run(request)
+        async with slots:
+            return await run(request)
 
 
 def get_asgi_application() -> ControlPlaneASGIHandler:

@@ -121,25 +121,36 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
     """Keeps the lease and returns the directive. With ``wait_s`` it long-polls: it answers as soon
     as the directive changes (woken by PostgreSQL NOTIFY), or when ``wait_s`` passes."""
     run_id = await sync_to_async(_lease_run_id)(request, lease_id)
-    beat = sync_to_async(services.heartbeat)
+
+    async def beat():
+        return await sync_to_async(services.heartbeat)(actor=request.auth, lease_id=lease_id,
+                                                       fencing_token=body.fencing_token, run_id=run_id)
+
     bus = get_bus()
     wait_s = min(body.wait_s, settings.HEARTBEAT_MAX_WAIT_S, max(settings.LEASE_TTL_S - 5, 1))
     if wait_s <= 0:
-        return (await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)).as_dict()
+        return (await beat()).as_dict()
     # Subscribe before the first read, so a change committed in between still wakes us.
     listening = await bus.start()
     event = bus.subscribe(run_id)
     try:
-        first = await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)
+        first = await beat()
         if first.directive not in ("continue", "wait") or first.timers:
             return first.as_dict()
         loop_deadline = _now() + wait_s
-        while _now() < loop_deadline:
+        while True:
             await bus.wait(event, loop_deadline - _now(), listening)
-            state = await sync_to_async(_run_state)(run_id)
-            if directive_for(state) != first.directive:
-                break
-        return (await beat(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token)).as_dict()
+            if not listening and _now() < loop_deadline:
+                # No NOTIFY (SQLite): the bus re-checks every FALLBACK_POLL_S, so read the state
+                # rather than write a beat each time.
+                if directive_for(await sync_to_async(_run_state)(run_id)) == first.directive:
+                    continue
+            # Woken (or out of time): beat again, one transaction, so the worker hears of a change as
+            # soon as it committed. A wake-up that changed nothing (a late outcome's notify, say)
+            # keeps waiting; the extra beat only extends the lease, which is what a heartbeat does.
+            latest = await beat()
+            if latest.directive != first.directive or latest.timers or _now() >= loop_deadline:
+                return latest.as_dict()
     finally:
         bus.unsubscribe(run_id, event)
 

@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from audit.actors import Actor
 from audit.services import record_audit
-from controlplane.rows import select_row
+from controlplane.rows import select_row, select_rows
 from runs.errors import AuthorityNotAllowed, EffectsUnresolved, Forbidden, Invalid, LeaseHeld, LeaseLost, NotClaimable, NotFound
-from runs.models import Agent, Attempt, AuthorityGrant, Effect, ExecutionLease, Run, Timer
+from runs.models import Agent, Approval, Attempt, AuthorityGrant, Effect, ExecutionLease, HistoryEvent, Run, Timer
 from runs.states import LEASED_STATES, Event, State, directive_for
 
 from .common import (append_history, apply_transition, checkpoint_summary, decision, lease_ttl, lock_run,
@@ -157,8 +157,7 @@ def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
 
 def _current_lease(run: Run, lease_id: Any, fencing_token: int, now) -> ExecutionLease:
     """The caller's lease, if it is still the run's current one; else LeaseLost (fencing)."""
-    lease = ExecutionLease.objects.filter(pk=lease_id, run=run).first() if lease_id else (
-        _lease_by_token(run, fencing_token))
+    lease = select_row(ExecutionLease, pk=lease_id, run=run.pk) if lease_id else _lease_by_token(run, fencing_token)
     if lease is None:
         raise LeaseLost("no such lease for this run", state=run.state)
     if fencing_token != lease.fencing_token or lease.fencing_token != run.fencing_token:
@@ -200,8 +199,10 @@ def lease_run_id(lease_id: Any) -> Any:
         raise NotFound(f"lease {lease_id} does not exist", object="lease") from None
 
 
-def heartbeat(*, actor: Actor, lease_id: Any, fencing_token: int) -> Beat:
-    run_id = lease_run_id(lease_id)
+def heartbeat(*, actor: Actor, lease_id: Any, fencing_token: int, run_id: Any = None) -> Beat:
+    """``run_id``: the lease's run if the caller already looked it up with ``lease_run_id`` (the API
+    edge does, for the token's scope check); a lease never moves to another run."""
+    run_id = run_id if run_id is not None else lease_run_id(lease_id)
     with decision(actor, "lease.heartbeat", "lease", lease_id, run_id):
         run = lock_run(run_id)
         now = timezone.now()
@@ -218,7 +219,7 @@ def heartbeat(*, actor: Actor, lease_id: Any, fencing_token: int) -> Beat:
 
 
 def _deliver_timers(run: Run, now) -> list[dict]:
-    fired = list(Timer.objects.filter(run=run, status=Timer.FIRED))
+    fired = select_rows(Timer, run=run.pk, status=Timer.FIRED)
     if fired:
         Timer.objects.filter(pk__in=[t.pk for t in fired]).update(status=Timer.DELIVERED, delivered_at=now)
         append_history(run, "timers_delivered", {"timers": [t.name for t in fired]})
@@ -227,7 +228,7 @@ def _deliver_timers(run: Run, now) -> list[dict]:
 
 
 def _latest_approval(run: Run) -> dict | None:
-    approval = run.approvals.order_by("-requested_at").first()
+    approval = select_row(Approval, run=run.pk, order_by=("-requested_at",))
     if approval is None:
         return None
     return {"id": str(approval.pk), "status": approval.status, "tool": approval.tool, "action": approval.action,
@@ -235,7 +236,7 @@ def _latest_approval(run: Run) -> dict | None:
 
 
 def _last_reason(run: Run) -> str:
-    last = run.history.filter(kind="state_changed").order_by("-seq").first()
+    last = select_row(HistoryEvent, run=run.pk, kind="state_changed", order_by=("-seq",))
     return (last.data or {}).get("reason", "") if last else ""
 
 

@@ -103,11 +103,36 @@ def test_long_poll_heartbeat_without_a_change_returns_after_wait_s(postgres_only
     status, body, elapsed = _heartbeat_over_asgi(worker_token, c["lease"]["id"], {"fencing_token": 1, "wait_s": 1})
     assert status == 200 and body["directive"] == "continue"
     assert 0.9 <= elapsed < 5, elapsed
-    # woken by NOTIFY, not by polling: the state is re-read once, when the wait ends
-    assert len(reads) <= 1, reads
+    # woken by NOTIFY, not by polling: no state re-reads at all (the final beat reads it)
+    assert reads == [], reads
     # the heartbeat kept the lease: expiry moved forward, counted twice (before and after the wait)
     lease = ExecutionLease.objects.get(pk=c["lease"]["id"])
     assert lease.heartbeats == 2 and lease.expires_at.isoformat() >= c["lease"]["expires_at"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_long_poll_heartbeat_keeps_waiting_through_a_wake_up_that_changed_nothing(postgres_only, worker, worker_token):
+    from django.db import transaction
+
+    from runs.models import Run
+    from runs.services.common import notify_run_changed
+
+    run = start_run(worker)
+    c = claim(worker, run["id"])
+
+    def spurious_then_pause():
+        with transaction.atomic():  # what a late outcome does: NOTIFY, directive unchanged
+            notify_run_changed(Run.objects.get(pk=run["id"]))
+        time.sleep(0.7)
+        _move(run["id"], Event.PAUSE)
+
+    changer = _later(0.3, spurious_then_pause)
+    status, body, elapsed = _heartbeat_over_asgi(worker_token, c["lease"]["id"], {"fencing_token": 1, "wait_s": 20})
+    changer.join(timeout=10)
+    assert status == 200 and body["directive"] == "pause", body
+    assert 0.9 <= elapsed < 5, elapsed  # not answered at the spurious wake-up (0.3 s)
+    # beats: on arrival, at the spurious wake-up (extends the lease, answers nothing), at the pause
+    assert ExecutionLease.objects.get(pk=c["lease"]["id"]).heartbeats == 3
 
 
 @pytest.mark.django_db(transaction=True)
