@@ -58,3 +58,37 @@ def test_async_view_still_served_by_the_async_chain(monkeypatch):
     assert calls == [f"/api/v1/leases/{lease}/heartbeat"]
     # No bearer token: the session fallback wants a CSRF token, as on the sync chain.
     assert resp["status"] == 403 and b"CSRF" in resp["body"], resp["body"]
+
+
+@pytest.mark.parametrize("limit, expected_peak", [(2, 2), (0, 6)])
+def test_sync_views_run_at_most_sync_view_concurrency_at_once(settings, monkeypatch, limit, expected_peak):
+    import asyncio
+    import threading
+    import time
+
+    settings.SYNC_VIEW_CONCURRENCY = limit
+    handler = django_asgi_app
+    real = handler._sync_handler.get_response
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def slow(request):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            time.sleep(0.3)
+            return real(request)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(handler._sync_handler, "get_response", slow)
+
+    async def six():
+        comms = [HttpCommunicator(handler, "GET", "/accounts/login/", headers=[(b"host", b"localhost")])
+                 for _ in range(6)]
+        return await asyncio.gather(*(c.get_response(timeout=10) for c in comms))
+
+    responses = async_to_sync(six)()
+    assert [r["status"] for r in responses] == [200] * 6
+    assert peak[0] == expected_peak
