@@ -49,23 +49,8 @@ def floor_worker(index: int, servers: list[str], route: str, seconds: float, bar
 
 
 def run_floor(ctx, workers: int, route: str, seconds: float, servers: harness.Servers) -> dict[str, Any]:
-    barrier = ctx.Barrier(workers + 1)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=floor_worker, daemon=True, args=(i, servers.urls, route, seconds, barrier, results))
-             for i in range(workers)]
-    meter = harness.CpuMeter(servers.pids, harness.dbname_of(servers.env["DATABASE_URL"]))
-    try:
-        for p in procs:
-            p.start()
-        barrier.wait(timeout=120)
-        meter.start()
-        reports = [results.get(timeout=seconds + 60) for _ in procs]
-        cpu = meter.stop()
-    finally:
-        harness.stop_processes(procs)
-    fatal = [r["fatal"] for r in reports if "fatal" in r]
-    if fatal:
-        raise RuntimeError(f"floor worker failed: {fatal[0]}")
+    reports, cpu = harness.run_workers(ctx, servers, workers, floor_worker,
+                                       lambda i: (i, servers.urls, route, seconds), seconds + 60, "floor")
     lat = [v for r in reports for v in r["lat"]]
     wall = max(r["t_end"] for r in reports) - min(r["t_start"] for r in reports)
     rps = len(lat) / wall if wall > 0 else 0.0

@@ -271,6 +271,44 @@ def stop_processes(procs) -> None:
             p.join(timeout=5)
 
 
+def run_workers(ctx, servers: "Servers", count: int, target, args_of, timeout: float, what: str
+                ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Start ``count`` processes running ``target(*args_of(i), barrier, results)``, release them together
+    from a barrier, and collect one report from each (a dict; ``{"fatal": …}`` if one failed). Returns
+    the reports and the CPU the servers, PostgreSQL and the machine spent from the barrier to the last
+    report. Raises if a process dies, a report says fatal, or ``timeout`` passes; always stops them."""
+    barrier = ctx.Barrier(count + 1)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, daemon=True, args=(*args_of(i), barrier, results)) for i in range(count)]
+    meter = CpuMeter(servers.pids, dbname_of(servers.env["DATABASE_URL"]))
+    try:
+        for p in procs:
+            p.start()
+        barrier.wait(timeout=120)
+        meter.start()
+        reports: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(reports) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"{what} with {count} workers did not finish within {timeout:.0f}s")
+            try:
+                reports.append(results.get(timeout=min(remaining, 5)))
+            except Exception:  # queue.Empty: check the workers are still alive
+                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                if dead:
+                    raise RuntimeError(f"{len(dead)} worker process(es) died (exit {dead[0].exitcode})") from None
+        cpu = meter.stop()
+        for p in procs:
+            p.join(timeout=10)
+    finally:
+        stop_processes(procs)
+    fatal = [r["fatal"] for r in reports if "fatal" in r]
+    if fatal:
+        raise RuntimeError(f"{what}: worker failed: {fatal[0]}")
+    return reports, cpu
+
+
 # --- CPU accounting (Linux /proc) ----------------------------------------------------------------
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

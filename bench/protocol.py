@@ -149,38 +149,10 @@ def run_phase(ctx, workers: int, total_runs: int, servers: harness.Servers, toke
               timeout: float) -> dict[str, Any]:
     """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
     to the last worker finishing."""
-    barrier = ctx.Barrier(workers + 1)
-    results = ctx.Queue()
     counter = ctx.Value("i", 0)
-    procs = [ctx.Process(target=worker_main, daemon=True,
-                         args=(i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN, barrier, results))
-             for i in range(workers)]
-    meter = harness.CpuMeter(servers.pids, harness.dbname_of(servers.env["DATABASE_URL"]))
-    try:
-        for p in procs:
-            p.start()
-        barrier.wait(timeout=120)
-        meter.start()
-        reports = []
-        deadline = time.monotonic() + timeout
-        while len(reports) < workers:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"phase with {workers} workers did not finish within {timeout:.0f}s")
-            try:
-                reports.append(results.get(timeout=min(remaining, 5)))
-            except Exception:  # queue.Empty: check the workers are still alive
-                dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
-                if dead:
-                    raise RuntimeError(f"{len(dead)} worker process(es) died (exit {dead[0].exitcode})") from None
-        cpu = meter.stop()
-        for p in procs:
-            p.join(timeout=10)
-    finally:
-        harness.stop_processes(procs)
-    fatal = [r["fatal"] for r in reports if "fatal" in r]
-    if fatal:
-        raise RuntimeError(f"worker failed: {fatal[0]}")
+    reports, cpu = harness.run_workers(
+        ctx, servers, workers, worker_main,
+        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN), timeout, "phase")
     return summarise(workers, total_runs, reports, cpu)
 
 

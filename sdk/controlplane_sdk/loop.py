@@ -110,9 +110,14 @@ def run_one(ctx: RunContext, run_fn: RunFn) -> RunSummary:
             ctx.stop_heartbeat()
             return summary("lease_lost", str(lost))
         except Exception as exc:  # the agent failed: record it, keep the worker alive
-            log.exception("run %s failed", ctx.run_id)
+            failure_class = classify_failure(exc)
+            if isinstance(getattr(exc, "failure_class", None), str):
+                # A failure the agent declared (it named the class): expected, so one line, no traceback.
+                log.warning("run %s failed (%s): %s", ctx.run_id, failure_class, exc)
+            else:
+                log.exception("run %s failed", ctx.run_id)
             if not ctx.finished:
-                _try_finish(ctx, "failed", classify_failure(exc), f"{type(exc).__name__}: {exc}"[:2000])
+                _try_finish(ctx, "failed", failure_class, f"{type(exc).__name__}: {exc}"[:2000])
             return summary("failed", f"{type(exc).__name__}: {exc}")
         if not ctx.finished:
             try:

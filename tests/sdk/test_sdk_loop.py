@@ -66,6 +66,30 @@ def test_agent_exception_finishes_failed_with_class(server: FakeServer, client) 
     assert "ReadTimeout" in body["error"]
 
 
+def test_declared_failures_log_one_line_others_a_traceback(server: FakeServer, client, caplog) -> None:
+    class Declared(Exception):
+        failure_class = "address_invalid"
+
+    failures = iter([Declared("address rejected"), KeyError("bug")])
+
+    def agent(ctx: RunContext) -> None:
+        raise next(failures)
+
+    out = []
+    with caplog.at_level("WARNING", logger="controlplane_sdk"):
+        for run_id in ("r1", "r2"):
+            queue_runs(server, run_id)
+            out += loop(client, agent)
+    assert [s.outcome for s in out] == ["failed", "failed"]
+    records = [r for r in caplog.records if "failed" in r.getMessage() and r.name.startswith("controlplane_sdk")]
+    declared, bug = records
+    assert declared.levelname == "WARNING" and declared.exc_info is None
+    assert "(address_invalid): address rejected" in declared.getMessage()
+    assert bug.levelname == "ERROR" and bug.exc_info is not None
+    assert [b["failure_class"] for b in server.bodies("POST", "/runs/r1/finish") + server.bodies("POST", "/runs/r2/finish")] \
+        == ["address_invalid", "error"]
+
+
 def test_pause_at_boundary_releases_without_finishing(server: FakeServer, client) -> None:
     queue_runs(server, "r1")
     # run_one checks once before run_fn, then each step boundary checks again
