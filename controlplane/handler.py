@@ -12,10 +12,14 @@ whose view is a coroutine (the long-polling heartbeat) keeps Django's async chai
 without holding a thread. Semantics are Django's either way: same middleware, same signals, same
 per-request thread (``thread_sensitive`` inside ASGIHandler's ``ThreadSensitiveContext``), so
 database connections, transactions and on-commit hooks stay on one thread per request.
+
+Sync views also pass a per-process gate (``SYNC_VIEW_CONCURRENCY``, see ``_sync_slots``): requests
+beyond it wait on the event loop rather than in threads fighting over the GIL.
 """
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
@@ -29,7 +33,8 @@ class ControlPlaneASGIHandler(ASGIHandler):
         super().__init__()  # the async chain, for coroutine views
         self._sync_handler = BaseHandler()
         self._sync_handler.load_middleware(is_async=False)
-        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        # One gate per event loop (a server has one; tests make many, which must not pile up here).
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
     def _sync_slots(self) -> asyncio.Semaphore | None:
         """At most SYNC_VIEW_CONCURRENCY sync views run at once in this process; more wait on the event
