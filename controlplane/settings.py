@@ -185,5 +185,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        # Django's default config gives "django" its own console handler (when DEBUG) *and* lets it
+        # propagate to ours: every request line of the dev server was printed twice.
+        "django": {"handlers": [], "level": env_str("LOG_LEVEL", "INFO"), "propagate": True},
+        "django.db.backends": {"level": "WARNING"},
+    },
 }
