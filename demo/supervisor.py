@@ -80,16 +80,26 @@ def main() -> int:
                     stopping = True
             time.sleep(0.5)
     finally:
-        for _, proc in running:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.time() + 10
-        for _, proc in running:
-            try:
-                proc.wait(timeout=max(deadline - time.time(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        # Clients first: the agents finish their current step and release their leases while the
+        # control plane and the world are still there to hear it; then the services.
+        clients = [(n, p) for n, p in running if n == "traffic" or n.startswith("agent-")]
+        _stop([(n, p) for n, p in clients], grace_s=12)
+        _stop([(n, p) for n, p in running if (n, p) not in clients], grace_s=10)
     return 0
+
+
+def _stop(procs: list[tuple[str, subprocess.Popen]], grace_s: float) -> None:
+    """SIGTERM each process group, wait up to ``grace_s`` for all, then SIGKILL what is left."""
+    for _, proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    for _, proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
 
 
 if __name__ == "__main__":
