@@ -45,6 +45,28 @@ def _die_with_parent() -> None:
         pass
 
 
+def is_client(name: str) -> bool:
+    """The processes that call the others: started after, stopped before."""
+    return name == "traffic" or name.startswith("agent-")
+
+
+def wait_ready(urls: list[str], timeout_s: float = 90.0, stopping=lambda: False) -> bool:
+    """True once every URL answers HTTP (any status); False after ``timeout_s`` or when ``stopping()``."""
+    import urllib.error
+    import urllib.request
+
+    deadline, pending = time.monotonic() + timeout_s, list(urls)
+    while pending and time.monotonic() < deadline and not stopping():
+        try:
+            urllib.request.urlopen(pending[0], timeout=2).close()
+            pending.pop(0)
+        except urllib.error.HTTPError:
+            pending.pop(0)  # it answered
+        except OSError:
+            time.sleep(0.3)
+    return not pending
+
+
 def _pump(name: str, stream) -> None:
     for line in iter(stream.readline, b""):
         sys.stdout.write(f"{name:>10} | {line.decode(errors='replace')}")
@@ -58,12 +80,13 @@ def main() -> int:
     if token_file.exists():
         env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
     running: list[tuple[str, subprocess.Popen]] = []
-    for name, cmd in processes():
+
+    def start(name: str, cmd: list[str]) -> None:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         threading.Thread(target=_pump, args=(name, proc.stdout), daemon=True).start()
         running.append((name, proc))
-    print(f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n", flush=True)
+
     stopping = False
 
     def stop(*_):
@@ -73,6 +96,23 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
+        # Services first; the agents and the traffic once the console and the world answer, so the
+        # log does not open with a screen of connection-refused retries.
+        clients = [(n, c) for n, c in processes() if is_client(n)]
+        for name, cmd in processes():
+            if not is_client(name):
+                start(name, cmd)
+        def crashed() -> bool:
+            return any(p.poll() is not None for _, p in running)
+
+        ready = not clients or wait_ready([f"http://{HOST}:{PORT}/accounts/login/", f"http://127.0.0.1:{WORLD_PORT}/"],
+                                          stopping=lambda: stopping or crashed())
+        if not (ready or stopping or crashed()):
+            print("the console or the world did not answer within 90 s; starting the agents anyway", flush=True)
+        for name, cmd in clients:
+            if not (stopping or crashed()):  # a crashed service: the loop below reports it and stops
+                start(name, cmd)
+        print(f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n", flush=True)
         while not stopping:
             for name, proc in running:
                 if proc.poll() is not None:
@@ -82,9 +122,8 @@ def main() -> int:
     finally:
         # Clients first: the agents finish their current step and release their leases while the
         # control plane and the world are still there to hear it; then the services.
-        clients = [(n, p) for n, p in running if n == "traffic" or n.startswith("agent-")]
-        _stop([(n, p) for n, p in clients], grace_s=12)
-        _stop([(n, p) for n, p in running if (n, p) not in clients], grace_s=10)
+        _stop([(n, p) for n, p in running if is_client(n)], grace_s=12)
+        _stop([(n, p) for n, p in running if not is_client(n)], grace_s=10)
     return 0
 
 

@@ -39,6 +39,21 @@ SUPERVISOR = textwrap.dedent("""
         return [("web", cmd("web", 0)), ("world", cmd("world", 0)), ("traffic", cmd("traffic", 0.2)),
                 ("agent-1", cmd("agent-1", 1.0))]
     supervisor.processes = fake
+
+    def ready(urls, timeout_s=90.0, stopping=lambda: False):
+        # Stands in for the HTTP check: ready once both services have started.
+        import os, time
+        def services_up():
+            if not os.path.exists(log):
+                return 0
+            return sum(line.split()[1] in ("web", "world") for line in open(log) if line.startswith("up "))
+        while services_up() < 2:
+            time.sleep(0.05)
+        with open(log, "a") as f:
+            f.write(f"ready all {time.monotonic()}\\n")
+        return True
+
+    supervisor.wait_ready = ready
     sys.exit(supervisor.main())
 """)
 
@@ -48,7 +63,29 @@ def _events(log: Path) -> list[tuple[str, str, float]]:
     return [(kind, name, float(t)) for kind, name, t in rows]
 
 
-def test_ctrl_c_stops_agents_before_the_services(tmp_path):
+def test_wait_ready_waits_for_an_answer_and_gives_up_at_its_timeout():
+    import http.server
+    import socket
+    import threading
+
+    from demo.supervisor import wait_ready
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert wait_ready([f"http://127.0.0.1:{server.server_address[1]}/accounts/login/"], timeout_s=5) is True
+    finally:
+        server.shutdown()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    started = time.monotonic()
+    assert wait_ready([f"http://127.0.0.1:{closed}/"], timeout_s=0.6) is False
+    assert time.monotonic() - started < 5
+    assert wait_ready([f"http://127.0.0.1:{closed}/"], timeout_s=30, stopping=lambda: True) is False
+
+
+def test_services_start_first_and_ctrl_c_stops_agents_before_the_services(tmp_path):
     child, log = tmp_path / "child.py", tmp_path / "events.log"
     child.write_text(CHILD)
     proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(child), str(log)], cwd=ROOT,
@@ -65,6 +102,11 @@ def test_ctrl_c_stops_agents_before_the_services(tmp_path):
         if proc.poll() is None:
             proc.kill()
     at = {(kind, name): t for kind, name, t in _events(log)}
+    # Started in order: services, then (once they answer) the clients.
+    for service in ("web", "world"):
+        assert at[("up", service)] < at[("ready", "all")], at
+    for client in ("agent-1", "traffic"):
+        assert at[("up", client)] > at[("ready", "all")], at
     for service in ("web", "world"):
         assert ("term", service) in at, at
         for client in ("agent-1", "traffic"):
