@@ -16,7 +16,8 @@ The job is idempotent and safe to run twice or concurrently. Each step, in plan 
   3. one transaction: record the outcome. A failure is retried with backoff (1 s, 2 s, 4 s ...) up to
      ``max_attempts``; a step that exhausts them fails and the plan goes on with the next one.
 The plan ends completed, partially_failed or failed -- never silently: the run moves to compensated
-or failed, the intervention's receipt gets the result, and all of it is audited.
+or compensation_failed (not plain failed: a forward retry would replay what was undone), the
+intervention's receipt gets the result, and all of it is audited.
 """
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
             "blocked": bool(unresolved),
             "how": "a Celery job runs the steps in this order; each compensation is its own ledger effect with "
                    "its own idempotency key; failures are retried with backoff; called-out effects stay committed",
-            "ends": "completed, partially_failed or failed -- the run then becomes compensated or failed"}
+            "ends": "completed, partially_failed or failed -- the run then becomes compensated or "
+                    "compensation_failed"}
 
 
 def require_resolved(run: Run) -> None:

@@ -27,6 +27,11 @@ class State(StrEnum):
     RECOVERING = "recovering"            # recovery job reconciling durable state with the world
     COMPENSATING = "compensating"        # compensation plan executing
     COMPENSATED = "compensated"
+    # A compensation plan ended with steps that failed for good: some committed effects are still in
+    # the world and could not be undone. Not "failed": a forward retry from here would replay effects
+    # that were already undone. The way on is another compensation (it skips what was undone and
+    # retries the rest under fresh keys) or a deliberate close.
+    COMPENSATION_FAILED = "compensation_failed"
     FAILED = "failed"
     SUCCEEDED = "succeeded"
     CLOSED = "closed"                    # accountable owner closed the case; nothing more happens
@@ -130,7 +135,11 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
     },
     S.COMPENSATING: {
         E.COMPENSATION_COMPLETED: T(S.COMPENSATED),
-        E.COMPENSATION_FAILED: T(S.FAILED),
+        E.COMPENSATION_FAILED: T(S.COMPENSATION_FAILED),
+    },
+    S.COMPENSATION_FAILED: {
+        E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.CLOSE: T(S.CLOSED),
     },
     S.COMPENSATED: {
         E.CLOSE: T(S.CLOSED),
@@ -162,6 +171,7 @@ DIRECTIVES: dict[State, str] = {
     S.RECOVERING: "stop",
     S.COMPENSATING: "stop",
     S.COMPENSATED: "stop",
+    S.COMPENSATION_FAILED: "stop",
     S.FAILED: "stop",
     S.SUCCEEDED: "stop",
     S.CLOSED: "stop",
@@ -174,7 +184,7 @@ LEASED_STATES = frozenset({S.RUNNING, S.AWAITING_APPROVAL, S.PAUSING, S.CANCELLI
 EFFECT_STATES = frozenset({S.RUNNING})
 TERMINAL_STATES = frozenset(s for s, edges in TRANSITIONS.items() if not edges)
 # Execution is over (no lease, no effects) though follow-up interventions may still apply.
-FINISHED_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.COMPENSATED, S.CLOSED})
+FINISHED_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.COMPENSATED, S.COMPENSATION_FAILED, S.CLOSED})
 
 # Denial reason for an effect declared while the run is not running.
 DENIAL_BY_STATE: dict[State, str] = {

@@ -194,7 +194,7 @@ def test_a_step_that_cannot_succeed_fails_and_the_plan_goes_on_partially_failed(
     label = Effect.objects.get(run_id=run["id"], step="label")
     assert label.compensation_status == "failed"
     assert Effect.objects.get(compensates=label).status == "failed"
-    assert Run.objects.get(pk=run["id"]).state == "failed"  # never silently "compensated"
+    assert Run.objects.get(pk=run["id"]).state == "compensation_failed"  # never silently "compensated"
     intervention = Intervention.objects.get(pk=receipt["id"])
     assert intervention.status == "failed" and intervention.receipt["job"]["plan_status"] == "partially_failed"
     assert [s["step"] for s in intervention.receipt["job"]["plan"]["result"]["failed_steps"]] == ["label"]
@@ -209,7 +209,7 @@ def test_a_second_plan_skips_what_was_compensated_and_retries_a_failure_under_a_
     world.fail("inventory", "reserve", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
     _, first = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert run_compensation_plan(str(first.pk))["status"] == "failed"  # all failed
-    assert Run.objects.get(pk=run["id"]).state == "failed"
+    assert Run.objects.get(pk=run["id"]).state == "compensation_failed"
 
     world.fail("shipping", "create_label", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
     _, second = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
@@ -221,6 +221,30 @@ def test_a_second_plan_skips_what_was_compensated_and_retries_a_failure_under_a_
     assert run_compensation_plan(str(third.pk))["status"] == "completed"
     assert Run.objects.get(pk=run["id"]).state == "compensated"
     assert all(world.undo_count(f"order-1-{s}") == 1 for s in ("charge", "label", "reserve"))
+
+
+def test_after_a_failed_plan_forward_retry_is_refused_and_compensate_or_close_remain(
+        worker, as_user, world, django_capture_on_commit_callbacks):
+    run = saga_run(worker)
+    world.fail("shipping", "create_label", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
+    _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
+    assert run_compensation_plan(str(plan.pk))["status"] == "partially_failed"
+    assert Run.objects.get(pk=run["id"]).state == "compensation_failed"
+    # A forward retry would replay the reservation and the charge that were just undone.
+    retry = as_user("ian").post(f"/runs/{run['id']}/interventions", {"kind": "retry", "reason": "try again"})
+    assert retry.status_code == 409 and retry.json()["state"] == "compensation_failed", retry.content
+    assert retry.json()["detail"] == "retry is not allowed while the run is compensation_failed"
+    assert AuditEvent.objects.filter(run_id=run["id"], action="intervention.retry", outcome="denied").exists()
+    assert Run.objects.get(pk=run["id"]).state == "compensation_failed"
+    # The worker is told to stop; the contracts document lists only compensate and close from here.
+    contracts = as_user("ian").get("/contracts").json()
+    edges = {(row["event"], row["to"]) for row in contracts["state_machine"] if row["from"] == "compensation_failed"}
+    assert edges == {("compensate", "compensating"), ("close", "closed")}, edges
+    # Compensating again finishes the job: only the label is left, under a fresh key.
+    _, again = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
+    assert [s.effect.step for s in again.steps.all()] == ["label"]
+    assert run_compensation_plan(str(again.pk))["status"] == "completed"
+    assert Run.objects.get(pk=run["id"]).state == "compensated"
 
 
 def test_compensate_is_refused_while_an_effect_is_unresolved_naming_it(worker, as_user, world):
