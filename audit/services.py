@@ -10,6 +10,8 @@ from typing import Any, Iterator
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.rows import select_row
+
 from .actors import Actor
 from .chain import GENESIS, link_hash, normalise
 from .dbutil import insert_and_update
@@ -50,18 +52,12 @@ def record_audit(
 
 def _lock_head() -> tuple[int, str]:
     """Lock the chain head (``AuditChainHead`` id 1) FOR UPDATE and return its (seq, hash), creating it
-    on first use. Every audit writer queues here, so the common case is one hand-written statement
-    rather than a compiled ORM query; it is exactly
-    ``AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})``."""
-    connection = transaction.get_connection()
-    if connection.vendor == "postgresql":  # SQLite has no FOR UPDATE (its writers are serialised anyway)
-        table = connection.ops.quote_name(AuditChainHead._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT seq, hash FROM {table} WHERE id = 1 FOR UPDATE")
-            row = cursor.fetchone()
-        if row is not None:
-            return row[0], row[1]
-    head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
+    on first use: ``AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash":
+    GENESIS})``. Every audit writer queues here, so the common case goes through controlplane.rows
+    rather than the query compiler."""
+    head = select_row(AuditChainHead, pk=1, lock=True)
+    if head is None:
+        head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
     return head.seq, head.hash
 
 

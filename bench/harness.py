@@ -43,6 +43,16 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
     return env
 
 
+def service_urls(program: str, why: str = "") -> tuple[str, str]:
+    """DATABASE_URL and REDIS_URL from the environment, else the benchmark defaults; a benchmark needs
+    PostgreSQL, so anything else ends the program with a message."""
+    database_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    redis_url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    if not database_url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit(f"{program} needs a PostgreSQL DATABASE_URL{why}")
+    return database_url, redis_url
+
+
 def python_exe() -> str:
     venv = ROOT / ".venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable

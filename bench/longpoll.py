@@ -200,10 +200,7 @@ def take_samples(args: argparse.Namespace, servers: harness.Servers, token: str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    database_url = os.environ.get("DATABASE_URL") or harness.DEFAULT_DATABASE_URL
-    redis_url = os.environ.get("REDIS_URL") or harness.DEFAULT_REDIS_URL
-    if not database_url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("bench.longpoll needs a PostgreSQL DATABASE_URL (LISTEN/NOTIFY)")
+    database_url, redis_url = harness.service_urls("bench.longpoll", " (LISTEN/NOTIFY)")
     harness.install_sigterm_as_interrupt()
     env = harness.bench_env(database_url, redis_url)
     started = datetime.now(timezone.utc)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import signal
 import sys
 import time
@@ -285,10 +284,7 @@ def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    database_url = os.environ.get("DATABASE_URL") or harness.DEFAULT_DATABASE_URL
-    redis_url = os.environ.get("REDIS_URL") or harness.DEFAULT_REDIS_URL
-    if not database_url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("bench.protocol needs a PostgreSQL DATABASE_URL")
+    database_url, redis_url = harness.service_urls("bench.protocol")
     harness.install_sigterm_as_interrupt()
     ctx = mp.get_context("spawn")
     env = harness.bench_env(database_url, redis_url)

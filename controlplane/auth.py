@@ -11,6 +11,7 @@ from ninja.security import APIKeyCookie, HttpBearer
 
 from audit.actors import Actor
 from controlplane.roles import primary_role, roles_of
+from controlplane.rows import select_row
 
 
 def request_meta(request: HttpRequest) -> dict[str, str]:
@@ -38,14 +39,11 @@ class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Actor | None:
         from runs.models import ApiToken
 
-        # Hand-written SQL: this runs on every API call, and the compiled ORM query
-        # (ApiToken.objects.filter(token_hash=..., revoked_at__isnull=True).first(); token_hash is unique)
-        # cost several times the database's answer. Worker tokens have no user; an operator token's user
-        # is loaded on first access below.
-        table = ApiToken._meta.db_table
-        row = next(iter(ApiToken.objects.raw(f'SELECT * FROM "{table}" WHERE "token_hash" = %s AND "revoked_at" IS NULL',
-                                             [ApiToken.hash_secret(token)])), None)
-        if row is None:
+        # Every API call looks its token up here: through controlplane.rows, not the query compiler
+        # (token_hash is unique). Worker tokens have no user; an operator token's user is loaded on
+        # first access below.
+        row = select_row(ApiToken, token_hash=ApiToken.hash_secret(token))
+        if row is None or row.revoked_at is not None:
             return None
         now = timezone.now()
         if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:

@@ -98,8 +98,9 @@ def main() -> int:
     try:
         # Services first; the agents and the traffic once the console and the world answer, so the
         # log does not open with a screen of connection-refused retries.
-        clients = [(n, c) for n, c in processes() if is_client(n)]
-        for name, cmd in processes():
+        planned = processes()
+        clients = [(n, c) for n, c in planned if is_client(n)]
+        for name, cmd in planned:
             if not is_client(name):
                 start(name, cmd)
         def crashed() -> bool:

@@ -13,9 +13,9 @@ from django.utils.dateparse import parse_datetime
 from audit.actors import Actor
 from audit.chain import canonical
 from audit.services import record_audit
-from runs.errors import Invalid, NotFound
+from runs.errors import Invalid
 from runs.models import Approval, Assumption, Checkpoint, Run, Timer
-from runs.states import LEASED_STATES, Event, State
+from runs.states import Event
 
 from .common import append_history, apply_transition, decision, lock_run, notify_run_changed
 from .effects import approval_digest
