@@ -11,6 +11,7 @@ A bad address (no house/postal number, fewer than two comma-separated parts, or 
 "invalid"/"unknown") fails the child with ``address_invalid``; the parent then fails with
 ``address_verification_failed`` after its reservation -- something for an operator to compensate.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,10 +49,14 @@ def verify(ctx: RunContext) -> None:
             verdict = check_address(address)
             with ctx.effect("address", "verify", args={"address": address}) as fx:
                 if fx.already_done:  # an earlier attempt recorded it
-                    verdict = fx.result if isinstance(fx.result, dict) and "ok" in fx.result else verdict
+                    verdict = (
+                        fx.result if isinstance(fx.result, dict) and "ok" in fx.result else verdict
+                    )
                 else:
                     fx.committed(external_ref=verdict["id"], detail=verdict)
         ctx.checkpoint("verify", {"verdict": verdict})
     verdict = ctx.state["verdict"]
     if not verdict.get("ok"):
-        raise AgentFailure("address_invalid", f"address {address!r} rejected: {verdict.get('reason')}")
+        raise AgentFailure(
+            "address_invalid", f"address {address!r} rejected: {verdict.get('reason')}"
+        )

@@ -20,6 +20,7 @@ world by idempotency key; any other :class:`~world.client.WorldError` / ``WorldU
 refused, or was never reached) is recorded ``failed``. Either way the agent then raises
 :class:`AgentFailure`, whose ``failure_class`` the SDK's loop puts on the finished attempt.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,10 @@ def controlplane_token() -> str:
         path = ROOT / "var" / "demo-worker-token"
         token = path.read_text().strip() if path.exists() else ""
     if not token:
-        raise SystemExit("no worker token: set CONTROLPLANE_TOKEN or run `manage.py seed_demo` "
-                         "(it writes var/demo-worker-token)")
+        raise SystemExit(
+            "no worker token: set CONTROLPLANE_TOKEN or run `manage.py seed_demo` "
+            "(it writes var/demo-worker-token)"
+        )
     return token
 
 
@@ -129,9 +132,17 @@ def read_world(what: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def world_effect(ctx: RunContext, tool: str, action: str, *, args: dict[str, Any],
-                 compensate: dict[str, Any] | None = None, irreversible: bool = False,
-                 approval_id: str | None = None, step: str | None = None) -> Iterator[EffectScope]:
+def world_effect(
+    ctx: RunContext,
+    tool: str,
+    action: str,
+    *,
+    args: dict[str, Any],
+    compensate: dict[str, Any] | None = None,
+    irreversible: bool = False,
+    approval_id: str | None = None,
+    step: str | None = None,
+) -> Iterator[EffectScope]:
     """``ctx.effect(...)`` with the demo's key policy.
 
     The key is the SDK's stable default ``{run_id}:{step}:{tool}:{action}``, so a resumed, redriven or
@@ -147,7 +158,13 @@ def world_effect(ctx: RunContext, tool: str, action: str, *, args: dict[str, Any
     if not step:
         raise ValueError("world_effect needs a step")
     base = f"{ctx.run_id}:{step}:{tool}:{action}"
-    kw = dict(args=args, step=step, compensate=compensate, irreversible=irreversible, approval_id=approval_id)
+    kw = dict(
+        args=args,
+        step=step,
+        compensate=compensate,
+        irreversible=irreversible,
+        approval_id=approval_id,
+    )
     with contextlib.ExitStack() as stack:
         try:
             try:
@@ -155,17 +172,27 @@ def world_effect(ctx: RunContext, tool: str, action: str, *, args: dict[str, Any
             except EffectAlreadyFailed:
                 fx = stack.enter_context(ctx.effect(tool, action, key=_next_key(ctx, base), **kw))
         except EffectUnresolved as exc:
-            raise AgentFailure("effect_unresolved",
-                               f"{tool}:{action} has an unresolved earlier effect ({exc.effect_status}): "
-                               "it must be reconciled before this step can run again") from exc
+            raise AgentFailure(
+                "effect_unresolved",
+                f"{tool}:{action} has an unresolved earlier effect ({exc.effect_status}): "
+                "it must be reconciled before this step can run again",
+            ) from exc
         yield fx
 
 
 def _next_key(ctx: RunContext, base: str) -> str:
-    same = [e for e in ctx.client.list_effects(ctx.run_id)
-            if e.get("decision") in ("authorized", "replayed")
-            and (e.get("idempotency_key") == base or str(e.get("idempotency_key", "")).startswith(base + ":try-"))]
-    for e in same:  # committed (replay it) or unresolved (the declaration will refuse): reuse that key
+    same = [
+        e
+        for e in ctx.client.list_effects(ctx.run_id)
+        if e.get("decision") in ("authorized", "replayed")
+        and (
+            e.get("idempotency_key") == base
+            or str(e.get("idempotency_key", "")).startswith(base + ":try-")
+        )
+    ]
+    for (
+        e
+    ) in same:  # committed (replay it) or unresolved (the declaration will refuse): reuse that key
         if e.get("status") in ("committed", "in_flight", "unknown"):
             return str(e["idempotency_key"])
     return f"{base}:try-{ctx.attempt.number}"
@@ -185,13 +212,19 @@ def perform(fx: EffectScope, call: Callable[[str], dict[str, Any]]) -> dict[str,
         result = call(fx.idempotency_key)
     except WorldTimeout as exc:
         fx.unknown({"error": "world_timeout", "message": str(exc)[:500]})
-        raise AgentFailure("world_timeout", f"{what}: sent but no answer -- outcome unknown until "
-                                            "reconciled with the world") from exc
+        raise AgentFailure(
+            "world_timeout",
+            f"{what}: sent but no answer -- outcome unknown until reconciled with the world",
+        ) from exc
     except WorldUnavailable as exc:
         fx.failed({"error": "world_unavailable", "status": exc.status, "message": str(exc)[:500]})
         raise AgentFailure("world_unavailable", f"{what}: {exc}") from exc
     except WorldError as exc:
-        fx.failed({"error": exc.error, "status": exc.status, "injected": exc.injected, "body": exc.body})
-        raise AgentFailure(FAILURE_CLASSES.get(exc.error, f"{fx.tool}_{exc.error}"), f"{what}: {exc}") from exc
+        fx.failed(
+            {"error": exc.error, "status": exc.status, "injected": exc.injected, "body": exc.body}
+        )
+        raise AgentFailure(
+            FAILURE_CLASSES.get(exc.error, f"{fx.tool}_{exc.error}"), f"{what}: {exc}"
+        ) from exc
     fx.committed(external_ref=str(result.get("id") or ""), detail=result)
     return result

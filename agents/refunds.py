@@ -13,6 +13,7 @@ Usually created with a run ``deadline`` (the traffic generator sets one).
 
 If the SLA timer fired before the refund went out, that is recorded as a message in the history.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,11 +37,19 @@ def refund(ctx: RunContext) -> None:
         if "charge" not in state:
             with ctx.step("lookup"):
                 charge = read_world(f"look up {charge_id}", lambda: world.get_charge(charge_id))
-                ctx.record_assumption(f"charge:{charge_id}", charge.get("status"), max_age_s=3600,
-                                      meta={"amount": charge.get("amount")})
+                ctx.record_assumption(
+                    f"charge:{charge_id}",
+                    charge.get("status"),
+                    max_age_s=3600,
+                    meta={"amount": charge.get("amount")},
+                )
                 sla = ctx.set_timer("refund_sla", in_s=env_float("REFUND_SLA_S", 300))
-            state["charge"] = {"id": charge_id, "amount": charge.get("amount"), "status": charge.get("status"),
-                               "currency": charge.get("currency", "EUR")}
+            state["charge"] = {
+                "id": charge_id,
+                "amount": charge.get("amount"),
+                "status": charge.get("status"),
+                "currency": charge.get("currency", "EUR"),
+            }
             state["sla_at"] = sla
             ctx.checkpoint("lookup", state)
 
@@ -57,11 +66,21 @@ def refund(ctx: RunContext) -> None:
         if "notification_id" not in state:
             with ctx.step("notify"):
                 amount = state["charge"].get("amount")
-                args = {"to": email, "message": f"We refunded {amount} {state['charge'].get('currency', 'EUR')} "
-                                                f"(charge {charge_id}, refund {state['refund_id']})."}
-                with world_effect(ctx, "notifications", "enqueue", args=args,
-                                  compensate={"tool": "notifications", "action": "cancel"}) as fx:
-                    res = perform(fx, lambda key: world.perform("notifications", "enqueue", args, key))
+                args = {
+                    "to": email,
+                    "message": f"We refunded {amount} {state['charge'].get('currency', 'EUR')} "
+                    f"(charge {charge_id}, refund {state['refund_id']}).",
+                }
+                with world_effect(
+                    ctx,
+                    "notifications",
+                    "enqueue",
+                    args=args,
+                    compensate={"tool": "notifications", "action": "cancel"},
+                ) as fx:
+                    res = perform(
+                        fx, lambda key: world.perform("notifications", "enqueue", args, key)
+                    )
             state["notification_id"] = str(res.get("notification_id") or res.get("id"))
             ctx.checkpoint("notify", state)
 
@@ -70,5 +89,10 @@ def _note_sla(ctx: RunContext, state: dict[str, Any]) -> None:
     for timer in ctx.pop_fired_timers():
         if timer.get("name") == "refund_sla":
             state["sla_missed"] = True
-            ctx.event("message", {"text": f"refund SLA timer fired before the refund was sent "
-                                          f"(due {state.get('sla_at')})"})
+            ctx.event(
+                "message",
+                {
+                    "text": f"refund SLA timer fired before the refund was sent "
+                    f"(due {state.get('sla_at')})"
+                },
+            )

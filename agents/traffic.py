@@ -26,6 +26,7 @@ allowed for worker tokens) and talks to the world's admin API for faults and sto
 Environment: ``CONTROLPLANE_URL``, ``CONTROLPLANE_TOKEN``, ``WORLD_URL``, ``TRAFFIC_INTERVAL_S``,
 ``TRAFFIC_MAX_ACTIVE``, ``APPROVAL_THRESHOLD``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ from .common import VERSIONS, controlplane_token, controlplane_url, env_float, w
 log = logging.getLogger("agents.traffic")
 
 ACTIVE_STATES = "queued,running,awaiting_approval"
-PURCHASE_AUTHORITY = [{"scope": s, "ttl_s": 3600} for s in
-                      ("inventory:*", "shipping:*", "payments:charge", "notifications:*", "address:verify")]
+PURCHASE_AUTHORITY = [
+    {"scope": s, "ttl_s": 3600}
+    for s in ("inventory:*", "shipping:*", "payments:charge", "notifications:*", "address:verify")
+]
 REFUND_AUTHORITY = [{"scope": s, "ttl_s": 3600} for s in ("payments:refund", "notifications:*")]
 CUSTOMERS = [
     ("Ada Lovelace", "ada@example.com", "12 St James's Square, SW1Y 4JH London, UK"),
@@ -59,16 +62,32 @@ CUSTOMERS = [
 ]
 BAD_ADDRESSES = ["Unknown street, Nowhere", "somewhere over the rainbow"]
 CHEAP = [("sku-1", (1, 4)), ("sku-2", (1, 3)), ("sku-3", (1, 4))]  # seed prices 12.50, 30.00, 7.25
-PRICEY = [("sku-2", (8, 9)), ("sku-4", (3, 4))]                    # 240-270, 300-400 at seed prices
+PRICEY = [("sku-2", (8, 9)), ("sku-4", (3, 4))]  # 240-270, 300-400 at seed prices
 #: sku -> stock level to top up to when it runs low (sku-5 stays sold out on purpose)
 RESTOCK = {"sku-1": 200, "sku-2": 120, "sku-3": 80, "sku-4": 40}
-WEIGHTS = {"ok": 48, "approval": 9, "slow": 10, "ambiguous": 7, "rejected": 5, "declined": 4,
-           "bad_address": 4, "refund": 13}
+WEIGHTS = {
+    "ok": 48,
+    "approval": 9,
+    "slow": 10,
+    "ambiguous": 7,
+    "rejected": 5,
+    "declined": 4,
+    "bad_address": 4,
+    "refund": 13,
+}
 
 
 class Traffic:
-    def __init__(self, client: Client, world: WorldClient, rng: random.Random, *, max_active: int,
-                 max_approvals: int, threshold: float):
+    def __init__(
+        self,
+        client: Client,
+        world: WorldClient,
+        rng: random.Random,
+        *,
+        max_active: int,
+        max_approvals: int,
+        threshold: float,
+    ):
         self.client, self.world, self.rng = client, world, rng
         self.max_active, self.max_approvals, self.threshold = max_active, max_approvals, threshold
         self.refunded: set[str] = set()
@@ -101,24 +120,40 @@ class Traffic:
         sku, (lo, hi) = self.rng.choice(PRICEY if kind == "approval" else CHEAP)
         qty = self.rng.randint(lo, hi)
         price = self.prices.get(sku) or 0
-        if price > 0:  # keep each scenario on its side of the threshold, whatever the current prices are
+        if (
+            price > 0
+        ):  # keep each scenario on its side of the threshold, whatever the current prices are
             fits = int(self.threshold // price)
             qty = max(qty, fits + 1) if kind == "approval" else max(1, min(qty, fits))
-        inp: dict[str, Any] = {"sku": sku, "qty": qty, "address": address, "email": email,
-                               "order": f"PO-{uuid.uuid4().hex[:8].upper()}", "customer": name, "scenario": kind}
+        inp: dict[str, Any] = {
+            "sku": sku,
+            "qty": qty,
+            "address": address,
+            "email": email,
+            "order": f"PO-{uuid.uuid4().hex[:8].upper()}",
+            "customer": name,
+            "scenario": kind,
+        }
         if kind == "declined":
             inp["card"] = "4000000000000002"
         elif kind == "bad_address":
             inp["address"] = self.rng.choice(BAD_ADDRESSES)
         elif kind == "slow":
-            system, action = self.rng.choice([("inventory", "reserve"), ("shipping", "create_label")])
+            system, action = self.rng.choice(
+                [("inventory", "reserve"), ("shipping", "create_label")]
+            )
             self.fault(system, "slow", action, delay_ms=1200)
         elif kind == "ambiguous":
             self.fault("payments", "timeout", "charge", delay_ms=3000)
         elif kind == "rejected":
             self.fault("payments", "reject", "charge")
-        return self.client.create_run("purchasing", f"buy {qty} x {sku} for {name} ({inp['order']})", inp,
-                                      versions=VERSIONS, authority=PURCHASE_AUTHORITY)
+        return self.client.create_run(
+            "purchasing",
+            f"buy {qty} x {sku} for {name} ({inp['order']})",
+            inp,
+            versions=VERSIONS,
+            authority=PURCHASE_AUTHORITY,
+        )
 
     def refund(self) -> dict[str, Any] | None:
         """A refund of a recent successful purchase's charge (read from the control plane's ledger)."""
@@ -126,22 +161,43 @@ class Traffic:
             if run["id"] in self.refunded:
                 continue
             self.refunded.add(run["id"])
-            charge = next((e for e in self.client.list_effects(run["id"]) if e.get("tool") == "payments"
-                           and e.get("action") == "charge" and e.get("status") == "committed"
-                           and e.get("external_ref")), None)
+            charge = next(
+                (
+                    e
+                    for e in self.client.list_effects(run["id"])
+                    if e.get("tool") == "payments"
+                    and e.get("action") == "charge"
+                    and e.get("status") == "committed"
+                    and e.get("external_ref")
+                ),
+                None,
+            )
             if charge is None:
                 continue
             deadline = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=15)
-            inp = {"charge_id": charge["external_ref"], "source_run": run["id"],
-                   "reason": "customer returned the goods", "email": self.rng.choice(CUSTOMERS)[1]}
-            return self.client.create_run("refunds", f"refund charge {charge['external_ref']} (customer return)", inp,
-                                          versions=VERSIONS, authority=REFUND_AUTHORITY, deadline=deadline.isoformat())
+            inp = {
+                "charge_id": charge["external_ref"],
+                "source_run": run["id"],
+                "reason": "customer returned the goods",
+                "email": self.rng.choice(CUSTOMERS)[1],
+            }
+            return self.client.create_run(
+                "refunds",
+                f"refund charge {charge['external_ref']} (customer return)",
+                inp,
+                versions=VERSIONS,
+                authority=REFUND_AUTHORITY,
+                deadline=deadline.isoformat(),
+            )
         return None
 
     # -- the world ----------------------------------------------------------------------------------
     def fault(self, system: str, kind: str, action: str, **kw: Any) -> None:
-        pending = [f for f in self.world.faults() if f.get("system") == system and f.get("kind") == kind
-                   and f.get("action") == action]
+        pending = [
+            f
+            for f in self.world.faults()
+            if f.get("system") == system and f.get("kind") == kind and f.get("action") == action
+        ]
         if not pending:
             self.world.set_fault(system, kind, action=action, count=1, **kw)
             log.info("world fault: %s on the next %s/%s", kind, system, action)
@@ -157,16 +213,22 @@ class Traffic:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.traffic", description="Keep producing demo runs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.traffic", description="Keep producing demo runs."
+    )
     parser.add_argument("--interval", type=float, default=env_float("TRAFFIC_INTERVAL_S", 4.0))
     parser.add_argument("--max-active", type=int, default=int(env_float("TRAFFIC_MAX_ACTIVE", 8)))
     parser.add_argument("--max-approvals", type=int, default=2)
-    parser.add_argument("--count", type=int, default=0, help="stop after creating N runs (0: run forever)")
+    parser.add_argument(
+        "--count", type=int, default=0, help="stop after creating N runs (0: run forever)"
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s traffic %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s traffic %(levelname)s %(message)s",
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     stop = threading.Event()
@@ -175,16 +237,28 @@ def main(argv: list[str] | None = None) -> int:
 
     client = Client(controlplane_url(), controlplane_token(), timeout=15)
     world = WorldClient(world_url(), timeout=5)
-    traffic = Traffic(client, world, random.Random(args.seed), max_active=args.max_active,
-                      max_approvals=args.max_approvals, threshold=env_float("APPROVAL_THRESHOLD", 200.0))
-    print(f"agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active", flush=True)
+    traffic = Traffic(
+        client,
+        world,
+        random.Random(args.seed),
+        max_active=args.max_active,
+        max_approvals=args.max_approvals,
+        threshold=env_float("APPROVAL_THRESHOLD", 200.0),
+    )
+    print(
+        f"agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active",
+        flush=True,
+    )
     created = 0
     try:
         while not stop.is_set() and (not args.count or created < args.count):
             try:
                 if traffic.tick() is not None:
                     created += 1
-            except (ControlPlaneError, WorldClientError) as err:  # a peer is still starting or restarting
+            except (
+                ControlPlaneError,
+                WorldClientError,
+            ) as err:  # a peer is still starting or restarting
                 log.warning("tick skipped: %s", err)
             stop.wait(args.interval * traffic.rng.uniform(0.6, 1.4))
     finally:

@@ -15,6 +15,7 @@ SIGTERM/SIGINT: stop claiming; a run in progress finishes its current step seque
 treats it as orphaned and recovers it from its checkpoint. After ``--grace`` seconds the process exits
 regardless (a second signal exits at once).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,9 @@ def parse_agents(spec: str) -> list[tuple[str, int]]:
     return out
 
 
-def serve(agent: str, worker_name: str, stop: threading.Event, poll: float, counts: dict[str, int]) -> None:
+def serve(
+    agent: str, worker_name: str, stop: threading.Event, poll: float, counts: dict[str, int]
+) -> None:
     """One thread: run the agent loop until ``stop``; survive anything but a shutdown."""
     run_fn = AGENTS[agent]
 
@@ -67,10 +70,21 @@ def serve(agent: str, worker_name: str, stop: threading.Event, poll: float, coun
     while not stop.is_set():
         client = Client(controlplane_url(), controlplane_token(), timeout=15)
         try:
-            run_agent_loop(client, agent, worker_name, run_fn, versions=VERSIONS, poll_interval=poll,
-                           stop_event=stop, on_summary=on_summary)
+            run_agent_loop(
+                client,
+                agent,
+                worker_name,
+                run_fn,
+                versions=VERSIONS,
+                poll_interval=poll,
+                stop_event=stop,
+                on_summary=on_summary,
+            )
         except WorkerShutdown:
-            log.info("%s: stopped while a run was waiting; its lease will expire and it will be recovered", agent)
+            log.info(
+                "%s: stopped while a run was waiting; its lease will expire and it will be recovered",
+                agent,
+            )
             return
         except Exception:  # never let one bad run or a server hiccup kill the thread
             log.exception("%s: agent loop crashed; restarting in 2 s", agent)
@@ -80,17 +94,30 @@ def serve(agent: str, worker_name: str, stop: threading.Event, poll: float, coun
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.worker", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--name", default=os.environ.get("WORKER_NAME") or f"demo-worker-{os.getpid()}")
-    parser.add_argument("--agents", default=os.environ.get("WORKER_AGENTS", DEFAULT_AGENTS),
-                        help=f"comma-separated agent[:threads] (default {DEFAULT_AGENTS})")
-    parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls for queued runs")
-    parser.add_argument("--grace", type=float, default=8.0, help="seconds to let runs finish on SIGTERM")
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.worker", description=__doc__.split("\n\n")[1]
+    )
+    parser.add_argument(
+        "--name", default=os.environ.get("WORKER_NAME") or f"demo-worker-{os.getpid()}"
+    )
+    parser.add_argument(
+        "--agents",
+        default=os.environ.get("WORKER_AGENTS", DEFAULT_AGENTS),
+        help=f"comma-separated agent[:threads] (default {DEFAULT_AGENTS})",
+    )
+    parser.add_argument(
+        "--poll", type=float, default=1.0, help="seconds between polls for queued runs"
+    )
+    parser.add_argument(
+        "--grace", type=float, default=8.0, help="seconds to let runs finish on SIGTERM"
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format=f"%(asctime)s {args.name} %(threadName)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format=f"%(asctime)s {args.name} %(threadName)s %(levelname)s %(message)s",
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     agents = parse_agents(args.agents)
     controlplane_token()  # fail fast without a token
@@ -114,12 +141,21 @@ def main(argv: list[str] | None = None) -> int:
     threads = []
     for agent, n in agents:
         for i in range(1, n + 1):
-            t = threading.Thread(target=serve, args=(agent, args.name, stop, args.poll, counts),
-                                 name=f"{agent}-{i}", daemon=True)
+            t = threading.Thread(
+                target=serve,
+                args=(agent, args.name, stop, args.poll, counts),
+                name=f"{agent}-{i}",
+                daemon=True,
+            )
             t.start()
             threads.append(t)
-    log.info("worker %s serving %s against %s (world %s)", args.name,
-             ", ".join(f"{a}x{n}" for a, n in agents), controlplane_url(), os.environ.get("WORLD_URL", "default"))
+    log.info(
+        "worker %s serving %s against %s (world %s)",
+        args.name,
+        ", ".join(f"{a}x{n}" for a, n in agents),
+        controlplane_url(),
+        os.environ.get("WORLD_URL", "default"),
+    )
     print(f"agents.worker {args.name} started", flush=True)
 
     while not stop.is_set():
@@ -129,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     alive = [t.name for t in threads if t.is_alive()]
     if alive:
-        log.warning("exiting with runs still in progress on %s; their leases will expire", ", ".join(alive))
+        log.warning(
+            "exiting with runs still in progress on %s; their leases will expire", ", ".join(alive)
+        )
     log.info("worker %s stopped; runs handled: %s", args.name, counts or "none")
     return 0
 

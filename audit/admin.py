@@ -7,7 +7,17 @@ from audit.models import AuditEvent
 class AuditEventAdmin(admin.ModelAdmin):
     """Audit review, read-only: the database refuses edits anyway (append-only trigger)."""
 
-    list_display = ["seq", "created_at", "actor", "role", "action", "object_type", "object_id", "outcome", "reason"]
+    list_display = [
+        "seq",
+        "created_at",
+        "actor",
+        "role",
+        "action",
+        "object_type",
+        "object_id",
+        "outcome",
+        "reason",
+    ]
     list_filter = ["outcome", "action", "actor_kind", "component"]
     search_fields = ["actor", "object_id", "reason", "run_id"]
 

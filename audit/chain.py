@@ -1,4 +1,5 @@
 """Canonical bytes and hashes for the audit chain and run history chains."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,9 @@ def _default(value: Any) -> str:
 
 def canonical(payload: dict[str, Any]) -> bytes:
     """Stable bytes: sorted keys, no whitespace, datetimes as ISO 8601, UUIDs as strings."""
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False).encode()
+    return json.dumps(
+        payload, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
+    ).encode()
 
 
 def link_hash(prev_hash: str, payload: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ UPDATE compilers, so the values written are exactly those ``obj.save(force_inser
 ``Model.objects.filter(pk=…).update(**values)`` would write; the caller still holds its locks and is
 inside its transaction. Other databases (the SQLite demo) run the two ORM calls as before.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,7 +17,9 @@ from django.db import connections, router
 from django.db.models import Model, sql
 
 
-def insert_and_update(obj: Model, update_model: type[Model], update_pk: Any, values: dict[str, Any]) -> None:
+def insert_and_update(
+    obj: Model, update_model: type[Model], update_pk: Any, values: dict[str, Any]
+) -> None:
     """``obj.save(force_insert=True)`` and ``update_model.objects.filter(pk=update_pk).update(**values)``
     in one statement. Sets ``obj``'s auto primary key like ``save`` does. The UPDATE must hit one row."""
     model = type(obj)
@@ -36,17 +39,23 @@ def insert_and_update(obj: Model, update_model: type[Model], update_pk: Any, val
     insert_compiler.returning_fields = [auto]
     ((insert_sql, insert_params),) = insert_compiler.as_sql()
 
-    update = update_model._base_manager.using(using).filter(pk=update_pk).query.chain(sql.UpdateQuery)
+    update = (
+        update_model._base_manager.using(using).filter(pk=update_pk).query.chain(sql.UpdateQuery)
+    )
     update.add_update_values(values)
     update_sql, update_params = update.get_compiler(using=using).as_sql()
 
     qn = connection.ops.quote_name
-    statement = (f"WITH ins AS ({insert_sql}), upd AS ({update_sql} RETURNING 1) "
-                 f"SELECT (SELECT {qn(auto.column)} FROM ins), (SELECT count(*) FROM upd)")
+    statement = (
+        f"WITH ins AS ({insert_sql}), upd AS ({update_sql} RETURNING 1) "
+        f"SELECT (SELECT {qn(auto.column)} FROM ins), (SELECT count(*) FROM upd)"
+    )
     with connection.cursor() as cursor:
         cursor.execute(statement, (*insert_params, *update_params))
         pk, updated = cursor.fetchone()
-    if updated != 1:  # the head row must exist (callers hold its lock): never write a link without it
+    if (
+        updated != 1
+    ):  # the head row must exist (callers hold its lock): never write a link without it
         raise RuntimeError(f"{update_model.__name__} {update_pk} was not updated ({updated} rows)")
     setattr(obj, auto.attname, pk)
     obj._state.adding = False

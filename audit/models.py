@@ -1,4 +1,5 @@
 """The global audit log: append-only (PostgreSQL trigger), hash-chained, one row per decision."""
+
 from __future__ import annotations
 
 import uuid
@@ -35,7 +36,10 @@ class AuditEvent(models.Model):
     class Meta:
         ordering = ["seq"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(outcome__in=["allowed", "denied", "error"]), name="audit_outcome_valid"),
+            models.CheckConstraint(
+                condition=models.Q(outcome__in=["allowed", "denied", "error"]),
+                name="audit_outcome_valid",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -43,12 +47,24 @@ class AuditEvent(models.Model):
 
     def hashed_fields(self) -> dict:
         return {
-            "seq": self.seq, "event_id": str(self.event_id), "created_at": self.created_at,
-            "actor_kind": self.actor_kind, "actor": self.actor, "role": self.role, "on_behalf_of": self.on_behalf_of,
-            "action": self.action, "object_type": self.object_type, "object_id": self.object_id,
-            "run_id": str(self.run_id) if self.run_id else None, "reason": self.reason, "outcome": self.outcome,
-            "component": self.component, "source_ip": self.source_ip, "user_agent": self.user_agent,
-            "request_id": self.request_id, "context": self.context,
+            "seq": self.seq,
+            "event_id": str(self.event_id),
+            "created_at": self.created_at,
+            "actor_kind": self.actor_kind,
+            "actor": self.actor,
+            "role": self.role,
+            "on_behalf_of": self.on_behalf_of,
+            "action": self.action,
+            "object_type": self.object_type,
+            "object_id": self.object_id,
+            "run_id": str(self.run_id) if self.run_id else None,
+            "reason": self.reason,
+            "outcome": self.outcome,
+            "component": self.component,
+            "source_ip": self.source_ip,
+            "user_agent": self.user_agent,
+            "request_id": self.request_id,
+            "context": self.context,
         }
 
 
@@ -64,4 +80,6 @@ class AuditChainHead(models.Model):
     hash = models.CharField(max_length=64)
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=models.Q(id=1), name="audit_chain_head_singleton")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(id=1), name="audit_chain_head_singleton")
+        ]

@@ -1,18 +1,20 @@
 """Writing and verifying the audit chain. ``record_audit`` must be called inside the transaction of
 the change it records: if the audit write fails, the change does not happen."""
+
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.rows import select_row
+from core.actors import Actor
+from core.rows import select_row
 
-from .actors import Actor
 from .chain import GENESIS, link_hash, normalise
 from .dbutil import insert_and_update
 from .models import AuditChainHead, AuditEvent
@@ -32,16 +34,37 @@ def record_audit(
     if not transaction.get_connection().in_atomic_block:
         # A standalone audit row (e.g. a denial) still gets its own transaction.
         with transaction.atomic():
-            return record_audit(actor=actor, action=action, object_type=object_type, object_id=object_id,
-                                outcome=outcome, reason=reason, run_id=run_id, context=context)
+            return record_audit(
+                actor=actor,
+                action=action,
+                object_type=object_type,
+                object_id=object_id,
+                outcome=outcome,
+                reason=reason,
+                run_id=run_id,
+                context=context,
+            )
     head_seq, head_hash = _lock_head()
     event = AuditEvent(
-        seq=head_seq + 1, event_id=uuid.uuid4(), created_at=timezone.now(),
-        actor_kind=actor.kind, actor=actor.name, role=actor.role, on_behalf_of=actor.on_behalf_of,
-        action=action, object_type=object_type, object_id=str(object_id),
-        run_id=run_id, reason=reason or "", outcome=outcome, component=actor.component,
-        source_ip=actor.source_ip[:64], user_agent=actor.user_agent[:300], request_id=actor.request_id[:64],
-        context=normalise(context or {}), prev_hash=head_hash,
+        seq=head_seq + 1,
+        event_id=uuid.uuid4(),
+        created_at=timezone.now(),
+        actor_kind=actor.kind,
+        actor=actor.name,
+        role=actor.role,
+        on_behalf_of=actor.on_behalf_of,
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        run_id=run_id,
+        reason=reason or "",
+        outcome=outcome,
+        component=actor.component,
+        source_ip=actor.source_ip[:64],
+        user_agent=actor.user_agent[:300],
+        request_id=actor.request_id[:64],
+        context=normalise(context or {}),
+        prev_hash=head_hash,
     )
     event.hash = link_hash(event.prev_hash, event.hashed_fields())
     # INSERT the event and move the head in one round trip: the head's lock is held until COMMIT and
@@ -53,11 +76,13 @@ def record_audit(
 def _lock_head() -> tuple[int, str]:
     """Lock the chain head (``AuditChainHead`` id 1) FOR UPDATE and return its (seq, hash), creating it
     on first use: ``AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash":
-    GENESIS})``. Every audit writer queues here, so the common case goes through controlplane.rows
+    GENESIS})``. Every audit writer queues here, so the common case goes through core.rows
     rather than the query compiler."""
     head = select_row(AuditChainHead, pk=1, lock=True)
     if head is None:
-        head, _ = AuditChainHead.objects.select_for_update().get_or_create(id=1, defaults={"hash": GENESIS})
+        head, _ = AuditChainHead.objects.select_for_update().get_or_create(
+            id=1, defaults={"hash": GENESIS}
+        )
     return head.seq, head.hash
 
 
@@ -113,31 +138,74 @@ def _verify_chain(batch: int) -> ChainReport:
         following = next(events, None)
         if event.seq != expected_seq:
             kind = "deleted" if event.seq > expected_seq else "reordered"
-            return ChainReport(False, checked, _head_seq(), expected_seq, kind,
-                               f"expected seq {expected_seq}, found {event.seq}")
+            return ChainReport(
+                False,
+                checked,
+                _head_seq(),
+                expected_seq,
+                kind,
+                f"expected seq {expected_seq}, found {event.seq}",
+            )
         if event.prev_hash != prev_hash:
             kind, seq = _broken_link(event, following, prev_hash, prev_prev)
-            return ChainReport(False, checked, _head_seq(), seq, kind,
-                               f"event {event.seq} does not link to event {event.seq - 1}")
+            return ChainReport(
+                False,
+                checked,
+                _head_seq(),
+                seq,
+                kind,
+                f"event {event.seq} does not link to event {event.seq - 1}",
+            )
         if link_hash(event.prev_hash, event.hashed_fields()) != event.hash:
-            return ChainReport(False, checked, _head_seq(), event.seq, "edited",
-                               f"event {event.seq}'s stored hash does not match its content")
-        prev_prev, prev_hash, expected_seq, checked = prev_hash, event.hash, expected_seq + 1, checked + 1
+            return ChainReport(
+                False,
+                checked,
+                _head_seq(),
+                event.seq,
+                "edited",
+                f"event {event.seq}'s stored hash does not match its content",
+            )
+        prev_prev, prev_hash, expected_seq, checked = (
+            prev_hash,
+            event.hash,
+            expected_seq + 1,
+            checked + 1,
+        )
         event = following
     head = AuditChainHead.objects.filter(id=1).first()
     if head and head.seq < checked:
-        return ChainReport(False, checked, head.seq, head.seq + 1, "inserted",
-                           f"chain head says {head.seq} events, found {checked}")
+        return ChainReport(
+            False,
+            checked,
+            head.seq,
+            head.seq + 1,
+            "inserted",
+            f"chain head says {head.seq} events, found {checked}",
+        )
     if head and head.seq > checked:
-        return ChainReport(False, checked, head.seq, checked + 1, "deleted",
-                           f"chain head says {head.seq} events, found {checked}")
+        return ChainReport(
+            False,
+            checked,
+            head.seq,
+            checked + 1,
+            "deleted",
+            f"chain head says {head.seq} events, found {checked}",
+        )
     if head and head.hash != prev_hash:
-        return ChainReport(False, checked, head.seq, checked, "edited",
-                           f"event {checked} was rewritten: its hash is not the one the chain head recorded")
+        return ChainReport(
+            False,
+            checked,
+            head.seq,
+            checked,
+            "edited",
+            f"event {checked} was rewritten: its hash is not the one the chain head recorded",
+        )
     return ChainReport(True, checked, checked)
 
 
-def _broken_link(event: AuditEvent, following: AuditEvent | None, prev_hash: str, prev_prev: str | None) -> tuple[str, int]:
+def _broken_link(
+    event: AuditEvent, following: AuditEvent | None, prev_hash: str, prev_prev: str | None
+) -> tuple[str, int]:
     """``event`` does not link to the row before it: say why, and where the chain first went wrong."""
     if prev_prev is not None and event.prev_hash == prev_prev:
         return "inserted", event.seq - 1  # it links past the previous row: that row was slipped in
@@ -147,7 +215,10 @@ def _broken_link(event: AuditEvent, following: AuditEvent | None, prev_hash: str
         return "inserted", event.seq  # the chain carries on around it: it was slipped in
     if not _hash_exists(event.prev_hash):
         if link_hash(event.prev_hash, event.hashed_fields()) == event.hash:
-            return "edited", event.seq - 1  # intact, but its predecessor was rewritten (and rehashed)
+            return (
+                "edited",
+                event.seq - 1,
+            )  # intact, but its predecessor was rewritten (and rehashed)
         return "deleted", event.seq  # its predecessor is gone and the rows after it were renumbered
     return "reordered", event.seq
 

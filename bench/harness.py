@@ -1,6 +1,7 @@
 """Shared plumbing for the benchmarks: database preparation, ASGI server processes, CPU accounting,
 percentiles and machine facts. Nothing here imports Django: the benchmark's parent process drives the
 control plane from the outside (management commands, HTTP), like an operator would."""
+
 from __future__ import annotations
 
 import os
@@ -26,19 +27,24 @@ SCOPES = ["bench:*"]
 
 # --- environment ---------------------------------------------------------------------------------
 
+
 def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
     """Environment for manage.py and the servers: PostgreSQL + Redis, DEBUG off (no query log), quiet."""
     env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "DEBUG": "0",
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "LOG_LEVEL": "WARNING",
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "DEBUG": "0",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "LOG_LEVEL": "WARNING",
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])
+            ),
+        }
+    )
     env.pop("CONTROLPLANE_PRODUCTION", None)
     return env
 
@@ -86,11 +92,13 @@ def describe_failure(resp) -> str:
     except ValueError:
         return f"HTTP {resp.status_code} (non-JSON body)"
     if isinstance(body, dict):
-        return f"HTTP {resp.status_code} {body.get('error', '')}: {str(body.get('detail') or body.get('reason') or '')[:200]}"
+        return f"HTTP {resp.status_code} {body.get('error', '')}: "
+        f"{str(body.get('detail') or body.get('reason') or '')[:200]}"
     return f"HTTP {resp.status_code}: {str(body)[:200]}"
 
 
 # --- database ------------------------------------------------------------------------------------
+
 
 def ensure_database(database_url: str, fresh: bool = False) -> bool:
     """CREATE DATABASE if it does not exist yet (with fresh=True: DROP it first). True if it was created."""
@@ -105,7 +113,9 @@ def ensure_database(database_url: str, fresh: bool = False) -> bool:
     admin = {k: v for k, v in params.items() if k != "dbname"}
     with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
         if fresh:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             return False
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -113,20 +123,36 @@ def ensure_database(database_url: str, fresh: bool = False) -> bool:
 
 
 def manage(env: dict[str, str], *args: str) -> str:
-    proc = subprocess.run([python_exe(), "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [python_exe(), "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        hint = ("\n(the benchmark database holds migrations that no longer match the code: rerun with --fresh-db "
-                "to drop and recreate it)") if args[0] == "migrate" else ""
-        raise SystemExit(f"manage.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-3000:]}{hint}")
+        hint = (
+            (
+                "\n(the benchmark database holds migrations that no longer match the code: rerun with --fresh-db "
+                "to drop and recreate it)"
+            )
+            if args[0] == "migrate"
+            else ""
+        )
+        raise SystemExit(
+            f"manage.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+            f"{proc.stderr[-3000:]}{hint}"
+        )
     return proc.stdout
 
 
 def prepare(env: dict[str, str], token_name: str) -> tuple[str, str]:
     """Migrate, register the bench agent, issue a worker token. Returns (secret, visible prefix)."""
     manage(env, "migrate", "--noinput", "-v", "0")
-    manage(env, "register_agent", AGENT, *[a for s in SCOPES for a in ("--scope", s)],
-           "--description", "benchmark agent (bench/)")
+    manage(
+        env,
+        "register_agent",
+        AGENT,
+        *[a for s in SCOPES for a in ("--scope", s)],
+        "--description",
+        "benchmark agent (bench/)",
+    )
     out = manage(env, "create_worker_token", token_name, "--agent", AGENT).strip().splitlines()
     secret = out[-1].strip()
     prefix = out[0].split("worker token ", 1)[-1].split("…", 1)[0].strip() if out else ""
@@ -135,8 +161,13 @@ def prepare(env: dict[str, str], token_name: str) -> tuple[str, str]:
 
 def revoke_token(env: dict[str, str], prefix: str) -> None:
     if prefix:
-        subprocess.run([python_exe(), "manage.py", "revoke_token", prefix], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+        subprocess.run(
+            [python_exe(), "manage.py", "revoke_token", prefix],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
 
 
 def dbname_of(database_url: str) -> str:
@@ -150,8 +181,14 @@ def postgres_facts(database_url: str) -> dict[str, Any]:
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         facts: dict[str, Any] = {"version": conn.execute("SHOW server_version").fetchone()[0]}
-        for setting in ("synchronous_commit", "fsync", "wal_sync_method", "shared_buffers", "max_connections",
-                        "commit_delay"):
+        for setting in (
+            "synchronous_commit",
+            "fsync",
+            "wal_sync_method",
+            "shared_buffers",
+            "max_connections",
+            "commit_delay",
+        ):
             try:
                 facts[setting] = conn.execute(f"SHOW {setting}").fetchone()[0]
             except psycopg.Error:
@@ -161,6 +198,7 @@ def postgres_facts(database_url: str) -> dict[str, Any]:
 
 
 # --- ASGI servers --------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -193,7 +231,11 @@ class Servers:
             log = open(self.logdir / f"server-{i}.log", "wb")
             proc = subprocess.Popen(
                 [daphne_exe(), "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             log.close()
             self.procs.append(proc)
@@ -203,11 +245,13 @@ class Servers:
         import httpx
 
         deadline = time.monotonic() + timeout
-        pending = dict(zip(self.urls, self.procs))
+        pending = dict(zip(self.urls, self.procs, strict=False))
         while pending:
             for url, proc in list(pending.items()):
                 if proc.poll() is not None:
-                    raise RuntimeError(f"server {url} exited with {proc.returncode}:\n{self.log_tail()}")
+                    raise RuntimeError(
+                        f"server {url} exited with {proc.returncode}:\n{self.log_tail()}"
+                    )
                 try:
                     resp = httpx.get(f"{url}/api/v1/openapi.json", timeout=5)
                     if resp.status_code < 500:
@@ -215,7 +259,9 @@ class Servers:
                 except httpx.HTTPError:
                     pass
             if pending and time.monotonic() > deadline:
-                raise RuntimeError(f"servers not ready after {timeout:.0f}s: {list(pending)}\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"servers not ready after {timeout:.0f}s: {list(pending)}\n{self.log_tail()}"
+                )
             if pending:
                 time.sleep(0.2)
 
@@ -230,7 +276,9 @@ class Servers:
 
     def stop(self) -> None:
         # A second Ctrl-C must not interrupt the cleanup itself.
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {
+            sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
         try:
             self._stop()
             if not self.keep_logs:
@@ -281,15 +329,19 @@ def stop_processes(procs) -> None:
             p.join(timeout=5)
 
 
-def run_workers(ctx, servers: "Servers", count: int, target, args_of, timeout: float, what: str
-                ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def run_workers(
+    ctx, servers: Servers, count: int, target, args_of, timeout: float, what: str
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Start ``count`` processes running ``target(*args_of(i), barrier, results)``, release them together
     from a barrier, and collect one report from each (a dict; ``{"fatal": …}`` if one failed). Returns
     the reports and the CPU the servers, PostgreSQL and the machine spent from the barrier to the last
     report. Raises if a process dies, a report says fatal, or ``timeout`` passes; always stops them."""
     barrier = ctx.Barrier(count + 1)
     results = ctx.Queue()
-    procs = [ctx.Process(target=target, daemon=True, args=(*args_of(i), barrier, results)) for i in range(count)]
+    procs = [
+        ctx.Process(target=target, daemon=True, args=(*args_of(i), barrier, results))
+        for i in range(count)
+    ]
     meter = CpuMeter(servers.pids, dbname_of(servers.env["DATABASE_URL"]))
     try:
         for p in procs:
@@ -301,13 +353,17 @@ def run_workers(ctx, servers: "Servers", count: int, target, args_of, timeout: f
         while len(reports) < count:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RuntimeError(f"{what} with {count} workers did not finish within {timeout:.0f}s")
+                raise RuntimeError(
+                    f"{what} with {count} workers did not finish within {timeout:.0f}s"
+                )
             try:
                 reports.append(results.get(timeout=min(remaining, 5)))
             except Exception:  # queue.Empty: check the workers are still alive
                 dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
                 if dead:
-                    raise RuntimeError(f"{len(dead)} worker process(es) died (exit {dead[0].exitcode})") from None
+                    raise RuntimeError(
+                        f"{len(dead)} worker process(es) died (exit {dead[0].exitcode})"
+                    ) from None
         cpu = meter.stop()
         for p in procs:
             p.join(timeout=10)
@@ -341,7 +397,13 @@ def postgres_backends_cpu(dbname: str) -> dict[int, float]:
         try:
             if (entry / "comm").read_text().strip() != "postgres":
                 continue
-            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+            title = (
+                (entry / "cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+                .split()
+            )
         except OSError:
             continue
         if dbname in title:
@@ -369,7 +431,12 @@ class CpuMeter:
 
     def _sample(self) -> tuple[float, dict[int, float], float, float]:
         busy, total = machine_cpu()
-        return sum(proc_cpu_s(p) for p in self.server_pids), postgres_backends_cpu(self.dbname), busy, total
+        return (
+            sum(proc_cpu_s(p) for p in self.server_pids),
+            postgres_backends_cpu(self.dbname),
+            busy,
+            total,
+        )
 
     def start(self) -> None:
         self.t0 = self._sample()
@@ -378,12 +445,19 @@ class CpuMeter:
         s0, pg0, busy0, total0 = self.t0
         s1, pg1, busy1, total1 = self._sample()
         servers, busy, total = s1 - s0, busy1 - busy0, total1 - total0
-        pg = sum(max(cpu - pg0.get(pid, 0.0), 0.0) for pid, cpu in pg1.items())  # new backends count whole
-        return {"servers_cpu_s": round(servers, 2), "postgres_cpu_s": round(pg, 2), "machine_busy_s": busy,
-                "machine_busy_pct": round(100 * busy / total, 1) if total else None}
+        pg = sum(
+            max(cpu - pg0.get(pid, 0.0), 0.0) for pid, cpu in pg1.items()
+        )  # new backends count whole
+        return {
+            "servers_cpu_s": round(servers, 2),
+            "postgres_cpu_s": round(pg, 2),
+            "machine_busy_s": busy,
+            "machine_busy_pct": round(100 * busy / total, 1) if total else None,
+        }
 
 
 # --- statistics and facts --------------------------------------------------------------------------
+
 
 def percentile(values: list[float], p: float) -> float | None:
     """Nearest-rank percentile (p in 0..100)."""
@@ -402,13 +476,18 @@ def machine_info(database_url: str) -> dict[str, Any]:
         "hostname": platform.node(),
     }
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
         info["cpu_model"] = model
     except (OSError, StopIteration):
         pass
     try:
-        info["memory_gb"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024, 1)
+        info["memory_gb"] = round(
+            int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024, 1
+        )
     except (OSError, ValueError, IndexError):
         pass
     try:
@@ -421,9 +500,24 @@ def machine_info(database_url: str) -> dict[str, Any]:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=5)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return (
+            out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+            if out.returncode == 0
+            else None
+        )
     except (OSError, subprocess.SubprocessError):
         return None

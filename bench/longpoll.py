@@ -12,6 +12,7 @@ awaiting_approval (directive ``wait``) and sends ``pg_notify`` in the same trans
 heartbeat response received − the service call returned (i.e. the change was committed), on the one
 monotonic clock of this machine. With ``--load W`` W protocol workers (bench.protocol's) run alongside.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,33 +33,53 @@ PARK_TIMEOUT_S = 15.0
 
 
 def _django(env: dict[str, str]):
-    for key in ("DATABASE_URL", "REDIS_URL", "DEBUG", "ALLOWED_HOSTS", "LOG_LEVEL", "DJANGO_SETTINGS_MODULE"):
+    for key in (
+        "DATABASE_URL",
+        "REDIS_URL",
+        "DEBUG",
+        "ALLOWED_HOSTS",
+        "LOG_LEVEL",
+        "DJANGO_SETTINGS_MODULE",
+    ):
         os.environ[key] = env[key]
     if str(harness.ROOT) not in sys.path:
         sys.path.insert(0, str(harness.ROOT))
     import django
 
     django.setup()
-    from audit.actors import Actor
+    from core.actors import Actor
     from runs import services
 
-    actor = Actor(kind="worker", name="bench-longpoll", role="worker", agents=(harness.AGENT,),
-                  component="bench.longpoll")
+    actor = Actor(
+        kind="worker",
+        name="bench-longpoll",
+        role="worker",
+        agents=(harness.AGENT,),
+        component="bench.longpoll",
+    )
     return services, actor
 
 
 def _post(client, url: str, body: dict, ok=(200, 201)) -> dict:
     resp = client.post(url, json=body)
     if resp.status_code not in ok:
-        raise RuntimeError(f"POST {url.split('/api/v1', 1)[-1]} -> {harness.describe_failure(resp)}")
+        raise RuntimeError(
+            f"POST {url.split('/api/v1', 1)[-1]} -> {harness.describe_failure(resp)}"
+        )
     return resp.json()
 
 
 def one_sample(client, base: str, services, actor, wait_s: float, number: int) -> dict[str, Any]:
-    run = _post(client, f"{base}/runs", {
-        "agent": harness.AGENT, "goal": "long-poll probe", "input": {"sample": number},
-        "authority": [{"scope": s, "ttl_s": 3600} for s in harness.SCOPES],
-    })
+    run = _post(
+        client,
+        f"{base}/runs",
+        {
+            "agent": harness.AGENT,
+            "goal": "long-poll probe",
+            "input": {"sample": number},
+            "authority": [{"scope": s, "ttl_s": 3600} for s in harness.SCOPES],
+        },
+    )
     claim = _post(client, f"{base}/runs/{run['id']}/claim", {"worker": "bench-longpoll"})
     token, lease_id = claim["lease"]["fencing_token"], claim["lease"]["id"]
 
@@ -75,10 +96,13 @@ def one_sample(client, base: str, services, actor, wait_s: float, number: int) -
         try:
             with httpx.Client(headers=client.headers, timeout=wait_s + 30) as own:
                 box["sent"] = time.monotonic()
-                resp = own.post(f"{base}/leases/{lease_id}/heartbeat", json={"fencing_token": token, "wait_s": wait_s})
+                resp = own.post(
+                    f"{base}/leases/{lease_id}/heartbeat",
+                    json={"fencing_token": token, "wait_s": wait_s},
+                )
                 box["received"] = time.monotonic()
                 box["status"], box["body"] = resp.status_code, resp.json()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             box["received"] = time.monotonic()
             box["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -86,7 +110,9 @@ def one_sample(client, base: str, services, actor, wait_s: float, number: int) -
     thread.start()
     parked_ms = _wait_until_parked(lease_id, thread)
     if not thread.is_alive():
-        return {"error": f"long-poll returned before the change: {box.get('body') or box.get('error')}"}
+        return {
+            "error": f"long-poll returned before the change: {box.get('body') or box.get('error')}"
+        }
     if parked_ms is None:
         return {"error": f"the long-poll's first beat did not commit within {PARK_TIMEOUT_S:.0f}s"}
     from django.db import transaction
@@ -97,8 +123,14 @@ def one_sample(client, base: str, services, actor, wait_s: float, number: int) -
         # Registered first, so it runs first after COMMIT returns (before the service's own on_commit hooks,
         # e.g. the channel-layer push): the moment the change became visible.
         transaction.on_commit(lambda: marks.setdefault("committed", time.monotonic()))
-        services.request_approval(actor=actor, run_id=run["id"], fencing_token=token, tool="bench", action="gate",
-                                  reason="long-poll wake-up probe")
+        services.request_approval(
+            actor=actor,
+            run_id=run["id"],
+            fencing_token=token,
+            tool="bench",
+            action="gate",
+            reason="long-poll wake-up probe",
+        )
     t_committed = marks.get("committed", time.monotonic())
     thread.join(timeout=wait_s + 30)
     if "error" in box or box.get("status") != 200:
@@ -127,7 +159,9 @@ def _wait_until_parked(lease_id: str, thread: threading.Thread) -> float | None:
 
     started = time.monotonic()
     while time.monotonic() - started < PARK_TIMEOUT_S and thread.is_alive():
-        beats = ExecutionLease.objects.filter(pk=lease_id).values_list("heartbeats", flat=True).first()
+        beats = (
+            ExecutionLease.objects.filter(pk=lease_id).values_list("heartbeats", flat=True).first()
+        )
         if beats is not None and beats >= 2:
             return round((time.monotonic() - started) * 1000, 1)
         time.sleep(0.005)
@@ -135,13 +169,23 @@ def _wait_until_parked(lease_id: str, thread: threading.Thread) -> float | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.longpoll", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.longpoll", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--wait-s", type=float, default=20.0)
-    parser.add_argument("--load", type=int, default=0, help="protocol worker processes running alongside (default 0)")
-    parser.add_argument("--fresh-db", action="store_true",
-                        help="DROP and recreate the benchmark database first (e.g. after migrations were rewritten)")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="protocol worker processes running alongside (default 0)",
+    )
+    parser.add_argument(
+        "--fresh-db",
+        action="store_true",
+        help="DROP and recreate the benchmark database first (e.g. after migrations were rewritten)",
+    )
     parser.add_argument("--out", default=str(harness.RESULTS_DIR / "longpoll.json"))
     return parser.parse_args(argv)
 
@@ -154,10 +198,24 @@ class Load:
 
         self.workers, self.stop_event = workers, ctx.Event()
         self.barrier, self.results = ctx.Barrier(workers + 1), ctx.Queue()
-        self.procs = [ctx.Process(target=worker_main, daemon=True,
-                                  args=(i, servers.urls, token, None, 0, EFFECTS_PER_RUN, self.barrier, self.results,
-                                        self.stop_event))
-                      for i in range(workers)]
+        self.procs = [
+            ctx.Process(
+                target=worker_main,
+                daemon=True,
+                args=(
+                    i,
+                    servers.urls,
+                    token,
+                    None,
+                    0,
+                    EFFECTS_PER_RUN,
+                    self.barrier,
+                    self.results,
+                    self.stop_event,
+                ),
+            )
+            for i in range(workers)
+        ]
 
     def start(self) -> None:
         for p in self.procs:
@@ -170,11 +228,17 @@ class Load:
         reports = [self.results.get(timeout=300) for _ in self.procs]
         wall = time.monotonic() - self.started
         effects = sum(r.get("effects", 0) for r in reports)
-        return {"workers": self.workers, "effects": effects, "effects_per_s": round(effects / wall, 1),
-                "errors": sum(r.get("errors", 0) for r in reports)}
+        return {
+            "workers": self.workers,
+            "effects": effects,
+            "effects_per_s": round(effects / wall, 1),
+            "errors": sum(r.get("errors", 0) for r in reports),
+        }
 
 
-def take_samples(args: argparse.Namespace, servers: harness.Servers, token: str, services, actor) -> list[dict]:
+def take_samples(
+    args: argparse.Namespace, servers: harness.Servers, token: str, services, actor
+) -> list[dict]:
     import httpx
 
     samples: list[dict[str, Any]] = []
@@ -182,19 +246,22 @@ def take_samples(args: argparse.Namespace, servers: harness.Servers, token: str,
         for url in servers.urls:  # warm-up: imports and the LISTEN connection of every server
             try:
                 one_sample(client, f"{url}/api/v1", services, actor, args.wait_s, -1)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 print(f"  warm-up on {url} failed: {exc}"[:300], flush=True)
         for i in range(args.samples):
             base = servers.urls[i % len(servers.urls)] + "/api/v1"
             try:
                 sample = one_sample(client, base, services, actor, args.wait_s, i)
-            except Exception as exc:  # noqa: BLE001 - a failed sample is reported, not fatal
+            except Exception as exc:
                 sample = {"error": str(exc)[:400]}
             samples.append(sample)
             if "error" in sample:
                 print(f"  sample {i + 1:>3}: {sample['error']}", flush=True)
             else:
-                print(f"  sample {i + 1:>3}: woke {sample['wake_ms']:7.1f} ms after commit", flush=True)
+                print(
+                    f"  sample {i + 1:>3}: woke {sample['wake_ms']:7.1f} ms after commit",
+                    flush=True,
+                )
     return samples
 
 
@@ -203,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     database_url, redis_url = harness.service_urls("bench.longpoll", " (LISTEN/NOTIFY)")
     harness.install_sigterm_as_interrupt()
     env = harness.bench_env(database_url, redis_url)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     print(f"preparing {harness.redact(database_url)} …", flush=True)
     harness.ensure_database(database_url, fresh=args.fresh_db)
     token, prefix = harness.prepare(env, f"bench-longpoll-{int(time.time())}")
@@ -239,26 +306,38 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print()
-    print(f"long-poll wake-up: p50 {result['wake_p50_ms']} ms, p99 {result['wake_p99_ms']} ms, max "
-          f"{result['wake_max_ms']} ms over {result['samples'] - result['errors']} samples ({result['errors']} errors); "
-          f"target p99 ≤ {TARGET_MS:.0f} ms → {'met' if result['target']['met'] else 'NOT met'}")
+    print(
+        f"long-poll wake-up: p50 {result['wake_p50_ms']} ms, p99 {result['wake_p99_ms']} ms, max "
+        f"{result['wake_max_ms']} ms over {result['samples'] - result['errors']} samples ({result['errors']} errors); "
+        f"target p99 ≤ {TARGET_MS:.0f} ms → {'met' if result['target']['met'] else 'NOT met'}"
+    )
     print(f"wrote {out}")
     return 0
 
 
-def build_result(args: argparse.Namespace, started: datetime, machine: dict, samples: list[dict],
-                 load_summary: dict | None) -> dict[str, Any]:
+def build_result(
+    args: argparse.Namespace,
+    started: datetime,
+    machine: dict,
+    samples: list[dict],
+    load_summary: dict | None,
+) -> dict[str, Any]:
     wakes = [s["wake_ms"] for s in samples if "error" not in s]
     p99 = harness.percentile(wakes, 99)
     return {
         "benchmark": "longpoll",
         "started_at": started.isoformat(),
-        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
         "git_commit": harness.git_commit(),
         "machine": machine,
-        "config": {"samples": args.samples, "servers": args.servers, "wait_s": args.wait_s, "load_workers": args.load,
-                   "trigger": "runs.services.request_approval (run → awaiting_approval, directive wait) in the bench process",
-                   "measured": "heartbeat response received − trigger transaction committed (same monotonic clock)"},
+        "config": {
+            "samples": args.samples,
+            "servers": args.servers,
+            "wait_s": args.wait_s,
+            "load_workers": args.load,
+            "trigger": "runs.services.request_approval (run → awaiting_approval, directive wait) in the bench process",
+            "measured": "heartbeat response received − trigger transaction committed (same monotonic clock)",
+        },
         "samples": len(samples),
         "errors": sum(1 for s in samples if "error" in s),
         "error_samples": [s["error"] for s in samples if "error" in s][:5],
@@ -266,9 +345,15 @@ def build_result(args: argparse.Namespace, started: datetime, machine: dict, sam
         "wake_p99_ms": p99,
         "wake_max_ms": round(max(wakes), 2) if wakes else None,
         "wake_min_ms": round(min(wakes), 2) if wakes else None,
-        "trigger_commit_p50_ms": harness.percentile([s["commit_ms"] for s in samples if "commit_ms" in s], 50),
-        "plain_heartbeat_p50_ms": harness.percentile([s["plain_heartbeat_ms"] for s in samples if "plain_heartbeat_ms" in s], 50),
-        "parked_after_p50_ms": harness.percentile([s["parked_after_ms"] for s in samples if "parked_after_ms" in s], 50),
+        "trigger_commit_p50_ms": harness.percentile(
+            [s["commit_ms"] for s in samples if "commit_ms" in s], 50
+        ),
+        "plain_heartbeat_p50_ms": harness.percentile(
+            [s["plain_heartbeat_ms"] for s in samples if "plain_heartbeat_ms" in s], 50
+        ),
+        "parked_after_p50_ms": harness.percentile(
+            [s["parked_after_ms"] for s in samples if "parked_after_ms" in s], 50
+        ),
         "load": load_summary,
         "target": {"wake_p99_ms": TARGET_MS, "met": p99 is not None and p99 <= TARGET_MS},
         "all_wake_ms": wakes,

@@ -14,6 +14,7 @@ In the same invocation we measure PostgreSQL's raw single-row INSERT+COMMIT rate
 (psycopg 3, a scratch table), before and after the phases, and report effects/s ÷ raw commits/s.
 See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ import multiprocessing as mp
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,14 @@ CALLS_PER_EFFECT = round((3 * EFFECTS_PER_RUN + 3) / EFFECTS_PER_RUN, 2)
 
 # --- one worker process ------------------------------------------------------------------------
 
+
 class CallFailed(Exception):
     pass
 
 
-def _post(client, lat: dict[str, list[float]], name: str, url: str, body: dict, ok=(200, 201)) -> dict:
+def _post(
+    client, lat: dict[str, list[float]], name: str, url: str, body: dict, ok=(200, 201)
+) -> dict:
     t0 = time.perf_counter()
     resp = client.post(url, json=body)
     lat[name].append((time.perf_counter() - t0) * 1000)
@@ -55,36 +59,96 @@ def _post(client, lat: dict[str, list[float]], name: str, url: str, body: dict, 
     return resp.json()
 
 
-def _one_run(client, base: str, lat: dict[str, list[float]], worker: int, number: int, effects: int,
-             tally: dict[str, int]) -> None:
+def _one_run(
+    client,
+    base: str,
+    lat: dict[str, list[float]],
+    worker: int,
+    number: int,
+    effects: int,
+    tally: dict[str, int],
+) -> None:
     """Create, claim, `effects` × (declare, outcome committed, checkpoint), finish. Counts committed
     effects in `tally` as they happen, so a run that fails half-way still counts what it committed."""
-    run = _post(client, lat, "create", f"{base}/runs", {
-        "agent": harness.AGENT, "goal": "protocol benchmark", "input": {"worker": worker, "run": number},
-        "versions": {"code": "bench", "model": "none", "tools": {"bench": "1"}, "config_hash": "bench"},
-        "authority": [{"scope": s, "ttl_s": 3600} for s in harness.SCOPES],
-    }, ok=(201,))
+    run = _post(
+        client,
+        lat,
+        "create",
+        f"{base}/runs",
+        {
+            "agent": harness.AGENT,
+            "goal": "protocol benchmark",
+            "input": {"worker": worker, "run": number},
+            "versions": {
+                "code": "bench",
+                "model": "none",
+                "tools": {"bench": "1"},
+                "config_hash": "bench",
+            },
+            "authority": [{"scope": s, "ttl_s": 3600} for s in harness.SCOPES],
+        },
+        ok=(201,),
+    )
     run_id = run["id"]
-    claim = _post(client, lat, "claim", f"{base}/runs/{run_id}/claim", {"worker": f"bench-{worker}"})
+    claim = _post(
+        client, lat, "claim", f"{base}/runs/{run_id}/claim", {"worker": f"bench-{worker}"}
+    )
     token, lease_id = claim["lease"]["fencing_token"], claim["lease"]["id"]
     last_beat = time.monotonic()
     for i in range(effects):
         if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
-            _post(client, lat, "heartbeat", f"{base}/leases/{lease_id}/heartbeat", {"fencing_token": token})
+            _post(
+                client,
+                lat,
+                "heartbeat",
+                f"{base}/leases/{lease_id}/heartbeat",
+                {"fencing_token": token},
+            )
             last_beat = time.monotonic()
-        effect = _post(client, lat, "declare", f"{base}/runs/{run_id}/effects", {
-            "fencing_token": token, "step": f"step-{i}", "tool": "bench", "action": "write",
-            "idempotency_key": f"{run_id}:step-{i}", "args": {"i": i, "worker": worker},
-            "compensation": {"tool": "bench", "action": "undo"}, "irreversible": False,
-        }, ok=(201,))
+        effect = _post(
+            client,
+            lat,
+            "declare",
+            f"{base}/runs/{run_id}/effects",
+            {
+                "fencing_token": token,
+                "step": f"step-{i}",
+                "tool": "bench",
+                "action": "write",
+                "idempotency_key": f"{run_id}:step-{i}",
+                "args": {"i": i, "worker": worker},
+                "compensation": {"tool": "bench", "action": "undo"},
+                "irreversible": False,
+            },
+            ok=(201,),
+        )
         if effect.get("decision") != "authorized":
-            raise CallFailed(f"declare -> decision {effect.get('decision')}: {effect.get('reason')}")
-        _post(client, lat, "outcome", f"{base}/effects/{effect['id']}/outcome",
-              {"fencing_token": token, "status": "committed", "external_ref": f"bench-{i}"})
+            raise CallFailed(
+                f"declare -> decision {effect.get('decision')}: {effect.get('reason')}"
+            )
+        _post(
+            client,
+            lat,
+            "outcome",
+            f"{base}/effects/{effect['id']}/outcome",
+            {"fencing_token": token, "status": "committed", "external_ref": f"bench-{i}"},
+        )
         tally["effects"] += 1
-        _post(client, lat, "checkpoint", f"{base}/runs/{run_id}/checkpoints",
-              {"fencing_token": token, "step": f"step-{i}", "state": {"done": i + 1}}, ok=(201,))
-    _post(client, lat, "finish", f"{base}/runs/{run_id}/finish", {"fencing_token": token, "outcome": "succeeded"})
+        _post(
+            client,
+            lat,
+            "checkpoint",
+            f"{base}/runs/{run_id}/checkpoints",
+            {"fencing_token": token, "step": f"step-{i}", "state": {"done": i + 1}},
+            ok=(201,),
+        )
+    _post(
+        client,
+        lat,
+        "finish",
+        f"{base}/runs/{run_id}/finish",
+        {"fencing_token": token, "outcome": "succeeded"},
+    )
 
 
 def _take_run(counter, total: int) -> int | None:
@@ -97,8 +161,17 @@ def _take_run(counter, total: int) -> int | None:
         return number
 
 
-def worker_main(index: int, servers: list[str], token: str, counter, total_runs: int, effects: int, barrier, results,
-                stop=None) -> None:
+def worker_main(
+    index: int,
+    servers: list[str],
+    token: str,
+    counter,
+    total_runs: int,
+    effects: int,
+    barrier,
+    results,
+    stop=None,
+) -> None:
     """Takes runs from the shared pool until it is empty (or, with counter=None, runs until `stop` is set)
     and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
@@ -134,9 +207,20 @@ def worker_main(index: int, servers: list[str], token: str, counter, total_runs:
             if counter is None:
                 number += 1
         t_end, cpu = time.monotonic(), time.process_time() - cpu0
-        results.put({"index": index, "t_start": t_start, "t_end": t_end, "cpu_s": cpu, "effects": tally["effects"],
-                     "runs": done_runs, "errors": error_count, "error_samples": errors, "lat": lat})
-    except Exception as exc:  # noqa: BLE001 - report, never hang the parent
+        results.put(
+            {
+                "index": index,
+                "t_start": t_start,
+                "t_end": t_end,
+                "cpu_s": cpu,
+                "effects": tally["effects"],
+                "runs": done_runs,
+                "errors": error_count,
+                "error_samples": errors,
+                "lat": lat,
+            }
+        )
+    except Exception as exc:
         results.put({"index": index, "fatal": f"{type(exc).__name__}: {exc}"[:1000]})
     finally:
         client.close()
@@ -144,14 +228,22 @@ def worker_main(index: int, servers: list[str], token: str, counter, total_runs:
 
 # --- phases ----------------------------------------------------------------------------------------
 
-def run_phase(ctx, workers: int, total_runs: int, servers: harness.Servers, token: str,
-              timeout: float) -> dict[str, Any]:
+
+def run_phase(
+    ctx, workers: int, total_runs: int, servers: harness.Servers, token: str, timeout: float
+) -> dict[str, Any]:
     """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
     to the last worker finishing."""
     counter = ctx.Value("i", 0)
     reports, cpu = harness.run_workers(
-        ctx, servers, workers, worker_main,
-        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN), timeout, "phase")
+        ctx,
+        servers,
+        workers,
+        worker_main,
+        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN),
+        timeout,
+        "phase",
+    )
     return summarise(workers, total_runs, reports, cpu)
 
 
@@ -188,7 +280,9 @@ def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> 
     cpu["workers_cpu_s"] = round(worker_cpu, 2)
     if busy_s is not None:
         # Anything else on the machine (other sessions, the OS) competing for the same cores.
-        cpu["other_cpu_s"] = round(max(busy_s - cpu["servers_cpu_s"] - cpu["postgres_cpu_s"] - worker_cpu, 0.0), 2)
+        cpu["other_cpu_s"] = round(
+            max(busy_s - cpu["servers_cpu_s"] - cpu["postgres_cpu_s"] - worker_cpu, 0.0), 2
+        )
     if effects:
         cpu["server_cpu_ms_per_effect"] = round(1000 * cpu["servers_cpu_s"] / effects, 2)
         cpu["postgres_cpu_ms_per_effect"] = round(1000 * cpu["postgres_cpu_s"] / effects, 2)
@@ -198,6 +292,7 @@ def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> 
 
 
 # --- main ----------------------------------------------------------------------------------------------
+
 
 def phase_runs(workers: int, args: argparse.Namespace) -> int:
     """Runs in a phase: --runs-per-worker × workers if given, else --runs-per-phase (at least 2 per worker)."""
@@ -211,27 +306,50 @@ def effect_rows(database_url: str) -> int | None:
 
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
-            return conn.execute("SELECT count(*) FROM runs_effect WHERE status = 'committed'").fetchone()[0]
+            return conn.execute(
+                "SELECT count(*) FROM runs_effect WHERE status = 'committed'"
+            ).fetchone()[0]
     except psycopg.Error:
         return None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.protocol", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", default="1,4,16", help="comma-separated worker-process counts (default 1,4,16)")
-    parser.add_argument("--runs-per-worker", type=int, default=None,
-                        help="runs (of 20 effects) per worker process, i.e. a phase does N × workers runs")
-    parser.add_argument("--runs-per-phase", type=int, default=32,
-                        help="runs per phase when --runs-per-worker is not given (default 32 = 640 effects; "
-                             "at least 2 per worker)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.protocol", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--workers", default="1,4,16", help="comma-separated worker-process counts (default 1,4,16)"
+    )
+    parser.add_argument(
+        "--runs-per-worker",
+        type=int,
+        default=None,
+        help="runs (of 20 effects) per worker process, i.e. a phase does N × workers runs",
+    )
+    parser.add_argument(
+        "--runs-per-phase",
+        type=int,
+        default=32,
+        help="runs per phase when --runs-per-worker is not given (default 32 = 640 effects; "
+        "at least 2 per worker)",
+    )
     parser.add_argument("--servers", type=int, default=2, help="ASGI server processes (default 2)")
-    parser.add_argument("--raw-seconds", type=float, default=4.0, help="duration of each raw PostgreSQL measurement")
-    parser.add_argument("--fresh-db", action="store_true",
-                        help="DROP and recreate the benchmark database first (e.g. after migrations were rewritten)")
+    parser.add_argument(
+        "--raw-seconds", type=float, default=4.0, help="duration of each raw PostgreSQL measurement"
+    )
+    parser.add_argument(
+        "--fresh-db",
+        action="store_true",
+        help="DROP and recreate the benchmark database first (e.g. after migrations were rewritten)",
+    )
     parser.add_argument("--out", default=str(harness.RESULTS_DIR / "protocol.json"))
     parser.add_argument("--phase-timeout", type=float, default=600.0)
-    parser.add_argument("--floor-seconds", type=float, default=5.0,
-                        help="duration of each floor measurement (no-work endpoints, bench/floor.py); 0 skips it")
+    parser.add_argument(
+        "--floor-seconds",
+        type=float,
+        default=5.0,
+        help="duration of each floor measurement (no-work endpoints, bench/floor.py); 0 skips it",
+    )
     args = parser.parse_args(argv)
     try:
         args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -242,7 +360,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_phases(
+    ctx, args: argparse.Namespace, env: dict[str, str], token: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Start the servers, warm up, run one phase per worker count, then the floor measurements;
     always stop the servers."""
     servers = harness.Servers(args.servers, env)
@@ -256,22 +376,40 @@ def run_phases(ctx, args: argparse.Namespace, env: dict[str, str], token: str) -
         run_phase(ctx, args.servers, args.servers, servers, token, args.phase_timeout)
         for workers in args.worker_counts:
             runs = phase_runs(workers, args)
-            print(f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects …", flush=True)
-            phase = phases[str(workers)] = run_phase(ctx, workers, runs, servers, token, args.phase_timeout)
-            print(f"  {phase['effects_per_s']:.0f} effects/s · declare p50 {phase['declare_p50_ms']} / "
-                  f"p99 {phase['declare_p99_ms']} ms · outcome p50 {phase['outcome_p50_ms']} / p99 "
-                  f"{phase['outcome_p99_ms']} ms · errors {phase['errors']}", flush=True)
+            print(
+                f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects …",
+                flush=True,
+            )
+            phase = phases[str(workers)] = run_phase(
+                ctx, workers, runs, servers, token, args.phase_timeout
+            )
+            print(
+                f"  {phase['effects_per_s']:.0f} effects/s · declare p50 {phase['declare_p50_ms']} / "
+                f"p99 {phase['declare_p99_ms']} ms · outcome p50 {phase['outcome_p50_ms']} / p99 "
+                f"{phase['outcome_p99_ms']} ms · errors {phase['errors']}",
+                flush=True,
+            )
             if phase["errors"] and not servers.keep_logs:
                 servers.keep_logs = True  # the servers' tracebacks explain the failed calls
                 print(f"  server logs kept in {servers.logdir}", flush=True)
         if args.floor_seconds > 0:
-            workers = TARGET_WORKERS if TARGET_WORKERS in args.worker_counts else max(args.worker_counts)
+            workers = (
+                TARGET_WORKERS if TARGET_WORKERS in args.worker_counts else max(args.worker_counts)
+            )
             for route in floor_bench.ROUTES:
-                print(f"floor: {workers} worker(s) calling {floor_bench.ROUTES[route][1]} for {args.floor_seconds:.0f}s …",
-                      flush=True)
-                floors[route] = floor_bench.run_floor(ctx, workers, route, args.floor_seconds, servers)
-                print(f"  {floors[route]['requests_per_s']:.0f} requests/s · p50 {floors[route]['p50_ms']} / "
-                      f"p99 {floors[route]['p99_ms']} ms", flush=True)
+                print(
+                    f"floor: {workers} worker(s) calling {floor_bench.ROUTES[route][1]} for "
+                    f"{args.floor_seconds:.0f}s …",
+                    flush=True,
+                )
+                floors[route] = floor_bench.run_floor(
+                    ctx, workers, route, args.floor_seconds, servers
+                )
+                print(
+                    f"  {floors[route]['requests_per_s']:.0f} requests/s · p50 {floors[route]['p50_ms']} / "
+                    f"p99 {floors[route]['p99_ms']} ms",
+                    flush=True,
+                )
     except KeyboardInterrupt:
         raise
     except Exception:
@@ -289,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     env = harness.bench_env(database_url, redis_url)
     env["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # the product's settings plus the floor routes
-    facts: dict[str, Any] = {"started_at": datetime.now(timezone.utc).isoformat()}
+    facts: dict[str, Any] = {"started_at": datetime.now(UTC).isoformat()}
 
     print(f"preparing {harness.redact(database_url)} …", flush=True)
     facts["database_created"] = harness.ensure_database(database_url, fresh=args.fresh_db)
@@ -297,11 +435,21 @@ def main(argv: list[str] | None = None) -> int:
     facts["machine"] = harness.machine_info(database_url)
     rows_before = effect_rows(database_url)
     try:
-        print(f"raw PostgreSQL INSERT+COMMIT over {RAW_CONNECTIONS} connections ({args.raw_seconds:.0f}s) …", flush=True)
-        raw = {"before": raw_pg_commits(ctx, database_url, args.raw_seconds),
-               "single_connection": raw_pg_commits(ctx, database_url, min(args.raw_seconds, 3.0), connections=1)}
-        print(f"  {raw['before']['commits_per_s']:.0f} commits/s; {raw['single_connection']['commits_per_s']:.0f} "
-              "on a single connection", flush=True)
+        print(
+            f"raw PostgreSQL INSERT+COMMIT over {RAW_CONNECTIONS} connections ({args.raw_seconds:.0f}s) …",
+            flush=True,
+        )
+        raw = {
+            "before": raw_pg_commits(ctx, database_url, args.raw_seconds),
+            "single_connection": raw_pg_commits(
+                ctx, database_url, min(args.raw_seconds, 3.0), connections=1
+            ),
+        }
+        print(
+            f"  {raw['before']['commits_per_s']:.0f} commits/s; {raw['single_connection']['commits_per_s']:.0f} "
+            "on a single connection",
+            flush=True,
+        )
         phases, floors = run_phases(ctx, args, env, token)
         print(f"raw PostgreSQL again ({args.raw_seconds:.0f}s) …", flush=True)
         raw["after"] = raw_pg_commits(ctx, database_url, args.raw_seconds)
@@ -312,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         harness.revoke_token(env, prefix)
     rows_after = effect_rows(database_url)
-    facts["committed_effect_rows_added"] = (rows_after - rows_before) if None not in (rows_before, rows_after) else None
+    facts["committed_effect_rows_added"] = (
+        (rows_after - rows_before) if None not in (rows_before, rows_after) else None
+    )
     result = build_result(args, database_url, redis_url, facts, phases, raw, floors)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -321,20 +471,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _target(headline: dict[str, Any], key: str, target: float, higher_is_better: bool) -> dict[str, Any]:
+def _target(
+    headline: dict[str, Any], key: str, target: float, higher_is_better: bool
+) -> dict[str, Any]:
     value = headline[key]
     met = value is not None and (value >= target if higher_is_better else value <= target)
     return {"workers": headline["workers"], "target": target, "value": value, "met": met}
 
 
-def build_result(args: argparse.Namespace, database_url: str, redis_url: str, facts: dict[str, Any],
-                 phases: dict[str, Any], raw: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
+def build_result(
+    args: argparse.Namespace,
+    database_url: str,
+    redis_url: str,
+    facts: dict[str, Any],
+    phases: dict[str, Any],
+    raw: dict[str, Any],
+    floors: dict[str, Any],
+) -> dict[str, Any]:
     raw_rate = round((raw["before"]["commits_per_s"] + raw["after"]["commits_per_s"]) / 2, 1)
     headline = phases.get(str(TARGET_WORKERS)) or phases[str(max(args.worker_counts))]
     return {
         "benchmark": "protocol",
         "started_at": facts["started_at"],
-        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
         "git_commit": harness.git_commit(),
         "machine": facts["machine"],
         "config": {
@@ -346,64 +505,100 @@ def build_result(args: argparse.Namespace, database_url: str, redis_url: str, fa
             "calls_per_run": ["create", "claim", "finish"],
             "servers": args.servers,
             "server": "daphne (controlplane.asgi:application, settings bench.settings = controlplane.settings "
-                      "plus the floor routes), DEBUG=0",
+            "plus the floor routes), DEBUG=0",
             "client": "one httpx.Client per worker process, keep-alive; runs alternate between servers",
             "database_url": harness.redact(database_url),
             "database_created": facts["database_created"],
             "redis_url": harness.redact(redis_url),
-            "raw_pg": {"connections": RAW_CONNECTIONS, "seconds": args.raw_seconds,
-                       "statement": f"INSERT INTO {RAW_TABLE} (worker, payload) VALUES (…); COMMIT"},
+            "raw_pg": {
+                "connections": RAW_CONNECTIONS,
+                "seconds": args.raw_seconds,
+                "statement": f"INSERT INTO {RAW_TABLE} (worker, payload) VALUES (…); COMMIT",
+            },
         },
         "phases": phases,
         "raw_pg_commits_per_s": raw_rate,
         "raw_pg": raw,
         "ratio": round(headline["effects_per_s"] / raw_rate, 3) if raw_rate else None,
         "ratio_note": f"effects/s at {headline['workers']} workers ÷ raw single-row INSERT+COMMIT/s over "
-                      f"{RAW_CONNECTIONS} connections (mean of before and after)",
-        "ratios": {w: round(p["effects_per_s"] / raw_rate, 3) for w, p in phases.items()} if raw_rate else {},
+        f"{RAW_CONNECTIONS} connections (mean of before and after)",
+        "ratios": {w: round(p["effects_per_s"] / raw_rate, 3) for w, p in phases.items()}
+        if raw_rate
+        else {},
         "committed_effect_rows_added": facts["committed_effect_rows_added"],
         "targets": {
-            "effects_per_s": _target(headline, "effects_per_s", TARGET_EFFECTS_PER_S, higher_is_better=True),
-            "declare_p99_ms": _target(headline, "declare_p99_ms", TARGET_DECLARE_P99_MS, higher_is_better=False),
+            "effects_per_s": _target(
+                headline, "effects_per_s", TARGET_EFFECTS_PER_S, higher_is_better=True
+            ),
+            "declare_p99_ms": _target(
+                headline, "declare_p99_ms", TARGET_DECLARE_P99_MS, higher_is_better=False
+            ),
         },
-        "reference": {"raw_pg_commits_per_s_reported_in_issue": 5700, "dbos_steps_per_s_in_process": 330},
+        "reference": {
+            "raw_pg_commits_per_s_reported_in_issue": 5700,
+            "dbos_steps_per_s_in_process": 330,
+        },
         "floor": floors,
-        "ceiling": floor_bench.ceiling(floors["ninja_echo"], CALLS_PER_EFFECT, TARGET_EFFECTS_PER_S,
-                                       TARGET_DECLARE_P99_MS, facts["machine"].get("cpu_count"))
-        if "ninja_echo" in floors else None,
+        "ceiling": floor_bench.ceiling(
+            floors["ninja_echo"],
+            CALLS_PER_EFFECT,
+            TARGET_EFFECTS_PER_S,
+            TARGET_DECLARE_P99_MS,
+            facts["machine"].get("cpu_count"),
+        )
+        if "ninja_echo" in floors
+        else None,
     }
 
 
 def print_summary(result: dict[str, Any], out: Path) -> None:
     m = result["machine"]
     print()
-    print(f"protocol benchmark — {m['cpu_count']} CPUs, Python {m['python']}, PostgreSQL {m['postgres']['version']}, "
-          f"{result['config']['servers']} server(s)")
-    print(f"{'workers':>7} {'effects/s':>10} {'declare p50/p99 ms':>19} {'outcome p50/p99 ms':>19} "
-          f"{'checkpoint p50 ms':>18} {'errors':>7}")
+    print(
+        f"protocol benchmark — {m['cpu_count']} CPUs, Python {m['python']}, PostgreSQL {m['postgres']['version']}, "
+        f"{result['config']['servers']} server(s)"
+    )
+    print(
+        f"{'workers':>7} {'effects/s':>10} {'declare p50/p99 ms':>19} {'outcome p50/p99 ms':>19} "
+        f"{'checkpoint p50 ms':>18} {'errors':>7}"
+    )
     for w, p in result["phases"].items():
-        print(f"{w:>7} {p['effects_per_s']:>10.1f} {p['declare_p50_ms']:>9}/{p['declare_p99_ms']:<9} "
-              f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {p['checkpoint_p50_ms']:>18} {p['errors']:>7}")
-    print(f"raw PostgreSQL: {result['raw_pg_commits_per_s']:.0f} INSERT+COMMIT/s over {RAW_CONNECTIONS} connections; "
-          f"ratio {result['ratio']}")
+        print(
+            f"{w:>7} {p['effects_per_s']:>10.1f} {p['declare_p50_ms']:>9}/{p['declare_p99_ms']:<9} "
+            f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {p['checkpoint_p50_ms']:>18} {p['errors']:>7}"
+        )
+    print(
+        f"raw PostgreSQL: {result['raw_pg_commits_per_s']:.0f} INSERT+COMMIT/s over {RAW_CONNECTIONS} connections; "
+        f"ratio {result['ratio']}"
+    )
     for w, p in result["phases"].items():
         if p["errors"]:
             print(f"{w} workers: {p['errors']} failed run(s), e.g. {p['error_samples'][0]}")
         other = p["cpu"].get("other_cpu_s")
         if other and other > 0.2 * p["wall_s"] * (m["cpu_count"] or 1):
-            print(f"{w} workers: note — other processes used {other:.1f} CPU-s of the {p['wall_s']:.1f} s phase "
-                  f"(machine {p['cpu']['machine_busy_pct']}% busy): numbers are depressed by competing load")
+            print(
+                f"{w} workers: note — other processes used {other:.1f} CPU-s of the {p['wall_s']:.1f} s phase "
+                f"(machine {p['cpu']['machine_busy_pct']}% busy): numbers are depressed by competing load"
+            )
     for name, f in result["floor"].items():
-        print(f"floor {name} ({f['route']}, {f['workers']} workers): {f['requests_per_s']:.0f} requests/s, "
-              f"p50 {f['p50_ms']} / p99 {f['p99_ms']} ms, {f['cpu']['server_cpu_ms_per_request']} ms server CPU per request")
+        print(
+            f"floor {name} ({f['route']}, {f['workers']} workers): {f['requests_per_s']:.0f} requests/s, "
+            f"p50 {f['p50_ms']} / p99 {f['p99_ms']} ms, "
+            f"{f['cpu']['server_cpu_ms_per_request']} ms server CPU per request"
+        )
     if result["ceiling"]:
         print(f"ceiling: {result['ceiling']['note']}")
         b = result["ceiling"]["cpu_budget_at_target"]
-        print(f"CPU budget at the target ({b['requests_per_s_needed']} requests/s): the worker processes' client alone "
-              f"needs {b['client_cores_needed']} cores and no-work server calls {b['noop_server_cores_needed']} more, "
-              f"of {b['cores_available']}")
+        print(
+            f"CPU budget at the target ({b['requests_per_s_needed']} requests/s): the worker processes' client alone "
+            f"needs {b['client_cores_needed']} cores and no-work server calls {b['noop_server_cores_needed']} more, "
+            f"of {b['cores_available']}"
+        )
     for name, t in result["targets"].items():
-        print(f"target {name} at {t['workers']} workers: {t['value']} vs {t['target']} → {'met' if t['met'] else 'NOT met'}")
+        print(
+            f"target {name} at {t['workers']} workers: {t['value']} vs {t['target']} → "
+            f"{'met' if t['met'] else 'NOT met'}"
+        )
     print(f"wrote {out}")
 
 

@@ -2,6 +2,7 @@
 
 The protocol phases run against these servers too: the only difference from
 ``controlplane.settings`` is two extra URLs that never touch the database."""
-from controlplane.settings import *  # noqa: F401,F403
+
+from controlplane.settings import *  # noqa: F403
 
 ROOT_URLCONF = "bench.urls"

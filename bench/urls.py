@@ -4,6 +4,7 @@
 body shaped like an effect declaration and returns it. Both pass through the full middleware stack,
 daphne and the same ASGI handler as every protocol call, and neither touches the database. Served only
 by the benchmark's servers (bench/settings.py), never by the product."""
+
 from typing import Any
 
 from django.http import JsonResponse

@@ -2,9 +2,9 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
-from django.conf import settings  # noqa: E402
+from django.conf import settings
 
-from controlplane.handler import get_asgi_application  # noqa: E402
+from controlplane.handler import get_asgi_application
 
 # Django first: the routing below imports models.
 django_asgi_app = get_asgi_application()
@@ -13,7 +13,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from console.routing import websocket_urlpatterns  # noqa: E402
 
 http_app = django_asgi_app
 if settings.DEBUG:
@@ -23,9 +23,13 @@ if settings.DEBUG:
 
     http_app = ASGIStaticFilesHandler(django_asgi_app)
 
-application = ProtocolTypeRouter({
-    "http": http_app,
-    # Origin must be one of ALLOWED_HOSTS (no cross-site socket riding the session cookie); the
-    # session identifies the user; the consumer then checks the role.
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-})
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        # Origin must be one of ALLOWED_HOSTS (no cross-site socket riding the session cookie); the
+        # session identifies the user; the consumer then checks the role.
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

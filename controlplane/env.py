@@ -1,4 +1,5 @@
 """Small typed readers for environment settings that fail fast on a bad value."""
+
 from __future__ import annotations
 
 import os

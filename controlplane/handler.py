@@ -16,6 +16,7 @@ database connections, transactions and on-commit hooks stay on one thread per re
 Sync views also pass a per-process gate (``SYNC_VIEW_CONCURRENCY``, see ``_sync_slots``): requests
 beyond it wait on the event loop rather than in threads fighting over the GIL.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,9 @@ class ControlPlaneASGIHandler(ASGIHandler):
         self._sync_handler = BaseHandler()
         self._sync_handler.load_middleware(is_async=False)
         # One gate per event loop (a server has one; tests make many, which must not pile up here).
-        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _sync_slots(self) -> asyncio.Semaphore | None:
         """At most SYNC_VIEW_CONCURRENCY sync views run at once in this process; more wait on the event

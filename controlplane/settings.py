@@ -5,6 +5,7 @@ No configuration: SQLite, the in-memory channel layer and an embedded (filesyste
 REDIS_URL to Redis for Celery and channels-redis. CONTROLPLANE_PRODUCTION=1 turns on the hardened
 settings that `manage.py check --deploy` inspects.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +23,9 @@ DEBUG = env_bool("DEBUG", not PRODUCTION)
 SECRET_KEY = env_str("SECRET_KEY", "" if PRODUCTION else "dev-insecure-only-for-the-embedded-demo")
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set when CONTROLPLANE_PRODUCTION=1")
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "testserver"])
+ALLOWED_HOSTS = env_list(
+    "ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "testserver"]
+)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -86,14 +89,20 @@ if DATABASE_URL:
     DATABASES = {"default": _db}
 else:
     if PRODUCTION:
-        raise ImproperlyConfigured("DATABASE_URL (PostgreSQL) is required when CONTROLPLANE_PRODUCTION=1")
+        raise ImproperlyConfigured(
+            "DATABASE_URL (PostgreSQL) is required when CONTROLPLANE_PRODUCTION=1"
+        )
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "controlplane.sqlite3")),
             # The demo's ASGI server, Celery worker and agents write at once: wait instead of failing.
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
             "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
         }
     }
@@ -106,9 +115,14 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
     # so an early redelivery is harmless; the beat sweeps cover a lost message too).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
+    }
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
     }
 else:
     if PRODUCTION:
@@ -134,10 +148,19 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 RECOVERY_SCAN_INTERVAL_S = env_int("RECOVERY_SCAN_INTERVAL_S", 5)
 CELERY_BEAT_SCHEDULE = {
-    "scan-expired-leases": {"task": "runs.tasks.scan_expired_leases", "schedule": RECOVERY_SCAN_INTERVAL_S},
+    "scan-expired-leases": {
+        "task": "interventions.recover.scan_expired_leases",
+        "schedule": RECOVERY_SCAN_INTERVAL_S,
+    },
     "fire-due-timers": {"task": "runs.tasks.fire_due_timers", "schedule": RECOVERY_SCAN_INTERVAL_S},
-    "expire-approvals": {"task": "interventions.approvals.expire_approvals", "schedule": RECOVERY_SCAN_INTERVAL_S},
-    "sweep-compensation-plans": {"task": "interventions.compensate.sweep_compensation_plans", "schedule": 30},
+    "expire-approvals": {
+        "task": "interventions.approvals.expire_approvals",
+        "schedule": RECOVERY_SCAN_INTERVAL_S,
+    },
+    "sweep-compensation-plans": {
+        "task": "interventions.compensate.sweep_compensation_plans",
+        "schedule": 30,
+    },
     "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
 }
 

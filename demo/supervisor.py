@@ -4,6 +4,7 @@ ASGI server (console + API) on :8000, a Celery worker and beat, the demo world o
 agent fleet. Embedded defaults (SQLite, in-memory channel layer, filesystem broker) unless
 DATABASE_URL / REDIS_URL are set.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,13 +26,45 @@ AGENTS = int(os.environ.get("DEMO_AGENTS", "3"))
 def processes() -> list[tuple[str, list[str]]]:
     procs = [
         ("web", [PY, "manage.py", "runserver", f"{HOST}:{PORT}", "--noreload"]),
-        ("world", [PY, "-m", "world", "--host", "127.0.0.1", "--port", WORLD_PORT, "--db", "var/world.sqlite3"]),
-        ("celery", [PY, "-m", "celery", "-A", "controlplane", "worker", "-l", "info", "-P", "threads", "-c", "4"]),
+        (
+            "world",
+            [
+                PY,
+                "-m",
+                "world",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                WORLD_PORT,
+                "--db",
+                "var/world.sqlite3",
+            ],
+        ),
+        (
+            "celery",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "-l",
+                "info",
+                "-P",
+                "threads",
+                "-c",
+                "4",
+            ],
+        ),
         ("beat", [PY, "-m", "celery", "-A", "controlplane", "beat", "-l", "info"]),
     ]
     if (ROOT / "agents").is_dir():
         procs.append(("traffic", [PY, "-m", "agents.traffic"]))
-        procs += [(f"agent-{i}", [PY, "-m", "agents.worker", "--name", f"demo-worker-{i}"]) for i in range(1, AGENTS + 1)]
+        procs += [
+            (f"agent-{i}", [PY, "-m", "agents.worker", "--name", f"demo-worker-{i}"])
+            for i in range(1, AGENTS + 1)
+        ]
     return procs
 
 
@@ -74,16 +107,27 @@ def _pump(name: str, stream) -> None:
 
 
 def main() -> int:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", WORLD_URL=f"http://127.0.0.1:{WORLD_PORT}",
-               CONTROLPLANE_URL=f"http://{HOST}:{PORT}")
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        WORLD_URL=f"http://127.0.0.1:{WORLD_PORT}",
+        CONTROLPLANE_URL=f"http://{HOST}:{PORT}",
+    )
     token_file = ROOT / "var" / "demo-worker-token"
     if token_file.exists():
         env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
     running: list[tuple[str, subprocess.Popen]] = []
 
     def start(name: str, cmd: list[str]) -> None:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         threading.Thread(target=_pump, args=(name, proc.stdout), daemon=True).start()
         running.append((name, proc))
 
@@ -103,17 +147,28 @@ def main() -> int:
         for name, cmd in planned:
             if not is_client(name):
                 start(name, cmd)
+
         def crashed() -> bool:
             return any(p.poll() is not None for _, p in running)
 
-        ready = not clients or wait_ready([f"http://{HOST}:{PORT}/accounts/login/", f"http://127.0.0.1:{WORLD_PORT}/"],
-                                          stopping=lambda: stopping or crashed())
+        ready = not clients or wait_ready(
+            [f"http://{HOST}:{PORT}/accounts/login/", f"http://127.0.0.1:{WORLD_PORT}/"],
+            stopping=lambda: stopping or crashed(),
+        )
         if not (ready or stopping or crashed()):
-            print("the console or the world did not answer within 90 s; starting the agents anyway", flush=True)
+            print(
+                "the console or the world did not answer within 90 s; starting the agents anyway",
+                flush=True,
+            )
         for name, cmd in clients:
-            if not (stopping or crashed()):  # a crashed service: the loop below reports it and stops
+            if not (
+                stopping or crashed()
+            ):  # a crashed service: the loop below reports it and stops
                 start(name, cmd)
-        print(f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n", flush=True)
+        print(
+            f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n",
+            flush=True,
+        )
         while not stopping:
             for name, proc in running:
                 if proc.poll() is not None:

@@ -10,6 +10,7 @@ was shown, and the run going back to ``running`` so the worker's next heartbeat 
 A deadline that passes without a decision ends the request ``timed_out`` -- never recorded as a
 human rejection -- and escalates (``expire_approvals``, a beat job).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -19,12 +20,12 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actors import Actor, system_actor
 from audit.services import record_audit
-from controlplane.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
+from core.actors import Actor, system_actor
+from core.errors import Conflict, Forbidden, Invalid, NotFound
+from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
 from interventions.base import Contract, Request, register, user_for
 from interventions.models import Intervention
-from runs.errors import Conflict, Forbidden, Invalid, NotFound
 from runs.models import Approval, Run
 from runs.services.common import append_history, apply_transition, lock_run
 from runs.states import Event, transition
@@ -50,18 +51,31 @@ def _approval(run: Run, req: Request) -> Approval:
 
 def shown_to_approver(run: Run, approval: Approval) -> dict[str, Any]:
     """Exactly what the decision is about; stored on the approval as what the approver was shown."""
-    return {"approval": str(approval.pk), "tool": approval.tool, "action": approval.action, "args": approval.args,
-            "digest": approval.digest, "run_goal": run.goal, "run": str(run.pk), "attempt": str(approval.attempt_id),
-            "requested_by": approval.requested_by, "request_reason": approval.reason,
-            "requested_at": approval.requested_at.isoformat(), "required_role": approval.required_role,
-            "deadline": approval.deadline.isoformat() if approval.deadline else None}
+    return {
+        "approval": str(approval.pk),
+        "tool": approval.tool,
+        "action": approval.action,
+        "args": approval.args,
+        "digest": approval.digest,
+        "run_goal": run.goal,
+        "run": str(run.pk),
+        "attempt": str(approval.attempt_id),
+        "requested_by": approval.requested_by,
+        "request_reason": approval.reason,
+        "requested_at": approval.requested_at.isoformat(),
+        "required_role": approval.required_role,
+        "deadline": approval.deadline.isoformat() if approval.deadline else None,
+    }
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     approval = _approval(run, req)
-    return {"shown": shown_to_approver(run, approval), "approval_status": approval.status,
-            "binding": "the approval covers only this tool, action and these exact args in this attempt, once",
-            "delivery": "the worker's next heartbeat carries the decision"}
+    return {
+        "shown": shown_to_approver(run, approval),
+        "approval_status": approval.status,
+        "binding": "the approval covers only this tool, action and these exact args in this attempt, once",
+        "delivery": "the worker's next heartbeat carries the decision",
+    }
 
 
 # Who satisfies an approval's required role. An incident commander may decide an approver-level
@@ -75,39 +89,73 @@ SATISFIES: dict[str, frozenset[str]] = {
 
 def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:
     if not SATISFIES.get(approval.required_role, frozenset({ADMIN})) & actor.roles:
-        raise Forbidden(f"this approval needs role {approval.required_role}; you hold {sorted(actor.roles)}",
-                        required_role=approval.required_role)
+        raise Forbidden(
+            f"this approval needs role {approval.required_role}; you hold {sorted(actor.roles)}",
+            required_role=approval.required_role,
+        )
     # Four eyes: the identity that asked (or that started the run) never decides.
     if actor.label in (approval.requested_by, run.created_by):
-        raise SeparationOfDuties(f"{actor.name} requested this approval or started the run and may not decide it",
-                                 requested_by=approval.requested_by, run_created_by=run.created_by)
+        raise SeparationOfDuties(
+            f"{actor.name} requested this approval or started the run and may not decide it",
+            requested_by=approval.requested_by,
+            run_created_by=run.created_by,
+        )
 
 
 def _decide(status: str, event: Event):
     def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
         approval = _approval(run, req)
         if approval.status != Approval.PENDING:
-            raise Conflict(f"approval is already {approval.status}", state=run.state, approval_status=approval.status)
+            raise Conflict(
+                f"approval is already {approval.status}",
+                state=run.state,
+                approval_status=approval.status,
+            )
         _check_decider(run, approval, actor)
         now = timezone.now()
         shown = intervention.preview.get("shown") or shown_to_approver(run, approval)
         # Compare-and-swap on the status: the run lock already serialises deciders, the filter makes
         # the "still pending" precondition part of the write itself.
         updated = Approval.objects.filter(pk=approval.pk, status=Approval.PENDING).update(
-            status=status, decided_by=user_for(actor), decided_at=now, decision_reason=req.reason, shown=shown)
+            status=status,
+            decided_by=user_for(actor),
+            decided_at=now,
+            decision_reason=req.reason,
+            shown=shown,
+        )
         if updated != 1:
             raise Conflict("approval was decided meanwhile", state=run.state)
-        record = {"approval": str(approval.pk), "decision": status, "decided_by": actor.name, "role": actor.role,
-                  "decided_at": now.isoformat(), "decision_reason": req.reason, "digest": approval.digest}
+        record = {
+            "approval": str(approval.pk),
+            "decision": status,
+            "decided_by": actor.name,
+            "role": actor.role,
+            "decided_at": now.isoformat(),
+            "decision_reason": req.reason,
+            "digest": approval.digest,
+        }
         append_history(run, "approval_decided", record, attempt=run.current_attempt_id, actor=actor)
-        apply_transition(run, event, actor=actor, reason=req.reason, data={"approval": str(approval.pk), "decision": status})
-        return {"state": run.state, "approval": {**record, "tool": approval.tool, "action": approval.action},
-                "shown": shown,
-                "delivery": "the worker's next heartbeat carries the decision (directive continue, approval status "
-                            f"{status})",
-                "binding": ("declare the effect with approval_id and exactly these args; any other args are denied "
-                            "(approval_mismatch), and the approval is single-use" if status == Approval.APPROVED else
-                            "the action was not approved")}
+        apply_transition(
+            run,
+            event,
+            actor=actor,
+            reason=req.reason,
+            data={"approval": str(approval.pk), "decision": status},
+        )
+        return {
+            "state": run.state,
+            "approval": {**record, "tool": approval.tool, "action": approval.action},
+            "shown": shown,
+            "delivery": "the worker's next heartbeat carries the decision (directive continue, approval status "
+            f"{status})",
+            "binding": (
+                "declare the effect with approval_id and exactly these args; any other args are denied "
+                "(approval_mismatch), and the approval is single-use"
+                if status == Approval.APPROVED
+                else "the action was not approved"
+            ),
+        }
+
     return apply
 
 
@@ -116,27 +164,59 @@ def expire_due_approvals(*, actor: Actor, now=None) -> list[str]:
     transaction per approval; re-derives everything from the database, so running it twice is harmless."""
     now = now or timezone.now()
     expired = []
-    due = Approval.objects.filter(status=Approval.PENDING, deadline__lte=now).values_list("pk", "run_id")
+    due = Approval.objects.filter(status=Approval.PENDING, deadline__lte=now).values_list(
+        "pk", "run_id"
+    )
     for approval_id, run_id in due:
         with transaction.atomic():
             run = lock_run(run_id)
-            updated = Approval.objects.filter(pk=approval_id, status=Approval.PENDING, deadline__lte=now).update(
-                status=Approval.TIMED_OUT, decided_at=now, decision_reason="deadline passed without a decision")
+            updated = Approval.objects.filter(
+                pk=approval_id, status=Approval.PENDING, deadline__lte=now
+            ).update(
+                status=Approval.TIMED_OUT,
+                decided_at=now,
+                decision_reason="deadline passed without a decision",
+            )
             if updated != 1:  # decided just before the deadline scan got the lock
                 continue
             approval = Approval.objects.get(pk=approval_id)
-            data = {"approval": str(approval.pk), "tool": approval.tool, "action": approval.action,
-                    "deadline": approval.deadline, "status": Approval.TIMED_OUT,
-                    "note": "timed out: no human decided; this is not a rejection"}
-            append_history(run, "approval_timed_out", data, attempt=run.current_attempt_id, actor=actor)
+            data = {
+                "approval": str(approval.pk),
+                "tool": approval.tool,
+                "action": approval.action,
+                "deadline": approval.deadline,
+                "status": Approval.TIMED_OUT,
+                "note": "timed out: no human decided; this is not a rejection",
+            }
+            append_history(
+                run, "approval_timed_out", data, attempt=run.current_attempt_id, actor=actor
+            )
             if transition(run.state, Event.APPROVAL_TIMED_OUT) is not None:
-                apply_transition(run, Event.APPROVAL_TIMED_OUT, actor=actor, reason="approval deadline passed",
-                                 data={"approval": str(approval.pk)})
-            escalation = {**data, "escalated_to": INCIDENT_COMMANDER, "run_state": run.state,
-                          "required_role": approval.required_role}
-            append_history(run, "approval_escalated", escalation, attempt=run.current_attempt_id, actor=actor)
-            record_audit(actor=actor, action="approval.escalated", object_type="approval", object_id=approval.pk,
-                         run_id=run.pk, reason="approval deadline passed without a decision", context=escalation)
+                apply_transition(
+                    run,
+                    Event.APPROVAL_TIMED_OUT,
+                    actor=actor,
+                    reason="approval deadline passed",
+                    data={"approval": str(approval.pk)},
+                )
+            escalation = {
+                **data,
+                "escalated_to": INCIDENT_COMMANDER,
+                "run_state": run.state,
+                "required_role": approval.required_role,
+            }
+            append_history(
+                run, "approval_escalated", escalation, attempt=run.current_attempt_id, actor=actor
+            )
+            record_audit(
+                actor=actor,
+                action="approval.escalated",
+                object_type="approval",
+                object_id=approval.pk,
+                run_id=run.pk,
+                reason="approval deadline passed without a decision",
+                context=escalation,
+            )
             expired.append(str(approval.pk))
     return expired
 
@@ -146,5 +226,19 @@ def expire_approvals() -> list[str]:
     return expire_due_approvals(actor=system_actor("approvals-deadline"))
 
 
-register(Contract(kind="approve", event=Event.APPROVE, preview=preview, apply=_decide(Approval.APPROVED, Event.APPROVE)))
-register(Contract(kind="reject", event=Event.REJECT, preview=preview, apply=_decide(Approval.REJECTED, Event.REJECT)))
+register(
+    Contract(
+        kind="approve",
+        event=Event.APPROVE,
+        preview=preview,
+        apply=_decide(Approval.APPROVED, Event.APPROVE),
+    )
+)
+register(
+    Contract(
+        kind="reject",
+        event=Event.REJECT,
+        preview=preview,
+        apply=_decide(Approval.REJECTED, Event.REJECT),
+    )
+)

@@ -13,6 +13,7 @@ suspended on its own stays suspended until restored on its own.
 Not owner-bound: a security responder does not wait for the run's decision authority (recorded all
 the same). Allowed in every state except ``closed``.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -20,25 +21,31 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.actors import Actor
 from audit.services import record_audit
+from core.actors import Actor
+from core.errors import Conflict, Invalid
 from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
-from runs.errors import Conflict, Invalid
 from runs.models import AuthorityGrant, Effect, Run
 from runs.services.common import append_history, authority_envelope, lock_run, notify_run_changed
 from runs.states import State
 
 # kind -> (verb, statuses it acts on, status it sets)
 CHANGES: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "revoke_authority": ("revoke", (AuthorityGrant.ACTIVE, AuthorityGrant.SUSPENDED), AuthorityGrant.REVOKED),
+    "revoke_authority": (
+        "revoke",
+        (AuthorityGrant.ACTIVE, AuthorityGrant.SUSPENDED),
+        AuthorityGrant.REVOKED,
+    ),
     "suspend_authority": ("suspend", (AuthorityGrant.ACTIVE,), AuthorityGrant.SUSPENDED),
     "restore_authority": ("restore", (AuthorityGrant.SUSPENDED,), AuthorityGrant.ACTIVE),
 }
 CASCADE_MARK = "cascaded from grant "
-NOT_RECALLED = ("requests already accepted by a remote system cannot be recalled: the in-flight effects below may "
-                "still commit, and their outcomes will be recorded")
+NOT_RECALLED = (
+    "requests already accepted by a remote system cannot be recalled: the in-flight effects below may "
+    "still commit, and their outcomes will be recorded"
+)
 
 
 def _selected(run: Run, req: Request) -> list[AuthorityGrant]:
@@ -53,10 +60,16 @@ def _selected(run: Run, req: Request) -> list[AuthorityGrant]:
             raise Invalid("options.grant_id must be a UUID", field="options.grant_id") from None
     else:
         if not isinstance(scope, str) or ":" not in scope:
-            raise Invalid("options.scope must look like 'tool:action' or 'tool:*'", field="options.scope")
+            raise Invalid(
+                "options.scope must look like 'tool:action' or 'tool:*'", field="options.scope"
+            )
         tool, _, action = scope.partition(":")
         # "tool:*" selects every grant of the tool; "tool:action" the grants naming exactly that.
-        grants = grants.filter(scope__startswith=f"{tool}:") if action == "*" else grants.filter(scope=scope)
+        grants = (
+            grants.filter(scope__startswith=f"{tool}:")
+            if action == "*"
+            else grants.filter(scope=scope)
+        )
     found = list(grants)
     if not found:
         raise Invalid(f"this run holds no grant matching {grant_id or scope!r}", field="options")
@@ -70,42 +83,74 @@ def _cascade(grant: AuthorityGrant, kind: str) -> list[AuthorityGrant]:
     acts_on = CHANGES[kind][1]
     out, frontier = [], [grant.pk]
     while frontier:
-        children = list(AuthorityGrant.objects.filter(delegated_from_id__in=frontier).order_by("granted_at"))
-        reached = [c for c in children if c.status in acts_on and
-                   (kind != "restore_authority" or c.change_reason.startswith(CASCADE_MARK))]
+        children = list(
+            AuthorityGrant.objects.filter(delegated_from_id__in=frontier).order_by("granted_at")
+        )
+        reached = [
+            c
+            for c in children
+            if c.status in acts_on
+            and (kind != "restore_authority" or c.change_reason.startswith(CASCADE_MARK))
+        ]
         out.extend(reached)
         frontier = [c.pk for c in (reached if kind == "restore_authority" else children)]
     return out
 
 
 def _grant_row(g: AuthorityGrant, now) -> dict[str, Any]:
-    return {"id": str(g.pk), "run": str(g.run_id), "scope": g.scope, "status": g.effective_status(now),
-            "expires_at": g.expires_at.isoformat(),
-            "delegated_from": str(g.delegated_from_id) if g.delegated_from_id else None}
+    return {
+        "id": str(g.pk),
+        "run": str(g.run_id),
+        "scope": g.scope,
+        "status": g.effective_status(now),
+        "expires_at": g.expires_at.isoformat(),
+        "delegated_from": str(g.delegated_from_id) if g.delegated_from_id else None,
+    }
 
 
 def _in_flight_using(grants: list[AuthorityGrant]) -> list[dict[str, Any]]:
     rows, seen = [], set()
     for run_id in dict.fromkeys(g.run_id for g in grants):
         run_grants = [g for g in grants if g.run_id == run_id]
-        for effect in Effect.objects.filter(run_id=run_id, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT):
-            if effect.pk not in seen and any(g.covers(effect.tool, effect.action) for g in run_grants):
+        for effect in Effect.objects.filter(
+            run_id=run_id, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT
+        ):
+            if effect.pk not in seen and any(
+                g.covers(effect.tool, effect.action) for g in run_grants
+            ):
                 seen.add(effect.pk)
-                rows.append({"id": str(effect.pk), "run": str(run_id), "step": effect.step, "tool": effect.tool,
-                             "action": effect.action, "idempotency_key": effect.idempotency_key,
-                             "note": "already dispatched: cannot be recalled; may still complete"})
+                rows.append(
+                    {
+                        "id": str(effect.pk),
+                        "run": str(run_id),
+                        "step": effect.step,
+                        "tool": effect.tool,
+                        "action": effect.action,
+                        "idempotency_key": effect.idempotency_key,
+                        "note": "already dispatched: cannot be recalled; may still complete",
+                    }
+                )
     return rows
 
 
-def _plan(run: Run, req: Request) -> tuple[list[AuthorityGrant], list[AuthorityGrant], list[dict[str, Any]]]:
+def _plan(
+    run: Run, req: Request
+) -> tuple[list[AuthorityGrant], list[AuthorityGrant], list[dict[str, Any]]]:
     """(grants selected, grants the change reaches incl. cascade, grants skipped with why)."""
     _, acts_on, _ = CHANGES[req.kind]
     selected, changing, skipped = _selected(run, req), [], []
     for grant in selected:
         if grant.status not in acts_on:
-            skipped.append({"id": str(grant.pk), "scope": grant.scope, "status": grant.status,
-                            "why": "revoked is final" if grant.status == AuthorityGrant.REVOKED else
-                                   f"a {grant.status} grant cannot be {CHANGES[req.kind][0]}d"})
+            skipped.append(
+                {
+                    "id": str(grant.pk),
+                    "scope": grant.scope,
+                    "status": grant.status,
+                    "why": "revoked is final"
+                    if grant.status == AuthorityGrant.REVOKED
+                    else f"a {grant.status} grant cannot be {CHANGES[req.kind][0]}d",
+                }
+            )
             continue
         changing.append(grant)
         changing.extend(_cascade(grant, req.kind))
@@ -116,26 +161,41 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     now = timezone.now()
     selected, changing, skipped = _plan(run, req)
     roots = {g.pk for g in selected}
-    return {"change": CHANGES[req.kind][0], "grants": [_grant_row(g, now) for g in selected],
-            "will_change": [_grant_row(g, now) for g in changing], "skipped": skipped,
-            "cascade": [_grant_row(g, now) for g in changing if g.pk not in roots],
-            "blocked_by": ["the run is closed: its authority can no longer change"] if run.state == State.CLOSED else [],
-            "new_declarations": ("authorised again" if req.kind == "restore_authority" else
-                                 "needing these grants are denied from the commit on"),
-            "cannot_recall": NOT_RECALLED if req.kind != "restore_authority" else None,
-            "in_flight_effects": _in_flight_using(changing)}
+    return {
+        "change": CHANGES[req.kind][0],
+        "grants": [_grant_row(g, now) for g in selected],
+        "will_change": [_grant_row(g, now) for g in changing],
+        "skipped": skipped,
+        "cascade": [_grant_row(g, now) for g in changing if g.pk not in roots],
+        "blocked_by": ["the run is closed: its authority can no longer change"]
+        if run.state == State.CLOSED
+        else [],
+        "new_declarations": (
+            "authorised again"
+            if req.kind == "restore_authority"
+            else "needing these grants are denied from the commit on"
+        ),
+        "cannot_recall": NOT_RECALLED if req.kind != "restore_authority" else None,
+        "in_flight_effects": _in_flight_using(changing),
+    }
 
 
 def _check_restorable(grant: AuthorityGrant) -> None:
     source = grant.delegated_from
     while source is not None:
         if source.status != AuthorityGrant.ACTIVE:
-            raise Conflict(f"grant {grant.scope} is delegated from grant {source.pk} which is {source.status}; "
-                           "restore that one first", grant=str(grant.pk), source=str(source.pk))
+            raise Conflict(
+                f"grant {grant.scope} is delegated from grant {source.pk} which is {source.status}; "
+                "restore that one first",
+                grant=str(grant.pk),
+                source=str(source.pk),
+            )
         source = source.delegated_from
 
 
-def _commit(changing: list[AuthorityGrant], roots: set, req: Request, actor: Actor, target: str, now) -> list[dict[str, Any]]:
+def _commit(
+    changing: list[AuthorityGrant], roots: set, req: Request, actor: Actor, target: str, now
+) -> list[dict[str, Any]]:
     changed = []
     for grant in changing:
         if req.kind == "restore_authority":
@@ -144,7 +204,11 @@ def _commit(changing: list[AuthorityGrant], roots: set, req: Request, actor: Act
         mark = "" if grant.pk in roots else f"{CASCADE_MARK}{grant.delegated_from_id}: "
         # Compare-and-swap on the status we planned from: a concurrent change wins and we say so.
         updated = AuthorityGrant.objects.filter(pk=grant.pk, status=was).update(
-            status=target, changed_at=now, changed_by=actor.label, change_reason=f"{mark}{req.reason}")
+            status=target,
+            changed_at=now,
+            changed_by=actor.label,
+            change_reason=f"{mark}{req.reason}",
+        )
         if updated != 1:
             raise Conflict(f"grant {grant.scope} changed meanwhile; try again", grant=str(grant.pk))
         grant.status = target
@@ -159,8 +223,12 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     now = timezone.now()
     selected, changing, skipped = _plan(run, req)
     if not changing:
-        raise Conflict(f"no grant to {verb}: " + "; ".join(f"{s['scope']} is {s['status']} ({s['why']})" for s in skipped),
-                       state=run.state, grants=skipped)
+        raise Conflict(
+            f"no grant to {verb}: "
+            + "; ".join(f"{s['scope']} is {s['status']} ({s['why']})" for s in skipped),
+            state=run.state,
+            grants=skipped,
+        )
     roots = {g.pk for g in selected}
     runs = {run.pk: run}
     for run_id in sorted({g.run_id for g in changing} - {run.pk}, key=str):
@@ -169,17 +237,37 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     changed = _commit(changing, roots, req, actor, target, now)
     in_flight = _in_flight_using(changing)
     after = {pk: authority_envelope(r) for pk, r in runs.items()}
-    for grant, row in zip(changing, changed):
-        record_audit(actor=actor, action=f"authority.{verb}", object_type="grant", object_id=grant.pk,
-                     run_id=grant.run_id, reason=req.reason,
-                     context={"intervention": str(intervention.pk), "grant": row, "before": row["was"], "after": target,
-                              "authority_before": before[grant.run_id], "authority_after": after[grant.run_id],
-                              "in_flight_effects": [e for e in in_flight if e["run"] == str(grant.run_id)],
-                              "unresolved_effects": facts.unknown_effects(runs[grant.run_id])})
+    for grant, row in zip(changing, changed, strict=False):
+        record_audit(
+            actor=actor,
+            action=f"authority.{verb}",
+            object_type="grant",
+            object_id=grant.pk,
+            run_id=grant.run_id,
+            reason=req.reason,
+            context={
+                "intervention": str(intervention.pk),
+                "grant": row,
+                "before": row["was"],
+                "after": target,
+                "authority_before": before[grant.run_id],
+                "authority_after": after[grant.run_id],
+                "in_flight_effects": [e for e in in_flight if e["run"] == str(grant.run_id)],
+                "unresolved_effects": facts.unknown_effects(runs[grant.run_id]),
+            },
+        )
     for pk, r in runs.items():
-        append_history(r, f"authority_{'restored' if target == AuthorityGrant.ACTIVE else target}",
-                       {"grants": [c for c in changed if c["run"] == str(pk)], "reason": req.reason,
-                        "intervention": str(intervention.pk), "authority_after": after[pk]}, actor=actor)
+        append_history(
+            r,
+            f"authority_{'restored' if target == AuthorityGrant.ACTIVE else target}",
+            {
+                "grants": [c for c in changed if c["run"] == str(pk)],
+                "reason": req.reason,
+                "intervention": str(intervention.pk),
+                "authority_after": after[pk],
+            },
+            actor=actor,
+        )
         notify_run_changed(r)
     return {
         "state": run.state,
@@ -189,8 +277,11 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         "authority_before": before[run.pk],
         "authority_after": after[run.pk],
         "children_authority_after": {str(pk): env for pk, env in after.items() if pk != run.pk},
-        "new_declarations": (f"declarations needing these grants are denied (authority_{target}) from this commit on"
-                             if req.kind != "restore_authority" else "declarations covered by these grants are authorised again"),
+        "new_declarations": (
+            f"declarations needing these grants are denied (authority_{target}) from this commit on"
+            if req.kind != "restore_authority"
+            else "declarations covered by these grants are authorised again"
+        ),
         "cannot_recall": NOT_RECALLED if req.kind != "restore_authority" else None,
         "in_flight_effects": in_flight,
     }

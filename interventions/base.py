@@ -4,27 +4,38 @@ preview -> issue -> receipt, and the one transaction each decision runs in.
 Each contract module (pause.py, resume.py, ...) registers a :class:`Contract` with a ``preview``
 (pure read) and an ``apply`` (the change, called with the run locked inside the transaction).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actors import Actor
 from audit.services import record_audit
-from controlplane.roles import may
+from core.actors import Actor
+from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority
+from core.roles import may
 from interventions.models import Intervention
-from runs.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority
 from runs.models import Approval, Run
 from runs.services.common import decision, lock_run, run_snapshot
 from runs.states import Event, transition
 
 # Contracts that act on the run's course honour its decision authority; an emergency pause and the
 # security responder's authority changes do not wait for the owner (recorded all the same).
-OWNER_BOUND = {"resume", "cancel", "retry", "compensate", "close", "transfer", "recover", "reconcile"}
+OWNER_BOUND = {
+    "resume",
+    "cancel",
+    "retry",
+    "compensate",
+    "close",
+    "transfer",
+    "recover",
+    "reconcile",
+}
 
 
 @dataclass
@@ -60,30 +71,43 @@ def register(contract: Contract) -> Contract:
 def get_contract(kind: str) -> Contract:
     _load()
     if kind not in CONTRACTS:
-        raise Invalid(f"unknown intervention kind {kind!r}; one of {sorted(CONTRACTS)}", field="kind")
+        raise Invalid(
+            f"unknown intervention kind {kind!r}; one of {sorted(CONTRACTS)}", field="kind"
+        )
     return CONTRACTS[kind]
 
 
-CONTRACT_MODULES = ["pause", "resume", "cancel", "retry", "reconcile", "compensate", "transfer", "recover",
-                    "approvals", "authority", "close"]
+CONTRACT_MODULES = [
+    "pause",
+    "resume",
+    "cancel",
+    "retry",
+    "reconcile",
+    "compensate",
+    "transfer",
+    "recover",
+    "approvals",
+    "authority",
+    "close",
+]
 
 
 def _load() -> None:
     import importlib
 
     for name in CONTRACT_MODULES:
-        try:
-            importlib.import_module(f"interventions.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"interventions.{name}":
-                raise
+        importlib.import_module(f"interventions.{name}")
 
 
 def descendants(run: Run) -> list[Run]:
     """The delegation tree below ``run``, breadth first."""
     out, frontier = [], [run.pk]
     while frontier:
-        children = list(Run.objects.filter(parent_id__in=frontier).select_related("agent").order_by("created_at"))
+        children = list(
+            Run.objects.filter(parent_id__in=frontier)
+            .select_related("agent")
+            .order_by("created_at")
+        )
         out.extend(children)
         frontier = [c.pk for c in children]
     return out
@@ -95,9 +119,19 @@ def children_in_scope(run: Run, req: Request, event: Event | None) -> list[dict[
     for child in descendants(run):
         in_scope = req.scope == "tree"
         applies = event is None or transition(child.state, event) is not None
-        rows.append({"id": str(child.pk), "agent": child.agent.name, "state": child.state, "parent": str(child.parent_id),
-                     "in_scope": in_scope, "will_change": in_scope and applies,
-                     "note": "" if not in_scope else ("" if applies else f"{event.value} does not apply to a {child.state} run")})
+        rows.append(
+            {
+                "id": str(child.pk),
+                "agent": child.agent.name,
+                "state": child.state,
+                "parent": str(child.parent_id),
+                "in_scope": in_scope,
+                "will_change": in_scope and applies,
+                "note": ""
+                if not in_scope
+                else ("" if applies else f"{event.value} does not apply to a {child.state} run"),
+            }
+        )
     return rows
 
 
@@ -106,30 +140,45 @@ def authorize(actor: Actor, run: Run, req: Request) -> dict[str, Any]:
     if actor.is_worker:
         raise Forbidden("a worker token can never issue an intervention")
     if not may(actor.roles, req.kind):
-        raise Forbidden(f"role(s) {sorted(actor.roles) or ['none']} may not {req.kind}", kind=req.kind)
+        raise Forbidden(
+            f"role(s) {sorted(actor.roles) or ['none']} may not {req.kind}", kind=req.kind
+        )
     owner = run.decision_authority
     if req.kind in OWNER_BOUND and owner is not None and owner.pk != actor.user_id:
         if not req.override:
-            raise NotDecisionAuthority(f"{owner.username} holds decision authority over this run; an override "
-                                       "with a reason by an incident commander is required",
-                                       decision_authority=owner.username)
+            raise NotDecisionAuthority(
+                f"{owner.username} holds decision authority over this run; an override "
+                "with a reason by an incident commander is required",
+                decision_authority=owner.username,
+            )
         if not may(actor.roles, "override"):
-            raise NotDecisionAuthority(f"role(s) {sorted(actor.roles)} may not override {owner.username}'s "
-                                       "decision authority", decision_authority=owner.username)
-        return {"override": True, "overridden": owner.username, "override_reason": req.override_reason}
+            raise NotDecisionAuthority(
+                f"role(s) {sorted(actor.roles)} may not override {owner.username}'s "
+                "decision authority",
+                decision_authority=owner.username,
+            )
+        return {
+            "override": True,
+            "overridden": owner.username,
+            "override_reason": req.override_reason,
+        }
     if req.override:
         # An override of a guard (failing revalidation, a non-retryable failure class) is a decision
         # only some roles may take; it is recorded as an override like any other.
         right = "override_revalidation" if req.kind == "resume" else "override"
         if not may(actor.roles, right):
-            raise Forbidden(f"role(s) {sorted(actor.roles)} may not override ({right})", kind=req.kind)
+            raise Forbidden(
+                f"role(s) {sorted(actor.roles)} may not override ({right})", kind=req.kind
+            )
         return {"override": True, "overridden": "guard", "override_reason": req.override_reason}
     return {"override": False}
 
 
 def check_transition(run: Run, event: Event | None) -> None:
     if event is not None and transition(run.state, event) is None:
-        raise Conflict(f"{event.value} is not allowed while the run is {run.state}", state=run.state)
+        raise Conflict(
+            f"{event.value} is not allowed while the run is {run.state}", state=run.state
+        )
 
 
 def user_for(actor: Actor):
@@ -143,9 +192,17 @@ def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
     authorize(actor, run, req)
     allowed = contract.event is None or transition(run.state, contract.event) is not None
     body = contract.preview(run, req, actor)
-    return {"kind": req.kind, "run_id": str(run.pk), "state": run.state, "allowed": allowed,
-            "next_state": transition(run.state, contract.event).target.value if contract.event and allowed else run.state,
-            "scope": req.scope, **body}
+    return {
+        "kind": req.kind,
+        "run_id": str(run.pk),
+        "state": run.state,
+        "allowed": allowed,
+        "next_state": transition(run.state, contract.event).target.value
+        if contract.event and allowed
+        else run.state,
+        "scope": req.scope,
+        **body,
+    }
 
 
 def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
@@ -155,24 +212,48 @@ def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
             raise Invalid("a reason is required for every intervention", field="reason")
         if req.scope not in ("run", "tree"):
             raise Invalid("scope must be 'run' or 'tree'", field="scope")
-        contract = get_contract(req.kind)  # inside: an unknown kind is a refused decision, audited too
+        contract = get_contract(
+            req.kind
+        )  # inside: an unknown kind is a refused decision, audited too
         run = lock_run(run_id)
         override = authorize(actor, run, req)
         check_transition(run, contract.event)
         shown = contract.preview(run, req, actor)
         intervention = Intervention.objects.create(
-            run=run, kind=req.kind, actor=user_for(actor), actor_label=actor.label, role=actor.role,
-            reason=req.reason, scope=req.scope, options=req.options, override=override["override"],
-            override_reason=req.override_reason, preview=_jsonable(shown), status=Intervention.APPLIED,
+            run=run,
+            kind=req.kind,
+            actor=user_for(actor),
+            actor_label=actor.label,
+            role=actor.role,
+            reason=req.reason,
+            scope=req.scope,
+            options=req.options,
+            override=override["override"],
+            override_reason=req.override_reason,
+            preview=_jsonable(shown),
+            status=Intervention.APPLIED,
         )
         receipt = contract.apply(run, req, actor, intervention)
-        receipt = {"kind": req.kind, "issued_by": actor.name, "role": actor.role, "reason": req.reason,
-                   "scope": req.scope, **override, **receipt}
+        receipt = {
+            "kind": req.kind,
+            "issued_by": actor.name,
+            "role": actor.role,
+            "reason": req.reason,
+            "scope": req.scope,
+            **override,
+            **receipt,
+        }
         intervention.receipt = _jsonable(receipt)
         intervention.save(update_fields=["receipt", "status"])
-        record_audit(actor=actor, action=f"intervention.{req.kind}", object_type="intervention",
-                     object_id=intervention.pk, run_id=run.pk, reason=req.reason,
-                     context={"intervention": str(intervention.pk), **override, "after": run_snapshot(run)})
+        record_audit(
+            actor=actor,
+            action=f"intervention.{req.kind}",
+            object_type="intervention",
+            object_id=intervention.pk,
+            run_id=run.pk,
+            reason=req.reason,
+            context={"intervention": str(intervention.pk), **override, "after": run_snapshot(run)},
+        )
     return intervention
 
 
@@ -196,8 +277,10 @@ def finish_job(intervention: Intervention, status: str, result: dict[str, Any]) 
 
 
 def pending_approvals(run: Run) -> list[dict[str, Any]]:
-    return [{"id": str(a.pk), "tool": a.tool, "action": a.action, "status": a.status}
-            for a in Approval.objects.filter(run=run, status=Approval.PENDING)]
+    return [
+        {"id": str(a.pk), "tool": a.tool, "action": a.action, "status": a.status}
+        for a in Approval.objects.filter(run=run, status=Approval.PENDING)
+    ]
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,13 +1,14 @@
 """Cancel stops *future* work: new effects are denied at once, the worker is told to stop
 (cooperative), and the lease's expiry forces it. Committed effects stay committed and are listed with
 the compensations available -- cancel never marks them undone."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from django.utils import timezone
 
-from audit.actors import Actor
+from core.actors import Actor
 from interventions import facts
 from interventions.base import Contract, Request, children_in_scope, descendants, register
 from interventions.models import Intervention
@@ -19,7 +20,7 @@ from runs.states import Event, State, transition
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "stops": "all future work: no new effect is authorised; the worker is told to cancel at its next boundary, "
-                 "and is forced out when its lease expires",
+        "and is forced out when its lease expires",
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
         "children": children_in_scope(run, req, Event.CANCEL),
@@ -42,7 +43,9 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         "state": run.state,
         "cancelled_at": timezone.now().isoformat(),
         "new_effects": "denied from this commit on",
-        "waiting_for": "the worker to stop (or its lease to expire)" if run.state == State.CANCELLING else None,
+        "waiting_for": "the worker to stop (or its lease to expire)"
+        if run.state == State.CANCELLING
+        else None,
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
         "children": children_in_scope(run, req, Event.CANCEL),

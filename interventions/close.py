@@ -1,9 +1,10 @@
 """Close: the accountable owner ends the case. Nothing further happens to the run."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from audit.actors import Actor
+from core.actors import Actor
 from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
@@ -13,8 +14,11 @@ from runs.states import Event
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    return {"committed_effects": facts.committed_effects(run), "unresolved_effects": facts.unknown_effects(run),
-            "note": "closing is final: no retry, compensation or resume afterwards"}
+    return {
+        "committed_effects": facts.committed_effects(run),
+        "unresolved_effects": facts.unknown_effects(run),
+        "note": "closing is final: no retry, compensation or resume afterwards",
+    }
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:

@@ -19,6 +19,7 @@ The plan ends completed, partially_failed or failed -- never silently: the run m
 or compensation_failed (not plain failed: a forward retry would replay what was undone), the
 intervention's receipt gets the result, and all of it is audited.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,14 +32,14 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actors import Actor, system_actor
 from audit.models import AuditEvent
 from audit.services import record_audit
+from core.actors import Actor, system_actor
+from core.errors import EffectsUnresolved, Invalid
 from interventions import facts
 from interventions.base import Contract, Request, finish_job, register
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.registry import CompensationResult, EffectInfo, get_compensator
-from runs.errors import EffectsUnresolved, Invalid
 from runs.models import Effect, Run
 from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
@@ -48,19 +49,31 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OPTIONS = {"max_attempts": 3, "backoff_s": 1.0, "claim_ttl_s": 60}
 OPTION_BOUNDS = {"max_attempts": (1, 10), "backoff_s": (0, 300), "claim_ttl_s": (1, 3600)}
-COMPENSATED, PENDING, FAILED = "compensated", "pending", "failed"  # Effect.compensation_status values
+COMPENSATED, PENDING, FAILED = (
+    "compensated",
+    "pending",
+    "failed",
+)  # Effect.compensation_status values
 STALL_GRACE_S = 30
 
 
 # -- the plan, read from the ledger ---------------------------------------------------------------
+
 
 def plan_options(raw: dict[str, Any]) -> dict[str, Any]:
     out = dict(DEFAULT_OPTIONS)
     for name, (low, high) in OPTION_BOUNDS.items():
         if name in raw:
             value = raw[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise Invalid(f"options.{name} must be a number between {low} and {high}", field=f"options.{name}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not low <= value <= high
+            ):
+                raise Invalid(
+                    f"options.{name} must be a number between {low} and {high}",
+                    field=f"options.{name}",
+                )
             out[name] = int(value) if name != "backoff_s" else float(value)
     return out
 
@@ -84,15 +97,23 @@ def _why_not_executable(effect: Effect) -> str:
 
 
 def _ledger_row(e: Effect) -> dict[str, Any]:
-    return {"effect": str(e.pk), "step": e.step, "tool": e.tool, "action": e.action,
-            "idempotency_key": e.idempotency_key, "external_ref": e.external_ref,
-            "declared_at": e.declared_at.isoformat(), "compensation_status": e.compensation_status or None}
+    return {
+        "effect": str(e.pk),
+        "step": e.step,
+        "tool": e.tool,
+        "action": e.action,
+        "idempotency_key": e.idempotency_key,
+        "external_ref": e.external_ref,
+        "declared_at": e.declared_at.isoformat(),
+        "compensation_status": e.compensation_status or None,
+    }
 
 
 def build_plan(run: Run) -> dict[str, Any]:
     """Pure read: what a compensation of this run would do now."""
-    committed = Effect.objects.filter(run=run, kind=Effect.ACTION, decision=Effect.AUTHORIZED,
-                                      status=Effect.COMMITTED).order_by("-declared_at", "-outcome_at")
+    committed = Effect.objects.filter(
+        run=run, kind=Effect.ACTION, decision=Effect.AUTHORIZED, status=Effect.COMMITTED
+    ).order_by("-declared_at", "-outcome_at")
     steps, called_out, skipped = [], [], []
     for e in committed:
         row = _ledger_row(e)
@@ -103,48 +124,88 @@ def build_plan(run: Run) -> dict[str, Any]:
             called_out.append(row | {"why": why, "irreversible": e.irreversible})
         else:
             spec = e.compensation
-            steps.append(row | {"position": len(steps) + 1, "compensation_key": compensation_key(e),
-                                "compensation": {"tool": spec.get("tool") or e.tool, "action": spec.get("action", ""),
-                                                 "args": spec.get("args") or {}}})
-    return {"order": "reverse of the order the run performed them (newest first)",
-            "steps": steps, "called_out": called_out, "skipped": skipped}
+            steps.append(
+                row
+                | {
+                    "position": len(steps) + 1,
+                    "compensation_key": compensation_key(e),
+                    "compensation": {
+                        "tool": spec.get("tool") or e.tool,
+                        "action": spec.get("action", ""),
+                        "args": spec.get("args") or {},
+                    },
+                }
+            )
+    return {
+        "order": "reverse of the order the run performed them (newest first)",
+        "steps": steps,
+        "called_out": called_out,
+        "skipped": skipped,
+    }
 
 
 def step_dict(s: CompensationStep) -> dict[str, Any]:
     e = s.effect
-    return {"position": s.position, "effect": str(s.effect_id), "step": e.step, "tool": e.tool, "action": e.action,
-            "idempotency_key": e.idempotency_key, "compensation": {"tool": s.tool, "action": s.action, "args": s.args},
-            "compensation_key": s.idempotency_key,
-            "compensation_effect": str(s.compensation_effect_id) if s.compensation_effect_id else None,
-            "status": s.status, "attempts": s.attempts, "failures": s.failures, "last_error": s.last_error,
-            "external_ref": s.external_ref}
+    return {
+        "position": s.position,
+        "effect": str(s.effect_id),
+        "step": e.step,
+        "tool": e.tool,
+        "action": e.action,
+        "idempotency_key": e.idempotency_key,
+        "compensation": {"tool": s.tool, "action": s.action, "args": s.args},
+        "compensation_key": s.idempotency_key,
+        "compensation_effect": str(s.compensation_effect_id) if s.compensation_effect_id else None,
+        "status": s.status,
+        "attempts": s.attempts,
+        "failures": s.failures,
+        "last_error": s.last_error,
+        "external_ref": s.external_ref,
+    }
 
 
 def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
-    return {"id": str(plan.pk), "run_id": str(plan.run_id), "status": plan.status, "options": plan.options,
-            "steps": [step_dict(s) for s in plan.steps.select_related("effect").order_by("position")],
-            "called_out": plan.called_out, "skipped": plan.skipped, "result": plan.result or None}
+    return {
+        "id": str(plan.pk),
+        "run_id": str(plan.run_id),
+        "status": plan.status,
+        "options": plan.options,
+        "steps": [step_dict(s) for s in plan.steps.select_related("effect").order_by("position")],
+        "called_out": plan.called_out,
+        "skipped": plan.skipped,
+        "result": plan.result or None,
+    }
 
 
 # -- the contract -----------------------------------------------------------------------------------
 
+
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     unresolved = facts.unknown_effects(run)
-    return {"plan": build_plan(run), "options": plan_options(req.options), "unresolved_effects": unresolved,
-            "blocked": bool(unresolved),
-            "how": "a Celery job runs the steps in this order; each compensation is its own ledger effect with "
-                   "its own idempotency key; failures are retried with backoff; called-out effects stay committed",
-            "ends": "completed, partially_failed or failed -- the run then becomes compensated or "
-                    "compensation_failed"}
+    return {
+        "plan": build_plan(run),
+        "options": plan_options(req.options),
+        "unresolved_effects": unresolved,
+        "blocked": bool(unresolved),
+        "how": "a Celery job runs the steps in this order; each compensation is its own ledger effect with "
+        "its own idempotency key; failures are retried with backoff; called-out effects stay committed",
+        "ends": "completed, partially_failed or failed -- the run then becomes compensated or "
+        "compensation_failed",
+    }
 
 
 def require_resolved(run: Run) -> None:
     """Guard ``no_unresolved_effects``: compensating around an unknown outcome would guess."""
     unresolved = facts.unknown_effects(run)
     if unresolved:
-        names = ", ".join(f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved)
-        raise EffectsUnresolved(f"reconcile first: {len(unresolved)} effect(s) in flight or unknown: {names}",
-                                effects=unresolved, state=run.state)
+        names = ", ".join(
+            f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved
+        )
+        raise EffectsUnresolved(
+            f"reconcile first: {len(unresolved)} effect(s) in flight or unknown: {names}",
+            effects=unresolved,
+            state=run.state,
+        )
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
@@ -154,26 +215,56 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     plan = start_plan(run, intervention, actor, options)
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
-    return {"state": run.state, "plan_id": str(plan.pk), "plan": plan_dict(plan), "job": {"status": "queued"}}
+    return {
+        "state": run.state,
+        "plan_id": str(plan.pk),
+        "plan": plan_dict(plan),
+        "job": {"status": "queued"},
+    }
 
 
-def start_plan(run: Run, intervention: Intervention, actor: Actor, options: dict[str, Any]) -> CompensationPlan:
+def start_plan(
+    run: Run, intervention: Intervention, actor: Actor, options: dict[str, Any]
+) -> CompensationPlan:
     """Persist the plan (caller holds the run lock, in the transaction of the decision) and enqueue it."""
     built = build_plan(run)
-    plan = CompensationPlan.objects.create(run=run, intervention=intervention, options=options,
-                                           called_out=built["called_out"], skipped=built["skipped"])
+    plan = CompensationPlan.objects.create(
+        run=run,
+        intervention=intervention,
+        options=options,
+        called_out=built["called_out"],
+        skipped=built["skipped"],
+    )
     for row in built["steps"]:
         spec = row["compensation"]
-        CompensationStep.objects.create(plan=plan, position=row["position"], effect_id=row["effect"], tool=spec["tool"],
-                                        action=spec["action"], args=spec["args"], idempotency_key=row["compensation_key"])
-    Effect.objects.filter(pk__in=[r["effect"] for r in built["steps"]]).update(compensation_status=PENDING)
-    summary = {"plan": str(plan.pk), "steps": [f"{r['tool']}:{r['action']}" for r in built["steps"]],
-               "called_out": [r["idempotency_key"] for r in built["called_out"]],
-               "skipped": [r["idempotency_key"] for r in built["skipped"]]}
+        CompensationStep.objects.create(
+            plan=plan,
+            position=row["position"],
+            effect_id=row["effect"],
+            tool=spec["tool"],
+            action=spec["action"],
+            args=spec["args"],
+            idempotency_key=row["compensation_key"],
+        )
+    Effect.objects.filter(pk__in=[r["effect"] for r in built["steps"]]).update(
+        compensation_status=PENDING
+    )
+    summary = {
+        "plan": str(plan.pk),
+        "steps": [f"{r['tool']}:{r['action']}" for r in built["steps"]],
+        "called_out": [r["idempotency_key"] for r in built["called_out"]],
+        "skipped": [r["idempotency_key"] for r in built["skipped"]],
+    }
     append_history(run, "compensation_planned", summary, actor=actor)
-    record_audit(actor=actor, action="compensation.plan", object_type="compensation_plan", object_id=plan.pk,
-                 run_id=run.pk, reason=intervention.reason, context={**summary, "options": options,
-                                                                    "intervention": str(intervention.pk)})
+    record_audit(
+        actor=actor,
+        action="compensation.plan",
+        object_type="compensation_plan",
+        object_id=plan.pk,
+        run_id=run.pk,
+        reason=intervention.reason,
+        context={**summary, "options": options, "intervention": str(intervention.pk)},
+    )
     plan_id = str(plan.pk)
     # robust: the decision is committed either way; a lost enqueue is picked up by the sweep.
     transaction.on_commit(lambda: execute_compensation_plan.delay(plan_id), robust=True)
@@ -184,6 +275,7 @@ register(Contract(kind="compensate", event=Event.COMPENSATE, preview=preview, ap
 
 
 # -- the job ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StepClaim:
@@ -221,76 +313,165 @@ def _claim_next_step(plan_id: str, task_id: str, actor: Actor) -> StepClaim | di
         plan = CompensationPlan.objects.select_for_update().get(pk=plan_id)
         if plan.status in CompensationPlan.FINAL:
             return {"status": plan.status, "finished": True}
-        step = plan.steps.select_related("effect").filter(status__in=CompensationStep.OPEN).order_by("position").first()
+        step = (
+            plan.steps.select_related("effect")
+            .filter(status__in=CompensationStep.OPEN)
+            .order_by("position")
+            .first()
+        )
         if step is None:
             return _finish_plan(plan, actor)
         now = timezone.now()
-        if step.status == CompensationStep.RUNNING and step.claimed_until > now and not (task_id and task_id == step.claimed_by):
+        if (
+            step.status == CompensationStep.RUNNING
+            and step.claimed_until > now
+            and not (task_id and task_id == step.claimed_by)
+        ):
             return {"status": "busy", "step": step.position, "claimed_by": step.claimed_by}
-        if step.status == CompensationStep.PENDING and step.next_attempt_at and step.next_attempt_at > now:
-            return {"status": "waiting", "step": step.position,
-                    "countdown": max((step.next_attempt_at - now).total_seconds(), 0.05)}
+        if (
+            step.status == CompensationStep.PENDING
+            and step.next_attempt_at
+            and step.next_attempt_at > now
+        ):
+            return {
+                "status": "waiting",
+                "step": step.position,
+                "countdown": max((step.next_attempt_at - now).total_seconds(), 0.05),
+            }
         run = lock_run(plan.run_id)
         comp = _declare_compensation(run, plan, step, actor, now)
         step.status, step.attempts = CompensationStep.RUNNING, step.attempts + 1
-        step.claimed_by, step.claimed_until = task_id, now + timedelta(seconds=plan.options.get("claim_ttl_s", 60))
+        step.claimed_by, step.claimed_until = (
+            task_id,
+            now + timedelta(seconds=plan.options.get("claim_ttl_s", 60)),
+        )
         step.started_at = step.started_at or now
-        step.save(update_fields=["status", "attempts", "claimed_by", "claimed_until", "started_at", "compensation_effect"])
+        step.save(
+            update_fields=[
+                "status",
+                "attempts",
+                "claimed_by",
+                "claimed_until",
+                "started_at",
+                "compensation_effect",
+            ]
+        )
         if plan.status == CompensationPlan.PENDING:
             plan.status, plan.started_at = CompensationPlan.RUNNING, now
             append_history(run, "compensation_started", {"plan": str(plan.pk)}, actor=actor)
         plan.updated_at = now
         plan.save(update_fields=["status", "started_at", "updated_at"])
         e = step.effect
-        info = EffectInfo(tool=e.tool, action=e.action, idempotency_key=e.idempotency_key, args=e.args,
-                          external_ref=e.external_ref, outcome_detail=e.outcome_detail, compensation=e.compensation)
+        info = EffectInfo(
+            tool=e.tool,
+            action=e.action,
+            idempotency_key=e.idempotency_key,
+            args=e.args,
+            external_ref=e.external_ref,
+            outcome_detail=e.outcome_detail,
+            compensation=e.compensation,
+        )
         return StepClaim(step.pk, step.attempts, info, comp.idempotency_key)
 
 
-def _declare_compensation(run: Run, plan: CompensationPlan, step: CompensationStep, actor: Actor, now) -> Effect:
+def _declare_compensation(
+    run: Run, plan: CompensationPlan, step: CompensationStep, actor: Actor, now
+) -> Effect:
     """The compensation is a ledger effect of its own, declared once; every retry reuses it (and its key)."""
     if step.compensation_effect_id:
         return Effect.objects.get(pk=step.compensation_effect_id)
-    existing = Effect.objects.filter(run=run, idempotency_key=step.idempotency_key, decision=Effect.AUTHORIZED).first()
+    existing = Effect.objects.filter(
+        run=run, idempotency_key=step.idempotency_key, decision=Effect.AUTHORIZED
+    ).first()
     if existing is not None:
         step.compensation_effect = existing
         return existing
     comp = Effect.objects.create(
-        run=run, kind=Effect.COMPENSATION, compensates=step.effect, step=f"compensate:{step.effect.step}",
-        tool=step.tool, action=step.action, idempotency_key=step.idempotency_key,
-        fingerprint=fingerprint(step.tool, step.action, step.args), args=step.args,
-        decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT, declared_at=now)
+        run=run,
+        kind=Effect.COMPENSATION,
+        compensates=step.effect,
+        step=f"compensate:{step.effect.step}",
+        tool=step.tool,
+        action=step.action,
+        idempotency_key=step.idempotency_key,
+        fingerprint=fingerprint(step.tool, step.action, step.args),
+        args=step.args,
+        decision=Effect.AUTHORIZED,
+        status=Effect.IN_FLIGHT,
+        declared_at=now,
+    )
     step.compensation_effect = comp
-    append_history(run, "effect_intent", {"effect": str(comp.pk), "kind": Effect.COMPENSATION, "step": comp.step,
-                                          "tool": comp.tool, "action": comp.action, "idempotency_key": comp.idempotency_key,
-                                          "compensates": str(step.effect_id), "plan": str(plan.pk)}, actor=actor)
-    record_audit(actor=actor, action="effect.declare", object_type="effect", object_id=comp.pk, run_id=run.pk,
-                 context={"decision": "authorized", "kind": Effect.COMPENSATION, "compensates": str(step.effect_id),
-                          "tool": comp.tool, "action": comp.action, "idempotency_key": comp.idempotency_key,
-                          "plan": str(plan.pk), "position": step.position})
+    append_history(
+        run,
+        "effect_intent",
+        {
+            "effect": str(comp.pk),
+            "kind": Effect.COMPENSATION,
+            "step": comp.step,
+            "tool": comp.tool,
+            "action": comp.action,
+            "idempotency_key": comp.idempotency_key,
+            "compensates": str(step.effect_id),
+            "plan": str(plan.pk),
+        },
+        actor=actor,
+    )
+    record_audit(
+        actor=actor,
+        action="effect.declare",
+        object_type="effect",
+        object_id=comp.pk,
+        run_id=run.pk,
+        context={
+            "decision": "authorized",
+            "kind": Effect.COMPENSATION,
+            "compensates": str(step.effect_id),
+            "tool": comp.tool,
+            "action": comp.action,
+            "idempotency_key": comp.idempotency_key,
+            "plan": str(plan.pk),
+            "position": step.position,
+        },
+    )
     return comp
 
 
 def _call_compensator(claim: StepClaim) -> CompensationResult:
     fn = get_compensator(claim.info.tool, claim.info.action)
     if fn is None:
-        return CompensationResult(ok=False, retryable=False, detail={
-            "error": "no_compensator", "message": f"no compensator registered for {claim.info.tool}:{claim.info.action}"})
+        return CompensationResult(
+            ok=False,
+            retryable=False,
+            detail={
+                "error": "no_compensator",
+                "message": f"no compensator registered for {claim.info.tool}:{claim.info.action}",
+            },
+        )
     try:
         return fn(claim.info, claim.key)
-    except Exception as exc:  # an adapter bug must not kill the plan; we cannot know whether it committed
+    except (
+        Exception
+    ) as exc:  # an adapter bug must not kill the plan; we cannot know whether it committed
         log.exception("compensator for %s:%s raised", claim.info.tool, claim.info.action)
-        return CompensationResult(ok=False, retryable=True,
-                                  detail={"error": "compensator_raised", "message": repr(exc), "ambiguous": True})
+        return CompensationResult(
+            ok=False,
+            retryable=True,
+            detail={"error": "compensator_raised", "message": repr(exc), "ambiguous": True},
+        )
 
 
-def _record_attempt(plan_id: str, claim: StepClaim, result: CompensationResult, actor: Actor) -> dict[str, Any] | None:
+def _record_attempt(
+    plan_id: str, claim: StepClaim, result: CompensationResult, actor: Actor
+) -> dict[str, Any] | None:
     """None: go on with the next step. A dict: stop here (and, with a countdown, come back later)."""
     with transaction.atomic():
         plan = CompensationPlan.objects.select_for_update().get(pk=plan_id)
         run = lock_run(plan.run_id)
-        step = CompensationStep.objects.select_for_update(of=("self",)).select_related("effect", "compensation_effect").get(
-            pk=claim.step_id)
+        step = (
+            CompensationStep.objects.select_for_update(of=("self",))
+            .select_related("effect", "compensation_effect")
+            .get(pk=claim.step_id)
+        )
         if step.status not in CompensationStep.OPEN:
             return None  # another delivery recorded this step already
         now = timezone.now()
@@ -304,49 +485,127 @@ def _record_attempt(plan_id: str, claim: StepClaim, result: CompensationResult, 
         return _step_failed_attempt(run, plan, step, claim, result, actor, now)
 
 
-def _step_done(run: Run, plan: CompensationPlan, step: CompensationStep, result: CompensationResult, actor: Actor, now) -> None:
+def _step_done(
+    run: Run,
+    plan: CompensationPlan,
+    step: CompensationStep,
+    result: CompensationResult,
+    actor: Actor,
+    now,
+) -> None:
     comp = step.compensation_effect
-    comp.status, comp.outcome_at, comp.external_ref, comp.outcome_detail = Effect.COMMITTED, now, result.external_ref, result.detail
+    comp.status, comp.outcome_at, comp.external_ref, comp.outcome_detail = (
+        Effect.COMMITTED,
+        now,
+        result.external_ref,
+        result.detail,
+    )
     comp.save(update_fields=["status", "outcome_at", "external_ref", "outcome_detail"])
     Effect.objects.filter(pk=step.effect_id).update(compensation_status=COMPENSATED)
-    step.status, step.finished_at, step.external_ref = CompensationStep.DONE, now, result.external_ref
+    step.status, step.finished_at, step.external_ref = (
+        CompensationStep.DONE,
+        now,
+        result.external_ref,
+    )
     step.claimed_until, step.next_attempt_at = None, None
-    step.save(update_fields=["status", "finished_at", "external_ref", "claimed_until", "next_attempt_at"])
-    data = {"plan": str(plan.pk), "position": step.position, "effect": str(step.effect_id),
-            "compensation_effect": str(comp.pk), "idempotency_key": comp.idempotency_key,
-            "external_ref": result.external_ref, "attempts": step.attempts}
-    append_history(run, "effect_outcome", {"effect": str(comp.pk), "status": Effect.COMMITTED,
-                                           "external_ref": result.external_ref, "kind": Effect.COMPENSATION}, actor=actor)
+    step.save(
+        update_fields=["status", "finished_at", "external_ref", "claimed_until", "next_attempt_at"]
+    )
+    data = {
+        "plan": str(plan.pk),
+        "position": step.position,
+        "effect": str(step.effect_id),
+        "compensation_effect": str(comp.pk),
+        "idempotency_key": comp.idempotency_key,
+        "external_ref": result.external_ref,
+        "attempts": step.attempts,
+    }
+    append_history(
+        run,
+        "effect_outcome",
+        {
+            "effect": str(comp.pk),
+            "status": Effect.COMMITTED,
+            "external_ref": result.external_ref,
+            "kind": Effect.COMPENSATION,
+        },
+        actor=actor,
+    )
     append_history(run, "compensation_step_done", data, actor=actor)
-    record_audit(actor=actor, action="compensation.step", object_type="effect", object_id=step.effect_id,
-                 run_id=run.pk, context={**data, "status": "done"})
+    record_audit(
+        actor=actor,
+        action="compensation.step",
+        object_type="effect",
+        object_id=step.effect_id,
+        run_id=run.pk,
+        context={**data, "status": "done"},
+    )
     notify_run_changed(run)
 
 
 def _step_failed_attempt(run, plan, step, claim, result, actor, now) -> dict[str, Any] | None:
     step.failures += 1
-    error = {"attempt": claim.attempt, "at": now.isoformat(), "retryable": result.retryable, **result.detail}
+    error = {
+        "attempt": claim.attempt,
+        "at": now.isoformat(),
+        "retryable": result.retryable,
+        **result.detail,
+    }
     step.last_error, step.errors = error, [*step.errors, error]
     max_attempts = int(plan.options.get("max_attempts", DEFAULT_OPTIONS["max_attempts"]))
     retry, delay = result.retryable and step.failures < max_attempts, 0.0
-    data = {"plan": str(plan.pk), "position": step.position, "effect": str(step.effect_id),
-            "idempotency_key": step.idempotency_key, "failures": step.failures, "max_attempts": max_attempts,
-            "error": result.detail.get("error", "failed"), "retryable": result.retryable}
+    data = {
+        "plan": str(plan.pk),
+        "position": step.position,
+        "effect": str(step.effect_id),
+        "idempotency_key": step.idempotency_key,
+        "failures": step.failures,
+        "max_attempts": max_attempts,
+        "error": result.detail.get("error", "failed"),
+        "retryable": result.retryable,
+    }
     if retry:
-        delay = float(plan.options.get("backoff_s", DEFAULT_OPTIONS["backoff_s"])) * 2 ** (step.failures - 1)
-        step.status, step.next_attempt_at, step.claimed_until = CompensationStep.PENDING, now + timedelta(seconds=delay), None
+        delay = float(plan.options.get("backoff_s", DEFAULT_OPTIONS["backoff_s"])) * 2 ** (
+            step.failures - 1
+        )
+        step.status, step.next_attempt_at, step.claimed_until = (
+            CompensationStep.PENDING,
+            now + timedelta(seconds=delay),
+            None,
+        )
         data["retry_in_s"] = delay
     else:
         step.status, step.finished_at, step.claimed_until = CompensationStep.FAILED, now, None
         _compensation_failed_for_good(step, result, now)
-    step.save(update_fields=["failures", "last_error", "errors", "status", "next_attempt_at", "claimed_until", "finished_at"])
+    step.save(
+        update_fields=[
+            "failures",
+            "last_error",
+            "errors",
+            "status",
+            "next_attempt_at",
+            "claimed_until",
+            "finished_at",
+        ]
+    )
     kind = "compensation_attempt_failed" if retry else "compensation_step_failed"
     append_history(run, kind, data, actor=actor)
-    record_audit(actor=actor, action=f"compensation.{'attempt_failed' if retry else 'step_failed'}", object_type="effect",
-                 object_id=step.effect_id, run_id=run.pk, outcome=AuditEvent.ERROR, reason=str(result.detail.get("message", "")),
-                 context={**data, "detail": result.detail})
+    record_audit(
+        actor=actor,
+        action=f"compensation.{'attempt_failed' if retry else 'step_failed'}",
+        object_type="effect",
+        object_id=step.effect_id,
+        run_id=run.pk,
+        outcome=AuditEvent.ERROR,
+        reason=str(result.detail.get("message", "")),
+        context={**data, "detail": result.detail},
+    )
     notify_run_changed(run)
-    return {"status": "retry_scheduled", "step": step.position, "countdown": delay} if retry and delay > 0 else None
+    return (
+        {"status": "retry_scheduled", "step": step.position, "countdown": delay}
+        if retry and delay > 0
+        else None
+    )
 
 
 def _compensation_failed_for_good(step: CompensationStep, result: CompensationResult, now) -> None:
@@ -364,27 +623,68 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
     steps = list(plan.steps.select_related("effect").order_by("position"))
     done = [s for s in steps if s.status == CompensationStep.DONE]
     failed = [s for s in steps if s.status == CompensationStep.FAILED]
-    status = (CompensationPlan.COMPLETED if not failed else
-              CompensationPlan.FAILED if not done else CompensationPlan.PARTIALLY_FAILED)
+    status = (
+        CompensationPlan.COMPLETED
+        if not failed
+        else CompensationPlan.FAILED
+        if not done
+        else CompensationPlan.PARTIALLY_FAILED
+    )
     now = timezone.now()
-    summary = (f"compensation {status}: {len(done)} of {len(steps)} step(s) done, {len(failed)} failed, "
-               f"{len(plan.called_out)} called out (not executed), {len(plan.skipped)} skipped")
+    summary = (
+        f"compensation {status}: {len(done)} of {len(steps)} step(s) done, {len(failed)} failed, "
+        f"{len(plan.called_out)} called out (not executed), {len(plan.skipped)} skipped"
+    )
     plan.status, plan.finished_at, plan.updated_at = status, now, now
-    plan.result = {"plan_status": status, "summary": summary, "done": len(done), "failed": len(failed),
-                   "failed_steps": [step_dict(s) for s in failed], "called_out": plan.called_out}
+    plan.result = {
+        "plan_status": status,
+        "summary": summary,
+        "done": len(done),
+        "failed": len(failed),
+        "failed_steps": [step_dict(s) for s in failed],
+        "called_out": plan.called_out,
+    }
     plan.save(update_fields=["status", "finished_at", "updated_at", "result"])
     run = lock_run(plan.run_id)
-    event = Event.COMPENSATION_COMPLETED if status == CompensationPlan.COMPLETED else Event.COMPENSATION_FAILED
-    append_history(run, "compensation_finished", {"plan": str(plan.pk), "status": status, "summary": summary}, actor=actor)
+    event = (
+        Event.COMPENSATION_COMPLETED
+        if status == CompensationPlan.COMPLETED
+        else Event.COMPENSATION_FAILED
+    )
+    append_history(
+        run,
+        "compensation_finished",
+        {"plan": str(plan.pk), "status": status, "summary": summary},
+        actor=actor,
+    )
     if transition(run.state, event) is not None:
-        apply_transition(run, event, actor=actor, reason=summary, data={"plan": str(plan.pk), "plan_status": status})
-    record_audit(actor=actor, action="compensation.plan_finished", object_type="compensation_plan", object_id=plan.pk,
-                 run_id=run.pk, reason=summary, outcome=AuditEvent.ALLOWED if not failed else AuditEvent.ERROR,
-                 context={"plan_status": status, "run_state": run.state, "failed": [s.idempotency_key for s in failed]})
+        apply_transition(
+            run,
+            event,
+            actor=actor,
+            reason=summary,
+            data={"plan": str(plan.pk), "plan_status": status},
+        )
+    record_audit(
+        actor=actor,
+        action="compensation.plan_finished",
+        object_type="compensation_plan",
+        object_id=plan.pk,
+        run_id=run.pk,
+        reason=summary,
+        outcome=AuditEvent.ALLOWED if not failed else AuditEvent.ERROR,
+        context={
+            "plan_status": status,
+            "run_state": run.state,
+            "failed": [s.idempotency_key for s in failed],
+        },
+    )
     intervention = Intervention.objects.select_for_update().get(pk=plan.intervention_id)
     result = {"plan_status": status, "summary": summary, "plan": plan_dict(plan)}
     if intervention.kind == "compensate":
-        finish_job(intervention, Intervention.COMPLETED if not failed else Intervention.FAILED, result)
+        finish_job(
+            intervention, Intervention.COMPLETED if not failed else Intervention.FAILED, result
+        )
     else:  # a recovery chose to compensate: its own job result stays; the plan's is added beside it
         intervention.receipt = {**intervention.receipt, "compensation": result}
         intervention.save(update_fields=["receipt"])
@@ -392,6 +692,7 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
 
 
 # -- the safety net ---------------------------------------------------------------------------------
+
 
 def stalled_plans(*, now=None, grace_s: int = STALL_GRACE_S) -> list[str]:
     """Live plans nobody is driving: a step claimed by a worker that died (claim expired), or no

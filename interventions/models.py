@@ -1,4 +1,5 @@
 """Interventions: one operator action each, with its preview, receipt and follow-up jobs."""
+
 from __future__ import annotations
 
 import uuid
@@ -14,7 +15,9 @@ class Intervention(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="interventions")
     kind = models.CharField(max_length=30)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
     actor_label = models.CharField(max_length=150)
     role = models.CharField(max_length=50, blank=True)
     reason = models.TextField()
@@ -31,9 +34,13 @@ class Intervention(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.CheckConstraint(condition=~models.Q(reason=""), name="intervention_reason_required"),
-            models.CheckConstraint(condition=models.Q(scope__in=["run", "tree"]), name="intervention_scope_valid"),
+            models.CheckConstraint(
+                condition=~models.Q(reason=""), name="intervention_reason_required"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(scope__in=["run", "tree"]), name="intervention_scope_valid"
+            ),
         ]
 
 
-from interventions.models_compensation import *  # noqa: E402,F401,F403  (CompensationPlan, CompensationStep)
+from interventions.models_compensation import *  # noqa: E402, F403  (CompensationPlan, CompensationStep)

@@ -5,6 +5,7 @@ commits: its steps are the committed action effects to undo, in reverse order. T
 lock the executor takes, so two deliveries of the Celery job never run a step at the same time; each
 step's compensation is itself a ledger Effect (kind="compensation") with its own idempotency key.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -25,8 +26,9 @@ class CompensationPlan(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="compensation_plans")
     # The compensate intervention, or the recover intervention that chose to compensate.
-    intervention = models.ForeignKey("interventions.Intervention", on_delete=models.PROTECT,
-                                     related_name="compensation_plans")
+    intervention = models.ForeignKey(
+        "interventions.Intervention", on_delete=models.PROTECT, related_name="compensation_plans"
+    )
     status = models.CharField(max_length=20, default=PENDING)
     options = models.JSONField(default=dict, blank=True)  # max_attempts, backoff_s, claim_ttl_s
     # Called out, never executed: irreversible effects and effects without a usable compensation.
@@ -41,11 +43,18 @@ class CompensationPlan(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(status__in=["pending", "running", "completed", "partially_failed", "failed"]),
-                                   name="compensation_plan_status_valid"),
+            models.CheckConstraint(
+                condition=models.Q(
+                    status__in=["pending", "running", "completed", "partially_failed", "failed"]
+                ),
+                name="compensation_plan_status_valid",
+            ),
             # One live plan per run: two plans undoing the same effects at once is never right.
-            models.UniqueConstraint(fields=["run"], condition=models.Q(status__in=["pending", "running"]),
-                                    name="one_live_compensation_plan_per_run"),
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=models.Q(status__in=["pending", "running"]),
+                name="one_live_compensation_plan_per_run",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -59,18 +68,25 @@ class CompensationStep(models.Model):
 
     plan = models.ForeignKey(CompensationPlan, on_delete=models.PROTECT, related_name="steps")
     position = models.PositiveIntegerField()  # execution order: 1 runs first
-    effect = models.ForeignKey("runs.Effect", on_delete=models.PROTECT, related_name="compensation_steps")
+    effect = models.ForeignKey(
+        "runs.Effect", on_delete=models.PROTECT, related_name="compensation_steps"
+    )
     # The compensation's own ledger effect, declared when the step first runs and reused by every
     # retry (same idempotency key, so the external system applies it at most once).
-    compensation_effect = models.ForeignKey("runs.Effect", null=True, blank=True, on_delete=models.PROTECT,
-                                            related_name="+")
-    tool = models.CharField(max_length=100)    # of the compensation (from the declared spec)
+    compensation_effect = models.ForeignKey(
+        "runs.Effect", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    tool = models.CharField(max_length=100)  # of the compensation (from the declared spec)
     action = models.CharField(max_length=100)
     args = models.JSONField(default=dict, blank=True)
-    idempotency_key = models.CharField(max_length=200)  # the compensation's own key, fixed at plan time
+    idempotency_key = models.CharField(
+        max_length=200
+    )  # the compensation's own key, fixed at plan time
     status = models.CharField(max_length=10, default=PENDING)
     attempts = models.PositiveIntegerField(default=0)  # compensator calls started
-    failures = models.PositiveIntegerField(default=0)  # failures recorded (retries are bounded by these)
+    failures = models.PositiveIntegerField(
+        default=0
+    )  # failures recorded (retries are bounded by these)
     last_error = models.JSONField(null=True, blank=True)
     errors = models.JSONField(default=list, blank=True)  # every recorded failure, in order
     next_attempt_at = models.DateTimeField(null=True, blank=True)  # backoff
@@ -86,8 +102,14 @@ class CompensationStep(models.Model):
     class Meta:
         ordering = ["plan", "position"]
         constraints = [
-            models.UniqueConstraint(fields=["plan", "position"], name="compensation_step_position_unique"),
-            models.UniqueConstraint(fields=["plan", "effect"], name="compensation_step_effect_unique"),
-            models.CheckConstraint(condition=models.Q(status__in=["pending", "running", "done", "failed"]),
-                                   name="compensation_step_status_valid"),
+            models.UniqueConstraint(
+                fields=["plan", "position"], name="compensation_step_position_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["plan", "effect"], name="compensation_step_effect_unique"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["pending", "running", "done", "failed"]),
+                name="compensation_step_status_valid",
+            ),
         ]

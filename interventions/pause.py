@@ -2,18 +2,19 @@
 authorised (declare_effect sees the state under the same row lock); in-flight work may finish and its
 outcome is recorded; timers, deadlines, signals and messages keep being recorded. Authority stays
 active unless the operator also suspends it."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from django.utils import timezone
 
-from audit.actors import Actor
+from core.actors import Actor
 from interventions import facts
 from interventions.base import Contract, Request, children_in_scope, descendants, register
 from interventions.models import Intervention
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
-from runs.services.common import apply_transition, append_history, lock_run
+from runs.services.common import append_history, apply_transition, lock_run
 from runs.states import Event, State, transition
 
 
@@ -22,35 +23,51 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "stops": "no new effect is authorised and no new step should start, from the moment the pause commits",
         "in_flight_effects": facts.in_flight_effects(run),
-        "continues": ["in-flight effects may complete; their outcomes are recorded",
-                      "timers and deadlines keep running", "signals and operator messages are recorded"],
+        "continues": [
+            "in-flight effects may complete; their outcomes are recorded",
+            "timers and deadlines keep running",
+            "signals and operator messages are recorded",
+        ],
         "timers": facts.timers(run),
         "deadline": facts.deadline(run),
         "children": children_in_scope(run, req, Event.PAUSE),
         "authority": facts.active_grants(run),
-        "authority_change": "grants will be suspended" if suspend else "none: grants stay active until they expire",
+        "authority_change": "grants will be suspended"
+        if suspend
+        else "none: grants stay active until they expire",
         "resume_from": facts.resume_point(run),
     }
 
 
 def _pause_one(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    in_flight = Effect.objects.filter(run=run, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT).exists()
+    in_flight = Effect.objects.filter(
+        run=run, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT
+    ).exists()
     apply_transition(run, Event.PAUSE, actor=actor, reason=req.reason, data={"scope": req.scope})
     if run.state == State.PAUSING and not in_flight:
         # Nothing dispatched: there is no boundary to wait for, so the pause completes now and the
         # lease is released; the worker's next heartbeat reads directive "pause".
         now = timezone.now()
         ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE).update(
-            status=ExecutionLease.RELEASED, ended_at=now, end_reason="paused: nothing in flight")
-        apply_transition(run, Event.WORKER_STOPPED, actor=actor, reason="nothing in flight: paused at once")
+            status=ExecutionLease.RELEASED, ended_at=now, end_reason="paused: nothing in flight"
+        )
+        apply_transition(
+            run, Event.WORKER_STOPPED, actor=actor, reason="nothing in flight: paused at once"
+        )
     suspended = []
     if req.options.get("suspend_authority"):
         for grant in AuthorityGrant.objects.filter(run=run, status=AuthorityGrant.ACTIVE):
             grant.status, grant.changed_at, grant.changed_by, grant.change_reason = (
-                AuthorityGrant.SUSPENDED, timezone.now(), actor.label, req.reason)
+                AuthorityGrant.SUSPENDED,
+                timezone.now(),
+                actor.label,
+                req.reason,
+            )
             grant.save(update_fields=["status", "changed_at", "changed_by", "change_reason"])
             suspended.append(grant.scope)
-        append_history(run, "authority_suspended", {"scopes": suspended, "reason": req.reason}, actor=actor)
+        append_history(
+            run, "authority_suspended", {"scopes": suspended, "reason": req.reason}, actor=actor
+        )
     return {"run_id": str(run.pk), "state": run.state, "suspended": suspended}
 
 
@@ -74,7 +91,9 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         "authority_suspended": result["suspended"],
         "timers": facts.timers(run),
         "resume_from": facts.resume_point(run),
-        "waiting_for": "the worker to stop at a step boundary" if run.state == State.PAUSING else None,
+        "waiting_for": "the worker to stop at a step boundary"
+        if run.state == State.PAUSING
+        else None,
     }
 
 

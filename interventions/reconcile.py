@@ -4,6 +4,7 @@ Either an operator records what they found (with evidence), or a registered reco
 external system by idempotency key. Retry, resume and recovery refuse to proceed past an unknown
 effect; this is how it becomes known.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,50 +12,93 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
-from audit.actors import Actor, system_actor
 from audit.services import record_audit
-from controlplane.roles import may
+from core.actors import Actor, system_actor
+from core.errors import Conflict, Forbidden, Invalid
+from core.roles import may
 from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from interventions.registry import get_reconciler
-from runs.errors import Conflict, Forbidden, Invalid
 from runs.models import Effect, Run
 from runs.services.common import append_history, decision, lock_run, notify_run_changed
 from runs.services.effects import effect_run_id
 from runs.states import LEASED_STATES
 
 
-def reconcile_effect(*, actor: Actor, effect_id: Any, outcome: str, evidence: Any, external_ref: str = "",
-                     reason: str = "", source: str = "operator") -> Effect:
+def reconcile_effect(
+    *,
+    actor: Actor,
+    effect_id: Any,
+    outcome: str,
+    evidence: Any,
+    external_ref: str = "",
+    reason: str = "",
+    source: str = "operator",
+) -> Effect:
     if outcome not in (Effect.COMMITTED, Effect.FAILED):
         raise Invalid("outcome must be committed or failed", field="outcome")
     if actor.kind == "user" and not may(actor.roles, "reconcile"):
         raise Forbidden("your role may not reconcile effects")
     if actor.is_worker:
-        raise Forbidden("workers report outcomes; reconciliation is an operator's or the control plane's")
+        raise Forbidden(
+            "workers report outcomes; reconciliation is an operator's or the control plane's"
+        )
     run_id = effect_run_id(effect_id)
     with decision(actor, "effect.reconcile", "effect", effect_id, run_id):
         run = lock_run(run_id)
         effect = Effect.objects.select_for_update().get(pk=effect_id)
         if effect.status not in Effect.UNRESOLVED:
-            raise Conflict(f"effect is already {effect.status}; only in_flight or unknown effects are reconciled",
-                           status=effect.status)
-        if effect.status == Effect.IN_FLIGHT and run.state in LEASED_STATES and source == "operator":
-            raise Conflict("the worker still holds the lease and may report this outcome; pause or wait first",
-                           state=run.state)
+            raise Conflict(
+                f"effect is already {effect.status}; only in_flight or unknown effects are reconciled",
+                status=effect.status,
+            )
+        if (
+            effect.status == Effect.IN_FLIGHT
+            and run.state in LEASED_STATES
+            and source == "operator"
+        ):
+            raise Conflict(
+                "the worker still holds the lease and may report this outcome; pause or wait first",
+                state=run.state,
+            )
         before = effect.status
         effect.status, effect.reconciled, effect.outcome_at = outcome, True, timezone.now()
         effect.external_ref = external_ref or effect.external_ref
-        effect.reconciliation = {"outcome": outcome, "evidence": evidence, "by": actor.label, "source": source,
-                                 "reason": reason, "at": timezone.now().isoformat(), "was": before}
-        effect.save(update_fields=["status", "reconciled", "outcome_at", "external_ref", "reconciliation"])
-        append_history(run, "effect_reconciled", {"effect": str(effect.pk), "was": before, "now": outcome,
-                                                  "source": source}, actor=actor)
-        record_audit(actor=actor, action="effect.reconcile", object_type="effect", object_id=effect.pk, run_id=run.pk,
-                     reason=reason, context={"was": before, "now": outcome, "evidence": evidence, "source": source,
-                                             "idempotency_key": effect.idempotency_key,
-                                             "unresolved_effects": facts.unknown_effects(run)})
+        effect.reconciliation = {
+            "outcome": outcome,
+            "evidence": evidence,
+            "by": actor.label,
+            "source": source,
+            "reason": reason,
+            "at": timezone.now().isoformat(),
+            "was": before,
+        }
+        effect.save(
+            update_fields=["status", "reconciled", "outcome_at", "external_ref", "reconciliation"]
+        )
+        append_history(
+            run,
+            "effect_reconciled",
+            {"effect": str(effect.pk), "was": before, "now": outcome, "source": source},
+            actor=actor,
+        )
+        record_audit(
+            actor=actor,
+            action="effect.reconcile",
+            object_type="effect",
+            object_id=effect.pk,
+            run_id=run.pk,
+            reason=reason,
+            context={
+                "was": before,
+                "now": outcome,
+                "evidence": evidence,
+                "source": source,
+                "idempotency_key": effect.idempotency_key,
+                "unresolved_effects": facts.unknown_effects(run),
+            },
+        )
         notify_run_changed(run)
     return effect
 
@@ -67,21 +111,48 @@ def auto_reconcile(effect_id: Any, actor: Actor | None = None) -> dict[str, Any]
         return {"effect": str(effect.pk), "outcome": effect.status, "already": True}
     reconciler = get_reconciler(effect.tool)
     if reconciler is None:
-        return {"effect": str(effect.pk), "outcome": "unknown", "why": f"no reconciler registered for {effect.tool}"}
+        return {
+            "effect": str(effect.pk),
+            "outcome": "unknown",
+            "why": f"no reconciler registered for {effect.tool}",
+        }
     answer = reconciler(effect.tool, effect.action, effect.idempotency_key)
     if answer.outcome == "unknown":
-        return {"effect": str(effect.pk), "outcome": "unknown", "why": "the external system could not answer",
-                "evidence": answer.evidence}
+        return {
+            "effect": str(effect.pk),
+            "outcome": "unknown",
+            "why": "the external system could not answer",
+            "evidence": answer.evidence,
+        }
     outcome = Effect.COMMITTED if answer.outcome == "committed" else Effect.FAILED
-    evidence = {"asked": f"{effect.tool} by idempotency key {effect.idempotency_key}", "answer": answer.outcome,
-                **answer.evidence}
+    evidence = {
+        "asked": f"{effect.tool} by idempotency key {effect.idempotency_key}",
+        "answer": answer.outcome,
+        **answer.evidence,
+    }
     try:
-        reconcile_effect(actor=actor, effect_id=effect.pk, outcome=outcome, evidence=evidence,
-                         external_ref=answer.external_ref, reason="reconciled with the external system", source="reconciler")
+        reconcile_effect(
+            actor=actor,
+            effect_id=effect.pk,
+            outcome=outcome,
+            evidence=evidence,
+            external_ref=answer.external_ref,
+            reason="reconciled with the external system",
+            source="reconciler",
+        )
     except Conflict as err:  # someone settled it meanwhile; report what is recorded now
-        return {"effect": str(effect.pk), "outcome": Effect.objects.get(pk=effect.pk).status, "already": True,
-                "detail": err.detail}
-    return {"effect": str(effect.pk), "outcome": outcome, "evidence": evidence, "external_ref": answer.external_ref}
+        return {
+            "effect": str(effect.pk),
+            "outcome": Effect.objects.get(pk=effect.pk).status,
+            "already": True,
+            "detail": err.detail,
+        }
+    return {
+        "effect": str(effect.pk),
+        "outcome": outcome,
+        "evidence": evidence,
+        "external_ref": answer.external_ref,
+    }
 
 
 @shared_task(acks_late=True)
@@ -92,20 +163,31 @@ def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
     from interventions.base import finish_job
 
     intervention = Intervention.objects.get(pk=intervention_id)
-    results = [auto_reconcile(e.pk) for e in Effect.objects.filter(run_id=intervention.run_id, decision=Effect.AUTHORIZED,
-                                                                  status__in=Effect.UNRESOLVED)
-               if not (e.status == Effect.IN_FLIGHT and Run.objects.get(pk=e.run_id).state in LEASED_STATES)]
+    results = [
+        auto_reconcile(e.pk)
+        for e in Effect.objects.filter(
+            run_id=intervention.run_id, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
+        )
+        if not (
+            e.status == Effect.IN_FLIGHT and Run.objects.get(pk=e.run_id).state in LEASED_STATES
+        )
+    ]
     still = [r for r in results if r["outcome"] == "unknown"]
     with transaction.atomic():
         locked = Intervention.objects.select_for_update().get(pk=intervention_id)
-        finish_job(locked, Intervention.COMPLETED if not still else Intervention.FAILED,
-                   {"reconciled": results, "still_unknown": len(still)})
+        finish_job(
+            locked,
+            Intervention.COMPLETED if not still else Intervention.FAILED,
+            {"reconciled": results, "still_unknown": len(still)},
+        )
     return {"results": results}
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    return {"unresolved_effects": facts.unknown_effects(run),
-            "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence"}
+    return {
+        "unresolved_effects": facts.unknown_effects(run),
+        "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence",
+    }
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:

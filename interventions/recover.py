@@ -12,6 +12,7 @@ control plane itself; an operator may issue it too. The job :func:`run_recovery`
 The RecoveryReport (what was found, every check, the choice and its reason) goes on the receipt, into
 the run's history and into the audit log.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,19 +25,34 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actors import Actor, system_actor
 from audit.chain import canonical, normalise
 from audit.services import record_audit
+from core.actors import Actor, system_actor
+from core.errors import Conflict, Invalid
 from interventions import facts
-from interventions.base import Contract, Request, check_transition, finish_job, lock_pending_job, register
+from interventions.base import (
+    Contract,
+    Request,
+    check_transition,
+    finish_job,
+    lock_pending_job,
+    register,
+)
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
-from runs.errors import Conflict, Invalid
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services.common import (append_history, apply_transition, decision, latest_checkpoint, lock_run,
-                                  run_snapshot, verify_history)
+from runs.services.common import (
+    append_history,
+    apply_transition,
+    decision,
+    latest_checkpoint,
+    lock_run,
+    run_snapshot,
+    verify_history,
+)
+from runs.services.lifecycle import expire_leases
 from runs.states import Event, State
 
 PREFERENCES = ("redrive", "compensate", "escalate")
@@ -58,8 +74,14 @@ def _dead_lease(run: Run) -> dict[str, Any] | None:
     lease = ExecutionLease.objects.filter(run=run).order_by("-fencing_token").first()
     if lease is None:
         return None
-    return {"id": str(lease.pk), "worker": lease.worker, "fencing_token": lease.fencing_token, "status": lease.status,
-            "expires_at": lease.expires_at.isoformat(), "end_reason": lease.end_reason}
+    return {
+        "id": str(lease.pk),
+        "worker": lease.worker,
+        "fencing_token": lease.fencing_token,
+        "status": lease.status,
+        "expires_at": lease.expires_at.isoformat(),
+        "end_reason": lease.end_reason,
+    }
 
 
 def version_check(run: Run) -> dict[str, Any]:
@@ -68,28 +90,58 @@ def version_check(run: Run) -> dict[str, Any]:
     unknown is runnable only if the run pins nothing (nothing can mismatch); otherwise not confirmed."""
     pinned, current = run.versions or {}, run.agent.current_versions or {}
     if not pinned:
-        return {"runnable": True, "pinned": pinned, "current": current, "differences": [],
-                "note": "the run pins no versions: any worker of the agent may run it"}
+        return {
+            "runnable": True,
+            "pinned": pinned,
+            "current": current,
+            "differences": [],
+            "note": "the run pins no versions: any worker of the agent may run it",
+        }
     if not current:
-        return {"runnable": False, "pinned": pinned, "current": current, "differences": [], "unknown": True,
-                "note": f"no worker of {run.agent.name!r} has reported its versions: the pinned ones cannot be confirmed"}
+        return {
+            "runnable": False,
+            "pinned": pinned,
+            "current": current,
+            "differences": [],
+            "unknown": True,
+            "note": f"no worker of {run.agent.name!r} has reported its versions: the pinned ones cannot be confirmed",
+        }
     diffs = []
     for key, want in pinned.items():
         have = current.get(key)
         if isinstance(want, dict):
-            diffs += [{"key": f"{key}.{k}", "then": v, "now": (have or {}).get(k)}
-                      for k, v in want.items() if (have or {}).get(k) != v]
+            diffs += [
+                {"key": f"{key}.{k}", "then": v, "now": (have or {}).get(k)}
+                for k, v in want.items()
+                if (have or {}).get(k) != v
+            ]
         elif have != want:
             diffs.append({"key": key, "then": want, "now": have})
-    return {"runnable": not diffs, "pinned": pinned, "current": current, "differences": diffs,
-            "note": "a worker reports the run's versions" if not diffs else "the agent's workers now run other versions"}
+    return {
+        "runnable": not diffs,
+        "pinned": pinned,
+        "current": current,
+        "differences": diffs,
+        "note": "a worker reports the run's versions"
+        if not diffs
+        else "the agent's workers now run other versions",
+    }
 
 
 def _checkpoint_check(run: Run, cp: Checkpoint | None) -> dict[str, Any]:
     if cp is None:
         return {"ok": True, "note": "no checkpoint: a new attempt starts from the beginning"}
-    digest = hashlib.sha256(canonical({"run": str(run.pk), "seq": cp.seq, "step": cp.step, "state": cp.state,
-                                       "versions": cp.versions})).hexdigest()
+    digest = hashlib.sha256(
+        canonical(
+            {
+                "run": str(run.pk),
+                "seq": cp.seq,
+                "step": cp.step,
+                "state": cp.state,
+                "versions": cp.versions,
+            }
+        )
+    ).hexdigest()
     recorded = HistoryEvent.objects.filter(run=run, kind="checkpoint", data__seq=cp.seq).first()
     problems = []
     if digest != cp.hash:
@@ -111,16 +163,42 @@ def rebuild_state(run: Run) -> dict[str, Any]:
         e = effects.get(eid)
         if e is None:
             continue
-        rows.append({"effect": eid, "kind": e.kind, "step": e.step, "tool": e.tool, "action": e.action,
-                     "idempotency_key": e.idempotency_key, "status": e.status, "reconciled": e.reconciled,
-                     "on_redrive": _on_redrive(e)})
+        rows.append(
+            {
+                "effect": eid,
+                "kind": e.kind,
+                "step": e.step,
+                "tool": e.tool,
+                "action": e.action,
+                "idempotency_key": e.idempotency_key,
+                "status": e.status,
+                "reconciled": e.reconciled,
+                "on_redrive": _on_redrive(e),
+            }
+        )
     for ev in events:
-        name = ev.data.get("step") if ev.kind in ("step_started", "effect_intent", "step_completed") else None
+        name = (
+            ev.data.get("step")
+            if ev.kind in ("step_started", "effect_intent", "step_completed")
+            else None
+        )
         if name and name not in steps:
             steps.append(name)
-    return {"checkpoint": {"seq": cp.seq, "step": cp.step, "history_seq": cp.history_seq, "state": cp.state} if cp else None,
-            "history_after_checkpoint": [{"seq": ev.seq, "kind": ev.kind, "actor": ev.actor} for ev in events],
-            "effects_after_checkpoint": rows, "steps_to_rerun": steps}
+    return {
+        "checkpoint": {
+            "seq": cp.seq,
+            "step": cp.step,
+            "history_seq": cp.history_seq,
+            "state": cp.state,
+        }
+        if cp
+        else None,
+        "history_after_checkpoint": [
+            {"seq": ev.seq, "kind": ev.kind, "actor": ev.actor} for ev in events
+        ],
+        "effects_after_checkpoint": rows,
+        "steps_to_rerun": steps,
+    }
 
 
 def _on_redrive(e: Effect) -> str:
@@ -151,12 +229,21 @@ class RecoveryReport:
 def choose(report: RecoveryReport, prefer: str) -> tuple[str, str]:
     """(action, why): the first rule that matches, in the order of RULES."""
     if not report.history.get("ok"):
-        return "escalate", f"history chain broken at seq {report.history.get('first_broken_seq')} ({report.history.get('problem')})"
+        return (
+            "escalate",
+            f"history chain broken at seq {report.history.get('first_broken_seq')} ({report.history.get('problem')})",
+        )
     if not report.checkpoint.get("ok"):
-        return "escalate", f"checkpoint {report.checkpoint.get('seq')}: {'; '.join(report.checkpoint['problems'])}"
+        return (
+            "escalate",
+            f"checkpoint {report.checkpoint.get('seq')}: {'; '.join(report.checkpoint['problems'])}",
+        )
     if report.unresolved_after:
         keys = ", ".join(e["idempotency_key"] for e in report.unresolved_after)
-        return "escalate", f"{len(report.unresolved_after)} effect(s) still of unknown outcome after asking the world: {keys}"
+        return (
+            "escalate",
+            f"{len(report.unresolved_after)} effect(s) still of unknown outcome after asking the world: {keys}",
+        )
     if prefer == "escalate":
         return "escalate", "the operator asked for a human decision"
     if prefer == "compensate":
@@ -164,7 +251,10 @@ def choose(report: RecoveryReport, prefer: str) -> tuple[str, str]:
     if not report.versions.get("runnable"):
         return "escalate", f"versions not runnable: {report.versions.get('note')}"
     if report.attempts["used"] >= report.attempts["max"]:
-        return "escalate", f"{report.attempts['used']} of {report.attempts['max']} attempts used under the retry policy"
+        return (
+            "escalate",
+            f"{report.attempts['used']} of {report.attempts['max']} attempts used under the retry policy",
+        )
     return ("redrive" if report.rebuilt.get("checkpoint") else "retry"), _why_safe(report)
 
 
@@ -172,17 +262,28 @@ def _why_safe(report: RecoveryReport) -> str:
     rebuilt, cp = report.rebuilt, report.rebuilt.get("checkpoint")
     after = rebuilt["effects_after_checkpoint"]
     committed = [e for e in after if e["status"] == Effect.COMMITTED]
-    reconciled = [r for r in report.reconciliation if r.get("outcome") in (Effect.COMMITTED, Effect.FAILED) and not r.get("already")]
-    start = f"checkpoint {cp['seq']} ({cp['step']!r})" if cp else "the beginning (no checkpoint was written)"
+    reconciled = [
+        r
+        for r in report.reconciliation
+        if r.get("outcome") in (Effect.COMMITTED, Effect.FAILED) and not r.get("already")
+    ]
+    start = (
+        f"checkpoint {cp['seq']} ({cp['step']!r})"
+        if cp
+        else "the beginning (no checkpoint was written)"
+    )
     token = (report.dead_lease or {}).get("fencing_token")
-    return (f"every effect is accounted for ({len(reconciled)} reconciled with the external system just now); the history "
-            f"chain verified ({report.history.get('checked')} events); {report.versions.get('note')}. The new "
-            f"attempt starts from {start}: steps after it ({', '.join(rebuilt['steps_to_rerun']) or 'none'}) run again "
-            f"with the same idempotency keys, so the {len(committed)} effect(s) they already committed replay instead of "
-            f"repeating; the dead worker's fencing token {token} is refused from now on (the next claim gets a higher one).")
+    return (
+        f"every effect is accounted for ({len(reconciled)} reconciled with the external system just now); the history "
+        f"chain verified ({report.history.get('checked')} events); {report.versions.get('note')}. The new "
+        f"attempt starts from {start}: steps after it ({', '.join(rebuilt['steps_to_rerun']) or 'none'}) run again "
+        f"with the same idempotency keys, so the {len(committed)} effect(s) they already committed replay instead of "
+        f"repeating; the dead worker's fencing token {token} is refused from now on (the next claim gets a higher one)."
+    )
 
 
 # -- the contract -----------------------------------------------------------------------------------
+
 
 def _prefer(req: Request) -> str:
     prefer = req.options.get("prefer", "redrive")
@@ -192,23 +293,36 @@ def _prefer(req: Request) -> str:
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    return {"prefer": _prefer(req), "dead_lease": _dead_lease(run), "checkpoint": facts.resume_point(run),
-            "to_reconcile": facts.unknown_effects(run), "versions": version_check(run), "rules": RULES,
-            "how": "a job reconciles every unknown effect with the world, rebuilds state from the last checkpoint "
-                   "plus history, verifies the history chain and versions, then applies the first matching rule"}
+    return {
+        "prefer": _prefer(req),
+        "dead_lease": _dead_lease(run),
+        "checkpoint": facts.resume_point(run),
+        "to_reconcile": facts.unknown_effects(run),
+        "versions": version_check(run),
+        "rules": RULES,
+        "how": "a job reconciles every unknown effect with the world, rebuilds state from the last checkpoint "
+        "plus history, verifies the history chain and versions, then applies the first matching rule",
+    }
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
     prefer = _prefer(req)
     if prefer == "compensate":
-        plan_options(req.options.get("compensation") or {})  # refuse bad options now, not in the job
+        plan_options(
+            req.options.get("compensation") or {}
+        )  # refuse bad options now, not in the job
     apply_transition(run, Event.RECOVER, actor=actor, reason=req.reason, data={"prefer": prefer})
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
     intervention_id = str(intervention.pk)
     transaction.on_commit(lambda: run_recovery.delay(intervention_id), robust=True)
-    return {"state": run.state, "prefer": prefer, "dead_lease": _dead_lease(run), "job": {"status": "queued"},
-            "fencing": f"writes carrying fencing token {run.fencing_token} or older are refused"}
+    return {
+        "state": run.state,
+        "prefer": prefer,
+        "dead_lease": _dead_lease(run),
+        "job": {"status": "queued"},
+        "fencing": f"writes carrying fencing token {run.fencing_token} or older are refused",
+    }
 
 
 register(Contract(kind="recover", event=Event.RECOVER, preview=preview, apply=apply))
@@ -221,8 +335,11 @@ def on_orphaned(run_id: Any) -> Intervention | None:
     if not getattr(settings, "RECOVERY_AUTOMATIC", True):
         return None
     actor = system_actor("recovery-scan")
-    req = Request(kind="recover", reason="execution lease expired without release: the worker disappeared",
-                  options={"trigger": "lease_expired"})
+    req = Request(
+        kind="recover",
+        reason="execution lease expired without release: the worker disappeared",
+        options={"trigger": "lease_expired"},
+    )
     try:
         return issue_as_system(actor=actor, run_id=run_id, req=req)
     except Conflict:
@@ -237,19 +354,59 @@ def issue_as_system(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
         check_transition(run, Event.RECOVER)
         shown = preview(run, req, actor)
         intervention = Intervention.objects.create(
-            run=run, kind=req.kind, actor=None, actor_label=actor.label, role=actor.role, reason=req.reason,
-            scope="run", options=req.options, preview=normalise(shown), status=Intervention.APPLIED)
+            run=run,
+            kind=req.kind,
+            actor=None,
+            actor_label=actor.label,
+            role=actor.role,
+            reason=req.reason,
+            scope="run",
+            options=req.options,
+            preview=normalise(shown),
+            status=Intervention.APPLIED,
+        )
         receipt = apply(run, req, actor, intervention)
-        intervention.receipt = normalise({"kind": req.kind, "issued_by": actor.name, "role": actor.role, "reason": req.reason,
-                                          "scope": "run", "override": False, "policy": "automatic on lease expiry", **receipt})
+        intervention.receipt = normalise(
+            {
+                "kind": req.kind,
+                "issued_by": actor.name,
+                "role": actor.role,
+                "reason": req.reason,
+                "scope": "run",
+                "override": False,
+                "policy": "automatic on lease expiry",
+                **receipt,
+            }
+        )
         intervention.save(update_fields=["receipt"])
-        record_audit(actor=actor, action=f"intervention.{req.kind}", object_type="intervention", object_id=intervention.pk,
-                     run_id=run.pk, reason=req.reason, context={"intervention": str(intervention.pk), "policy": "automatic",
-                                                                "after": run_snapshot(run)})
+        record_audit(
+            actor=actor,
+            action=f"intervention.{req.kind}",
+            object_type="intervention",
+            object_id=intervention.pk,
+            run_id=run.pk,
+            reason=req.reason,
+            context={
+                "intervention": str(intervention.pk),
+                "policy": "automatic",
+                "after": run_snapshot(run),
+            },
+        )
     return intervention
 
 
+@shared_task(acks_late=True)
+def scan_expired_leases() -> list[str]:
+    """The beat scan: leases that expired without release orphan their runs (or finish a pause or cancel
+    the worker never acknowledged); each orphan gets its recovery issued."""
+    orphaned = expire_leases(actor=system_actor("recovery-scan"))
+    for run_id in orphaned:
+        on_orphaned(run_id)
+    return orphaned
+
+
 # -- the job ----------------------------------------------------------------------------------------
+
 
 @shared_task(acks_late=True)
 def run_recovery(intervention_id: str) -> dict[str, Any]:
@@ -259,15 +416,21 @@ def run_recovery(intervention_id: str) -> dict[str, Any]:
         return {"skipped": "already concluded"}
     actor = system_actor("recovery")
     reconciliation = []
-    for effect in Effect.objects.filter(run_id=intervention.run_id, decision=Effect.AUTHORIZED,
-                                        status__in=Effect.UNRESOLVED).order_by("declared_at"):
+    for effect in Effect.objects.filter(
+        run_id=intervention.run_id, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
+    ).order_by("declared_at"):
         reconciliation.append(_reconcile_one(effect, actor))  # network: outside any transaction
     return conclude_recovery(intervention_id, reconciliation)
 
 
 def _reconcile_one(effect: Effect, actor: Actor) -> dict[str, Any]:
-    base = {"effect": str(effect.pk), "idempotency_key": effect.idempotency_key, "tool": effect.tool,
-            "action": effect.action, "was": effect.status}
+    base = {
+        "effect": str(effect.pk),
+        "idempotency_key": effect.idempotency_key,
+        "tool": effect.tool,
+        "action": effect.action,
+        "was": effect.status,
+    }
     try:
         return base | auto_reconcile(effect.pk, actor)
     except Exception as exc:  # a reconciler bug leaves the effect unknown -> the rules escalate
@@ -283,40 +446,90 @@ def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]
         intervention, run = locked
         cp, pol = latest_checkpoint(run), retry_policy(run)
         report = RecoveryReport(
-            trigger=intervention.options.get("trigger", "operator"), dead_lease=_dead_lease(run),
-            reconciliation=reconciliation, rebuilt=rebuild_state(run), history=verify_history(run),
-            checkpoint=_checkpoint_check(run, cp), versions=version_check(run), unresolved_after=facts.unknown_effects(run),
-            attempts={"used": run.attempt_count, "max": pol["max_attempts"]})
+            trigger=intervention.options.get("trigger", "operator"),
+            dead_lease=_dead_lease(run),
+            reconciliation=reconciliation,
+            rebuilt=rebuild_state(run),
+            history=verify_history(run),
+            checkpoint=_checkpoint_check(run, cp),
+            versions=version_check(run),
+            unresolved_after=facts.unknown_effects(run),
+            attempts={"used": run.attempt_count, "max": pol["max_attempts"]},
+        )
         action, why = choose(report, intervention.options.get("prefer", "redrive"))
-        report.decision = {"action": action, "why": why, **_enact(run, intervention, action, why, cp, actor)}
+        report.decision = {
+            "action": action,
+            "why": why,
+            **_enact(run, intervention, action, why, cp, actor),
+        }
         body = report.as_dict()
-        append_history(run, "recovery_report", {"intervention": str(intervention.pk), "action": action, "why": why,
-                                                "history_ok": report.history.get("ok"),
-                                                "reconciled": len(reconciliation)}, actor=actor)
-        record_audit(actor=actor, action="recovery.decided", object_type="run", object_id=run.pk, run_id=run.pk,
-                     reason=why, context={"intervention": str(intervention.pk), "report": body})
-        finish_job(intervention, Intervention.COMPLETED, {"kind": "recovery", "action": action, "why": why,
-                                                          "state": run.state, "report": body})
+        append_history(
+            run,
+            "recovery_report",
+            {
+                "intervention": str(intervention.pk),
+                "action": action,
+                "why": why,
+                "history_ok": report.history.get("ok"),
+                "reconciled": len(reconciliation),
+            },
+            actor=actor,
+        )
+        record_audit(
+            actor=actor,
+            action="recovery.decided",
+            object_type="run",
+            object_id=run.pk,
+            run_id=run.pk,
+            reason=why,
+            context={"intervention": str(intervention.pk), "report": body},
+        )
+        finish_job(
+            intervention,
+            Intervention.COMPLETED,
+            {"kind": "recovery", "action": action, "why": why, "state": run.state, "report": body},
+        )
     return body
 
 
-def _enact(run: Run, intervention: Intervention, action: str, why: str, cp: Checkpoint | None, actor: Actor) -> dict[str, Any]:
+def _enact(
+    run: Run, intervention: Intervention, action: str, why: str, cp: Checkpoint | None, actor: Actor
+) -> dict[str, Any]:
     if action == "escalate":
-        apply_transition(run, Event.RECOVERY_ESCALATE, actor=actor, reason=f"escalated to a human: {why}")
-        return {"next_state": run.state, "next": "a person decides: reconcile, resume, compensate or cancel"}
+        apply_transition(
+            run, Event.RECOVERY_ESCALATE, actor=actor, reason=f"escalated to a human: {why}"
+        )
+        return {
+            "next_state": run.state,
+            "next": "a person decides: reconcile, resume, compensate or cancel",
+        }
     if action == "compensate":
         apply_transition(run, Event.RECOVERY_COMPENSATE, actor=actor, reason=why)
-        plan = start_plan(run, intervention, actor, plan_options(intervention.options.get("compensation") or {}))
+        plan = start_plan(
+            run, intervention, actor, plan_options(intervention.options.get("compensation") or {})
+        )
         return {"next_state": run.state, "plan_id": str(plan.pk)}
     run.resume_checkpoint, run.claimable_after = cp, None
     Run.objects.filter(pk=run.pk).update(resume_checkpoint=cp, claimable_after=None)
-    apply_transition(run, Event.RECOVERY_REDRIVE, actor=actor, reason=why,
-                     data={"from_checkpoint": cp.seq if cp else None, "refused_fencing_token": run.fencing_token})
-    return {"next_state": run.state, "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
-            "refused_fencing_token": run.fencing_token}
+    apply_transition(
+        run,
+        Event.RECOVERY_REDRIVE,
+        actor=actor,
+        reason=why,
+        data={
+            "from_checkpoint": cp.seq if cp else None,
+            "refused_fencing_token": run.fencing_token,
+        },
+    )
+    return {
+        "next_state": run.state,
+        "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
+        "refused_fencing_token": run.fencing_token,
+    }
 
 
 # -- the safety net ---------------------------------------------------------------------------------
+
 
 @shared_task(acks_late=True)
 def sweep_recoveries(grace_s: int = STALL_GRACE_S) -> dict[str, list[str]]:
@@ -324,10 +537,22 @@ def sweep_recoveries(grace_s: int = STALL_GRACE_S) -> dict[str, list[str]]:
     committed) and recoveries whose job message was lost. Both jobs are idempotent, so a false alarm
     costs one no-op delivery."""
     cutoff = timezone.now() - timedelta(seconds=grace_s)
-    started = [str(run_id) for run_id in Run.objects.filter(state=State.ORPHANED, state_changed_at__lte=cutoff)
-               .values_list("pk", flat=True) if on_orphaned(run_id) is not None]
-    stuck = [str(i) for i in Intervention.objects.filter(kind="recover", status=Intervention.PENDING, created_at__lte=cutoff,
-                                                         run__state=State.RECOVERING).values_list("pk", flat=True)]
+    started = [
+        str(run_id)
+        for run_id in Run.objects.filter(
+            state=State.ORPHANED, state_changed_at__lte=cutoff
+        ).values_list("pk", flat=True)
+        if on_orphaned(run_id) is not None
+    ]
+    stuck = [
+        str(i)
+        for i in Intervention.objects.filter(
+            kind="recover",
+            status=Intervention.PENDING,
+            created_at__lte=cutoff,
+            run__state=State.RECOVERING,
+        ).values_list("pk", flat=True)
+    ]
     for intervention_id in stuck:
         run_recovery.delay(intervention_id)
     return {"started": started, "requeued": stuck}

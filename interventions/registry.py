@@ -11,11 +11,13 @@ back. They do network I/O, so services call them *outside* any database transact
   :class:`ReconcileResult`.
 - ``@assumption_checker(name)``: re-read a fact a run relied on; returns :class:`AssumptionCheck`.
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from django.conf import settings
 
@@ -28,7 +30,9 @@ class EffectInfo:
     args: dict[str, Any]
     external_ref: str = ""
     outcome_detail: dict[str, Any] = field(default_factory=dict)
-    compensation: dict[str, Any] | None = None  # {"tool": ..., "action": ..., "args": {...}} as declared
+    compensation: dict[str, Any] | None = (
+        None  # {"tool": ..., "action": ..., "args": {...}} as declared
+    )
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,9 @@ class AssumptionCheck:
 
 Compensator = Callable[[EffectInfo, str], CompensationResult]
 Reconciler = Callable[[str, str, str], ReconcileResult]  # (tool, action, idempotency_key)
-AssumptionChecker = Callable[[str, Any, dict[str, Any]], AssumptionCheck]  # (key, recorded value, meta)
+AssumptionChecker = Callable[
+    [str, Any, dict[str, Any]], AssumptionCheck
+]  # (key, recorded value, meta)
 
 _compensators: dict[tuple[str, str], Compensator] = {}
 _reconcilers: dict[str, Reconciler] = {}

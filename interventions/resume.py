@@ -1,6 +1,7 @@
 """Resume is a *new decision* against a changed world: the run enters ``revalidating``, a Celery job
 builds the RevalidationReport, and only if every check passes -- or a permitted role overrode the
 failing ones with a reason -- does the run become claimable again from the named checkpoint."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,13 +10,18 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actors import Actor, system_actor
+from core.actors import Actor, system_actor
 from interventions import facts
 from interventions.base import Contract, Request, finish_job, lock_pending_job, register
 from interventions.models import Intervention
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.services.common import append_history, apply_transition, latest_checkpoint, starting_checkpoint
+from runs.services.common import (
+    append_history,
+    apply_transition,
+    latest_checkpoint,
+    starting_checkpoint,
+)
 from runs.states import Event, State
 
 
@@ -24,7 +30,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "resume_from": facts.resume_point(run),
         "revalidation": "a job checks the boundary, versions, assumptions, unknown effects, authority and replayed "
-                        "steps; any failing check blocks the resume unless overridden with a reason",
+        "steps; any failing check blocks the resume unless overridden with a reason",
         "override": bool(req.override_reason),
         "unresolved_effects": facts.unknown_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
@@ -34,12 +40,21 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
     cp = starting_checkpoint(run) or latest_checkpoint(run)
-    apply_transition(run, Event.RESUME, actor=actor, reason=req.reason, data={"override": bool(req.override_reason)})
+    apply_transition(
+        run,
+        Event.RESUME,
+        actor=actor,
+        reason=req.reason,
+        data={"override": bool(req.override_reason)},
+    )
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
     transaction.on_commit(lambda: revalidate_run.delay(str(intervention.pk)))
-    return {"state": run.state, "resume_from": {"seq": cp.seq, "step": cp.step} if cp else None,
-            "job": {"kind": "revalidation", "status": "queued"}}
+    return {
+        "state": run.state,
+        "resume_from": {"seq": cp.seq, "step": cp.step} if cp else None,
+        "job": {"kind": "revalidation", "status": "queued"},
+    }
 
 
 @shared_task(acks_late=True)
@@ -48,11 +63,15 @@ def revalidate_run(intervention_id: str) -> dict[str, Any]:
     intervention = Intervention.objects.select_related("run__agent").get(pk=intervention_id)
     if intervention.status != Intervention.PENDING:
         return {"skipped": "already concluded"}
-    report, refreshed = build_report(intervention.run, reobserve=bool(intervention.options.get("reobserve_assumptions")))
+    report, refreshed = build_report(
+        intervention.run, reobserve=bool(intervention.options.get("reobserve_assumptions"))
+    )
     return conclude_resume(intervention_id, report.as_dict(), refreshed)
 
 
-def conclude_resume(intervention_id: str, report: dict[str, Any], refreshed: list) -> dict[str, Any]:
+def conclude_resume(
+    intervention_id: str, report: dict[str, Any], refreshed: list
+) -> dict[str, Any]:
     actor = system_actor("revalidation")
     with transaction.atomic():
         locked = lock_pending_job(intervention_id, State.REVALIDATING)
@@ -60,26 +79,62 @@ def conclude_resume(intervention_id: str, report: dict[str, Any], refreshed: lis
             return {"skipped": "already concluded, or the run has moved on"}
         intervention, run = locked
         for assumption, current in refreshed:
-            append_history(run, "assumption_reobserved", {"key": assumption.key, "was": assumption.value, "now": current,
-                                                          "by": intervention.actor_label}, actor=actor)
+            append_history(
+                run,
+                "assumption_reobserved",
+                {
+                    "key": assumption.key,
+                    "was": assumption.value,
+                    "now": current,
+                    "by": intervention.actor_label,
+                },
+                actor=actor,
+            )
             assumption.value, assumption.observed_at = current, timezone.now()
             assumption.save(update_fields=["value", "observed_at"])
         overridden = not report["ok"] and bool(intervention.override_reason)
-        append_history(run, "revalidation", {"ok": report["ok"], "failing": report["failing"], "overridden": overridden}, actor=actor)
+        append_history(
+            run,
+            "revalidation",
+            {"ok": report["ok"], "failing": report["failing"], "overridden": overridden},
+            actor=actor,
+        )
         if report["ok"] or overridden:
             run.resume_checkpoint = starting_checkpoint(run) or latest_checkpoint(run)
             Run.objects.filter(pk=run.pk).update(resume_checkpoint=run.resume_checkpoint)
-            why = "all checks passed" if report["ok"] else f"override by {intervention.actor_label}: {intervention.override_reason}"
-            apply_transition(run, Event.REVALIDATION_PASSED, actor=actor, reason=why,
-                             data={"report": report["failing"], "override": overridden})
+            why = (
+                "all checks passed"
+                if report["ok"]
+                else f"override by {intervention.actor_label}: {intervention.override_reason}"
+            )
+            apply_transition(
+                run,
+                Event.REVALIDATION_PASSED,
+                actor=actor,
+                reason=why,
+                data={"report": report["failing"], "override": overridden},
+            )
             status = Intervention.COMPLETED
         else:
-            apply_transition(run, Event.REVALIDATION_BLOCKED, actor=actor,
-                             reason="resume blocked: " + ", ".join(report["failing"]), data={"failing": report["failing"]})
+            apply_transition(
+                run,
+                Event.REVALIDATION_BLOCKED,
+                actor=actor,
+                reason="resume blocked: " + ", ".join(report["failing"]),
+                data={"failing": report["failing"]},
+            )
             status = Intervention.FAILED
-        finish_job(intervention, status, {"kind": "revalidation", "report": report, "overridden": overridden,
-                                          "outcome": "resumed" if status == Intervention.COMPLETED else "blocked",
-                                          "state": run.state})
+        finish_job(
+            intervention,
+            status,
+            {
+                "kind": "revalidation",
+                "report": report,
+                "overridden": overridden,
+                "outcome": "resumed" if status == Intervention.COMPLETED else "blocked",
+                "state": run.state,
+            },
+        )
     return report
 
 

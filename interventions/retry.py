@@ -1,6 +1,7 @@
 """Retry creates *another attempt* -- with its own id, assigned when a worker claims it -- from a
 named checkpoint, reusing the recorded idempotency keys. It is refused while any effect of the
 previous attempt is in flight or unknown: reconcile first."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -8,17 +9,23 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.actors import Actor
+from core.actors import Actor
+from core.errors import Conflict, Invalid
 from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
-from runs.errors import Conflict, Invalid
 from runs.models import Attempt, Checkpoint, Run
 from runs.services.common import apply_transition, latest_checkpoint
 from runs.states import Event
 
-DEFAULT_POLICY = {"max_attempts": 3, "backoff_s": 2, "backoff_factor": 2, "max_backoff_s": 300,
-                  "retryable": [], "non_retryable": ["invalid_input", "policy_violation", "authority"]}
+DEFAULT_POLICY = {
+    "max_attempts": 3,
+    "backoff_s": 2,
+    "backoff_factor": 2,
+    "max_backoff_s": 300,
+    "retryable": [],
+    "non_retryable": ["invalid_input", "policy_violation", "authority"],
+}
 
 
 def policy(run: Run) -> dict[str, Any]:
@@ -35,7 +42,9 @@ def _checkpoint(run: Run, req: Request) -> Checkpoint | None:
         return latest_checkpoint(run)
     cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
     if cp is None:
-        raise Invalid(f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq")
+        raise Invalid(
+            f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq"
+        )
     return cp
 
 
@@ -51,23 +60,54 @@ def eligibility(run: Run, req: Request) -> dict[str, Any]:
     unresolved = facts.unknown_effects(run)
     problems = []
     if unresolved:
-        problems.append({"error": "effects_unresolved", "detail": "the previous attempt is not accounted for: "
-                         f"{len(unresolved)} effect(s) in flight or unknown must be reconciled first", "effects": unresolved})
+        problems.append(
+            {
+                "error": "effects_unresolved",
+                "detail": "the previous attempt is not accounted for: "
+                f"{len(unresolved)} effect(s) in flight or unknown must be reconciled first",
+                "effects": unresolved,
+            }
+        )
     if run.attempt_count >= p["max_attempts"]:
-        problems.append({"error": "retries_exhausted", "detail": f"{run.attempt_count} of {p['max_attempts']} attempts used; "
-                         "escalate: compensate, or close"})
-    if failure and (failure in p["non_retryable"] or (p["retryable"] and failure not in p["retryable"])) and not req.override_reason:
-        problems.append({"error": "not_retryable", "detail": f"failure class {failure!r} is not retryable under the policy"})
-    return {"policy": p, "last_attempt": {"number": last.number, "failure_class": failure, "id": str(last.pk)} if last else None,
-            "problems": problems}
+        problems.append(
+            {
+                "error": "retries_exhausted",
+                "detail": f"{run.attempt_count} of {p['max_attempts']} attempts used; "
+                "escalate: compensate, or close",
+            }
+        )
+    if (
+        failure
+        and (failure in p["non_retryable"] or (p["retryable"] and failure not in p["retryable"]))
+        and not req.override_reason
+    ):
+        problems.append(
+            {
+                "error": "not_retryable",
+                "detail": f"failure class {failure!r} is not retryable under the policy",
+            }
+        )
+    return {
+        "policy": p,
+        "last_attempt": {"number": last.number, "failure_class": failure, "id": str(last.pk)}
+        if last
+        else None,
+        "problems": problems,
+    }
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     info = eligibility(run, req)
     cp = latest_checkpoint(run) if req.options.get("checkpoint_seq") is None else None
-    return {**info, "next_attempt": run.attempt_count + 1, "backoff_s": _backoff(run),
-            "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else req.options.get("checkpoint_seq"),
-            "idempotency_keys": "reused: effects already committed replay instead of repeating"}
+    return {
+        **info,
+        "next_attempt": run.attempt_count + 1,
+        "backoff_s": _backoff(run),
+        "from_checkpoint": {"seq": cp.seq, "step": cp.step}
+        if cp
+        else req.options.get("checkpoint_seq"),
+        "idempotency_keys": "reused: effects already committed replay instead of repeating",
+    }
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
@@ -81,12 +121,21 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     delay = _backoff(run)
     run.resume_checkpoint, run.claimable_after = cp, timezone.now() + timedelta(seconds=delay)
     Run.objects.filter(pk=run.pk).update(resume_checkpoint=cp, claimable_after=run.claimable_after)
-    apply_transition(run, Event.RETRY, actor=actor, reason=req.reason,
-                     data={"from_checkpoint": cp.seq if cp else None, "backoff_s": delay})
-    return {"state": run.state, "next_attempt": run.attempt_count + 1,
-            "note": "the new attempt gets its own id when a worker claims it",
-            "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
-            "claimable_after": run.claimable_after.isoformat(), "previous_attempt": info["last_attempt"]}
+    apply_transition(
+        run,
+        Event.RETRY,
+        actor=actor,
+        reason=req.reason,
+        data={"from_checkpoint": cp.seq if cp else None, "backoff_s": delay},
+    )
+    return {
+        "state": run.state,
+        "next_attempt": run.attempt_count + 1,
+        "note": "the new attempt gets its own id when a worker claims it",
+        "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
+        "claimable_after": run.claimable_after.isoformat(),
+        "previous_attempt": info["last_attempt"],
+    }
 
 
 register(Contract(kind="retry", event=Event.RETRY, preview=preview, apply=apply))

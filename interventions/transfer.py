@@ -12,6 +12,7 @@ who is not the current decision authority needs a recorded override. A run nobod
 agent's lane and an operator may simply take it. Every facet moved is its own history event and
 audit row, so "who held what, when" is answerable facet by facet.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,13 +20,13 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from audit.actors import Actor
 from audit.services import record_audit
-from controlplane.roles import PERMISSIONS, may, roles_of
+from core.actors import Actor
+from core.errors import Conflict, Invalid
+from core.roles import PERMISSIONS, may, roles_of
 from interventions import facts
 from interventions.base import Contract, Request, pending_approvals, register
 from interventions.models import Intervention
-from runs.errors import Conflict, Invalid
 from runs.models import ExecutionLease, Run
 from runs.services.common import append_history, notify_run_changed
 from runs.states import State
@@ -34,16 +35,25 @@ FACETS = ("assignment", "decision_authority", "execution_lease")
 # What "who may now ..." answers: the actions the decision authority governs.
 GOVERNED = ("resume", "cancel", "compensate", "close")
 AGENT_LANE = "agent lane (no human owner)"
-FIELDS = {"assignment": "assignee", "decision_authority": "decision_authority", "execution_lease": "execution_pin"}
+FIELDS = {
+    "assignment": "assignee",
+    "decision_authority": "decision_authority",
+    "execution_lease": "execution_pin",
+}
 
 
 def _facets(req: Request) -> list[str]:
     facets = req.options.get("facets")
     if not isinstance(facets, list) or not facets or not all(isinstance(f, str) for f in facets):
-        raise Invalid(f"options.facets must be a non-empty list drawn from {list(FACETS)}", field="options.facets")
+        raise Invalid(
+            f"options.facets must be a non-empty list drawn from {list(FACETS)}",
+            field="options.facets",
+        )
     unknown = sorted(set(facets) - set(FACETS))
     if unknown:
-        raise Invalid(f"unknown facet(s) {unknown}; facets are {list(FACETS)}", field="options.facets")
+        raise Invalid(
+            f"unknown facet(s) {unknown}; facets are {list(FACETS)}", field="options.facets"
+        )
     return [f for f in FACETS if f in facets]
 
 
@@ -52,7 +62,10 @@ def _target_user(req: Request, facets: list[str]):
         return None
     name = req.options.get("to")
     if not isinstance(name, str) or not name:
-        raise Invalid("options.to (a username) is required to move assignment or decision authority", field="options.to")
+        raise Invalid(
+            "options.to (a username) is required to move assignment or decision authority",
+            field="options.to",
+        )
     user = get_user_model().objects.filter(username=name, is_active=True).first()
     if user is None:
         raise Invalid(f"no active user {name!r}", field="options.to")
@@ -60,8 +73,11 @@ def _target_user(req: Request, facets: list[str]):
     if not roles:
         raise Invalid(f"{name} holds no role and cannot own a run", field="options.to")
     if "decision_authority" in facets and not any(may(roles, a) for a in GOVERNED):
-        raise Invalid(f"{name}'s role(s) {sorted(roles)} may not resume, cancel, compensate or close: "
-                      "they cannot hold decision authority", field="options.to")
+        raise Invalid(
+            f"{name}'s role(s) {sorted(roles)} may not resume, cancel, compensate or close: "
+            "they cannot hold decision authority",
+            field="options.to",
+        )
     return user
 
 
@@ -70,16 +86,22 @@ def _target_worker(req: Request, facets: list[str]) -> str:
         return ""
     worker = req.options.get("to_worker")
     if not isinstance(worker, str) or not worker.strip() or len(worker) > 150:
-        raise Invalid("options.to_worker (a worker name) is required to move the execution lease",
-                      field="options.to_worker")
+        raise Invalid(
+            "options.to_worker (a worker name) is required to move the execution lease",
+            field="options.to_worker",
+        )
     return worker.strip()
 
 
 def _lease_holder(run: Run) -> dict[str, Any]:
     lease = ExecutionLease.objects.filter(run=run).order_by("-granted_at").first()
     live = lease is not None and lease.is_live()
-    return {"worker": lease.worker if lease else None, "live": live,
-            "expires_at": lease.expires_at.isoformat() if live else None, "pinned_to": run.execution_pin or None}
+    return {
+        "worker": lease.worker if lease else None,
+        "live": live,
+        "expires_at": lease.expires_at.isoformat() if live else None,
+        "pinned_to": run.execution_pin or None,
+    }
 
 
 def _username(user) -> str | None:
@@ -88,9 +110,11 @@ def _username(user) -> str | None:
 
 def holders(run: Run) -> dict[str, Any]:
     """The three facets as they stand, each on its own."""
-    return {"assignment": _username(run.assignee) or AGENT_LANE,
-            "decision_authority": _username(run.decision_authority) or AGENT_LANE,
-            "execution_lease": _lease_holder(run)}
+    return {
+        "assignment": _username(run.assignee) or AGENT_LANE,
+        "decision_authority": _username(run.decision_authority) or AGENT_LANE,
+        "execution_lease": _lease_holder(run),
+    }
 
 
 def who_may_now(run: Run) -> dict[str, Any]:
@@ -102,17 +126,23 @@ def who_may_now(run: Run) -> dict[str, Any]:
     for action in GOVERNED:
         allowed = sorted(PERMISSIONS[action])
         if owner is None:
-            out[action] = {"decision_authority": None, "may_act": [f"any user with role {r}" for r in allowed],
-                           "by_override": [], "note": "no decision authority: the run is in the agent's lane"}
+            out[action] = {
+                "decision_authority": None,
+                "may_act": [f"any user with role {r}" for r in allowed],
+                "by_override": [],
+                "note": "no decision authority: the run is in the agent's lane",
+            }
             continue
         override_roles = sorted(PERMISSIONS[action] & PERMISSIONS["override"])
         out[action] = {
             "decision_authority": owner.username,
             "may_act": [owner.username] if may(owner_roles, action) else [],
             "by_override": [f"role {r} (with an override reason)" for r in override_roles],
-            "note": ("anyone else is refused (not_decision_authority) unless they record an override"
-                     if may(owner_roles, action) else
-                     f"{owner.username}'s role(s) {sorted(owner_roles)} may not {action}: only an override can"),
+            "note": (
+                "anyone else is refused (not_decision_authority) unless they record an override"
+                if may(owner_roles, action)
+                else f"{owner.username}'s role(s) {sorted(owner_roles)} may not {action}: only an override can"
+            ),
         }
     return out
 
@@ -125,13 +155,17 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     if run.state == State.CLOSED:
         blocked.append("the run is closed: nothing about it can change")
     if "execution_lease" in facets and lease["live"]:
-        blocked.append(f"worker {lease['worker']!r} holds a live execution lease: pause the run first")
+        blocked.append(
+            f"worker {lease['worker']!r} holds a live execution lease: pause the run first"
+        )
     return {
         "facets": facets,
         "current": holders(run),
-        "proposed": {"assignment": _username(user) if "assignment" in facets else None,
-                     "decision_authority": _username(user) if "decision_authority" in facets else None,
-                     "execution_lease": worker or None},
+        "proposed": {
+            "assignment": _username(user) if "assignment" in facets else None,
+            "decision_authority": _username(user) if "decision_authority" in facets else None,
+            "execution_lease": worker or None,
+        },
         "blocked_by": blocked,
         "unresolved_effects": facts.unknown_effects(run),
         "pending_approvals": pending_approvals(run),
@@ -145,14 +179,40 @@ def _holds(run: Run, facet: str, value: Any) -> bool:
     return getattr(run, f"{FIELDS[facet]}_id") == value.pk
 
 
-def _move(run: Run, facet: str, before: Any, after: Any, req: Request, actor: Actor,
-          intervention: Intervention) -> dict[str, Any]:
-    record = {"facet": facet, "from": before, "to": after, "reason": req.reason, "by": actor.name,
-              "override": intervention.override, "override_reason": intervention.override_reason or None}
-    append_history(run, "ownership_transferred", {**record, "intervention": str(intervention.pk)}, actor=actor)
-    record_audit(actor=actor, action="ownership.transferred", object_type="run", object_id=run.pk, run_id=run.pk,
-                 reason=req.reason, context={**record, "intervention": str(intervention.pk),
-                                             "unresolved_effects": facts.unknown_effects(run)})
+def _move(
+    run: Run,
+    facet: str,
+    before: Any,
+    after: Any,
+    req: Request,
+    actor: Actor,
+    intervention: Intervention,
+) -> dict[str, Any]:
+    record = {
+        "facet": facet,
+        "from": before,
+        "to": after,
+        "reason": req.reason,
+        "by": actor.name,
+        "override": intervention.override,
+        "override_reason": intervention.override_reason or None,
+    }
+    append_history(
+        run, "ownership_transferred", {**record, "intervention": str(intervention.pk)}, actor=actor
+    )
+    record_audit(
+        actor=actor,
+        action="ownership.transferred",
+        object_type="run",
+        object_id=run.pk,
+        run_id=run.pk,
+        reason=req.reason,
+        context={
+            **record,
+            "intervention": str(intervention.pk),
+            "unresolved_effects": facts.unknown_effects(run),
+        },
+    )
     return record
 
 
@@ -163,9 +223,15 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     user, worker = _target_user(req, facets), _target_worker(req, facets)
     before = holders(run)
     if "execution_lease" in facets and before["execution_lease"]["live"]:
-        raise Conflict(f"worker {before['execution_lease']['worker']!r} holds a live execution lease; pause the run "
-                       "first, then transfer execution", state=run.state)
-    at_handoff = {"unresolved_effects": facts.unknown_effects(run), "pending_approvals": pending_approvals(run)}
+        raise Conflict(
+            f"worker {before['execution_lease']['worker']!r} holds a live execution lease; pause the run "
+            "first, then transfer execution",
+            state=run.state,
+        )
+    at_handoff = {
+        "unresolved_effects": facts.unknown_effects(run),
+        "pending_approvals": pending_approvals(run),
+    }
     moved, unchanged, fields = [], [], {}
     for facet in facets:
         value = worker if facet == "execution_lease" else user
@@ -177,7 +243,10 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         to = {"pinned_to": worker} if facet == "execution_lease" else user.username
         moved.append(_move(run, facet, before[facet], to, req, actor, intervention))
     if not moved:
-        raise Conflict(f"nothing to transfer: {', '.join(unchanged)} already held by the proposed owner", state=run.state)
+        raise Conflict(
+            f"nothing to transfer: {', '.join(unchanged)} already held by the proposed owner",
+            state=run.state,
+        )
     Run.objects.filter(pk=run.pk).update(**fields, updated_at=timezone.now())
     notify_run_changed(run)
     return {
@@ -191,8 +260,11 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         **at_handoff,
         "authority_handed_over": facts.active_grants(run),
         "who_may_now": who_may_now(run),
-        "execution_note": (f"only worker {worker!r} may claim the next attempt" if "execution_lease" in facets else
-                           "execution lease unchanged"),
+        "execution_note": (
+            f"only worker {worker!r} may claim the next attempt"
+            if "execution_lease" in facets
+            else "execution lease unchanged"
+        ),
     }
 
 

@@ -1,6 +1,17 @@
 from django.contrib import admin
 
-from runs.models import Agent, ApiToken, Approval, Attempt, AuthorityGrant, Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
+from runs.models import (
+    Agent,
+    ApiToken,
+    Approval,
+    Attempt,
+    AuthorityGrant,
+    Checkpoint,
+    Effect,
+    ExecutionLease,
+    HistoryEvent,
+    Run,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -23,7 +34,16 @@ class AgentAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["name", "kind", "prefix", "user", "agents", "created_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "name",
+        "kind",
+        "prefix",
+        "user",
+        "agents",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at"]
     exclude = []
 
@@ -33,14 +53,35 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "state", "attempt_count", "fencing_token", "assignee", "decision_authority", "created_at"]
+    list_display = [
+        "id",
+        "agent",
+        "state",
+        "attempt_count",
+        "fencing_token",
+        "assignee",
+        "decision_authority",
+        "created_at",
+    ]
     list_filter = ["state", "agent"]
     search_fields = ["id", "goal"]
 
 
 @admin.register(Effect)
 class EffectAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "step", "tool", "action", "idempotency_key", "decision", "status", "late", "stale_lease", "declared_at"]
+    list_display = [
+        "id",
+        "run",
+        "step",
+        "tool",
+        "action",
+        "idempotency_key",
+        "decision",
+        "status",
+        "late",
+        "stale_lease",
+        "declared_at",
+    ]
     list_filter = ["status", "decision", "tool"]
     search_fields = ["idempotency_key", "run__id"]
 

@@ -5,6 +5,7 @@ run_id)``, which services send inside the deciding transaction -- so a waiter is
 decision commits. On SQLite (the embedded demo) there is no NOTIFY: waiters re-check every
 ``FALLBACK_POLL_S``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,9 +58,13 @@ class RunChangeBus:
     async def _listen(self, settings_dict: dict) -> None:
         import psycopg
 
-        params = {"dbname": settings_dict["NAME"], "user": settings_dict.get("USER") or None,
-                  "password": settings_dict.get("PASSWORD") or None, "host": settings_dict.get("HOST") or None,
-                  "port": settings_dict.get("PORT") or None}
+        params = {
+            "dbname": settings_dict["NAME"],
+            "user": settings_dict.get("USER") or None,
+            "password": settings_dict.get("PASSWORD") or None,
+            "host": settings_dict.get("HOST") or None,
+            "port": settings_dict.get("PORT") or None,
+        }
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -73,7 +78,9 @@ class RunChangeBus:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                logger.warning("directive listener lost its connection; reconnecting", exc_info=True)
+                logger.warning(
+                    "directive listener lost its connection; reconnecting", exc_info=True
+                )
                 # Wake everyone so they re-read from the database rather than miss a change.
                 for waiters in list(self._waiters.values()):
                     for event in waiters:

@@ -1,13 +1,14 @@
 """Read models: the JSON shapes of runs, attempts, leases and grants (selectors read, services write)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
-from audit.actors import Actor
-from controlplane.roles import may
-from runs.errors import Forbidden, NotFound
+from core.actors import Actor
+from core.errors import Forbidden, NotFound
+from core.roles import may
 from runs.models import Effect, Run
 from runs.services.common import authority_envelope, checkpoint_summary, starting_checkpoint
 from runs.services.effects import effect_dict
@@ -32,12 +33,20 @@ def get_visible_run(actor: Actor, run_id: Any) -> Run:
 
 def run_summary(run: Run, unresolved: int | None = None) -> dict[str, Any]:
     return {
-        "id": str(run.pk), "agent": run.agent.name, "goal": run.goal, "state": run.state,
-        "directive": directive_for(run.state), "parent_run_id": str(run.parent_id) if run.parent_id else None,
-        "attempt": run.attempt_count, "fencing_token": run.fencing_token,
+        "id": str(run.pk),
+        "agent": run.agent.name,
+        "goal": run.goal,
+        "state": run.state,
+        "directive": directive_for(run.state),
+        "parent_run_id": str(run.parent_id) if run.parent_id else None,
+        "attempt": run.attempt_count,
+        "fencing_token": run.fencing_token,
         "assignee": run.assignee.username if run.assignee_id else None,
-        "decision_authority": run.decision_authority.username if run.decision_authority_id else None,
-        "created_at": run.created_at.isoformat(), "state_changed_at": run.state_changed_at.isoformat(),
+        "decision_authority": run.decision_authority.username
+        if run.decision_authority_id
+        else None,
+        "created_at": run.created_at.isoformat(),
+        "state_changed_at": run.state_changed_at.isoformat(),
         "deadline": run.deadline.isoformat() if run.deadline else None,
         "unresolved_effects": unresolved,
     }
@@ -46,32 +55,71 @@ def run_summary(run: Run, unresolved: int | None = None) -> dict[str, Any]:
 def run_detail(run: Run) -> dict[str, Any]:
     leases = run.leases.order_by("-granted_at")
     return run_summary(run) | {
-        "input": run.input, "versions": run.versions, "retry_policy": run.retry_policy,
+        "input": run.input,
+        "versions": run.versions,
+        "retry_policy": run.retry_policy,
         "allowed_events": [e.value for e in allowed_events(run.state)],
-        "children": [{"id": str(c.pk), "state": c.state, "agent": c.agent.name} for c in run.children.select_related("agent")],
-        "attempts": [{"id": str(a.pk), "number": a.number, "worker": a.worker, "outcome": a.outcome,
-                      "failure_class": a.failure_class, "started_at": a.started_at.isoformat(),
-                      "ended_at": a.ended_at.isoformat() if a.ended_at else None,
-                      "started_from": a.started_from.seq if a.started_from_id else None}
-                     for a in run.attempts.select_related("started_from")],
-        "leases": [{"id": str(le.pk), "worker": le.worker, "fencing_token": le.fencing_token, "status": le.status,
-                    "expires_at": le.expires_at.isoformat(), "end_reason": le.end_reason} for le in leases[:10]],
+        "children": [
+            {"id": str(c.pk), "state": c.state, "agent": c.agent.name}
+            for c in run.children.select_related("agent")
+        ],
+        "attempts": [
+            {
+                "id": str(a.pk),
+                "number": a.number,
+                "worker": a.worker,
+                "outcome": a.outcome,
+                "failure_class": a.failure_class,
+                "started_at": a.started_at.isoformat(),
+                "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+                "started_from": a.started_from.seq if a.started_from_id else None,
+            }
+            for a in run.attempts.select_related("started_from")
+        ],
+        "leases": [
+            {
+                "id": str(le.pk),
+                "worker": le.worker,
+                "fencing_token": le.fencing_token,
+                "status": le.status,
+                "expires_at": le.expires_at.isoformat(),
+                "end_reason": le.end_reason,
+            }
+            for le in leases[:10]
+        ],
         "authority": authority_envelope(run),
         "checkpoint": checkpoint_summary(starting_checkpoint(run)),
-        "approvals": [{"id": str(a.pk), "status": a.status, "tool": a.tool, "action": a.action, "digest": a.digest,
-                       "deadline": a.deadline.isoformat() if a.deadline else None} for a in run.approvals.all()],
-        "unresolved_effects": run.effects.filter(decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED).count(),
+        "approvals": [
+            {
+                "id": str(a.pk),
+                "status": a.status,
+                "tool": a.tool,
+                "action": a.action,
+                "digest": a.digest,
+                "deadline": a.deadline.isoformat() if a.deadline else None,
+            }
+            for a in run.approvals.all()
+        ],
+        "unresolved_effects": run.effects.filter(
+            decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
+        ).count(),
     }
 
 
-def list_runs(actor: Actor, *, agent: str | None = None, state: str | None = None, limit: int = 50) -> list[dict]:
+def list_runs(
+    actor: Actor, *, agent: str | None = None, state: str | None = None, limit: int = 50
+) -> list[dict]:
     qs = visible_runs(actor)
     if agent:
         qs = qs.filter(agent__name=agent)
     if state:
         qs = qs.filter(state__in=state.split(","))
-    qs = qs.annotate(n_unresolved=Count("effects", filter=Q(effects__decision="authorized",
-                                                               effects__status__in=list(Effect.UNRESOLVED))))
+    qs = qs.annotate(
+        n_unresolved=Count(
+            "effects",
+            filter=Q(effects__decision="authorized", effects__status__in=list(Effect.UNRESOLVED)),
+        )
+    )
     return [run_summary(r, r.n_unresolved) for r in qs.order_by("-created_at")[:limit]]
 
 

@@ -8,6 +8,7 @@ Events are either worker-protocol facts (claim, finish, lease expiry, approval r
 interventions (pause, resume, cancel, ...). Guards are named preconditions that the service checks
 with the database in hand (e.g. ``no_inflight_effects``); the table only names them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,17 +16,17 @@ from enum import StrEnum
 
 
 class State(StrEnum):
-    QUEUED = "queued"                    # claimable by a worker
-    RUNNING = "running"                  # a worker holds the execution lease
+    QUEUED = "queued"  # claimable by a worker
+    RUNNING = "running"  # a worker holds the execution lease
     AWAITING_APPROVAL = "awaiting_approval"  # planned boundary: a human decides
-    PAUSING = "pausing"                  # pause committed; waiting for the worker to reach a boundary
-    PAUSED = "paused"                    # preserved: no new progress, lease released
-    REVALIDATING = "revalidating"        # resume asked; revalidation job running
-    CANCELLING = "cancelling"            # cancel committed; waiting for the worker to stop
+    PAUSING = "pausing"  # pause committed; waiting for the worker to reach a boundary
+    PAUSED = "paused"  # preserved: no new progress, lease released
+    REVALIDATING = "revalidating"  # resume asked; revalidation job running
+    CANCELLING = "cancelling"  # cancel committed; waiting for the worker to stop
     CANCELLED = "cancelled"
-    ORPHANED = "orphaned"                # lease expired without release: the worker disappeared
-    RECOVERING = "recovering"            # recovery job reconciling durable state with the world
-    COMPENSATING = "compensating"        # compensation plan executing
+    ORPHANED = "orphaned"  # lease expired without release: the worker disappeared
+    RECOVERING = "recovering"  # recovery job reconciling durable state with the world
+    COMPENSATING = "compensating"  # compensation plan executing
     COMPENSATED = "compensated"
     # A compensation plan ended with steps that failed for good: some committed effects are still in
     # the world and could not be undone. Not "failed": a forward retry from here would replay effects
@@ -34,7 +35,7 @@ class State(StrEnum):
     COMPENSATION_FAILED = "compensation_failed"
     FAILED = "failed"
     SUCCEEDED = "succeeded"
-    CLOSED = "closed"                    # accountable owner closed the case; nothing more happens
+    CLOSED = "closed"  # accountable owner closed the case; nothing more happens
 
 
 class Event(StrEnum):
@@ -43,7 +44,7 @@ class Event(StrEnum):
     REQUEST_APPROVAL = "request_approval"
     FINISH_SUCCEEDED = "finish_succeeded"
     FINISH_FAILED = "finish_failed"
-    WORKER_STOPPED = "worker_stopped"    # worker acknowledged pause/cancel at a boundary
+    WORKER_STOPPED = "worker_stopped"  # worker acknowledged pause/cancel at a boundary
     LEASE_EXPIRED = "lease_expired"
     # operator interventions
     PAUSE = "pause"
@@ -99,7 +100,9 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
     },
     S.PAUSING: {
         E.WORKER_STOPPED: T(S.PAUSED),
-        E.LEASE_EXPIRED: T(S.PAUSED),  # the pause was the intent; unknown effects are reconciled on resume
+        E.LEASE_EXPIRED: T(
+            S.PAUSED
+        ),  # the pause was the intent; unknown effects are reconciled on resume
         E.FINISH_SUCCEEDED: T(S.SUCCEEDED, guard="no_unresolved_effects"),
         E.FINISH_FAILED: T(S.FAILED),
         E.CANCEL: T(S.CANCELLING),
@@ -184,7 +187,9 @@ LEASED_STATES = frozenset({S.RUNNING, S.AWAITING_APPROVAL, S.PAUSING, S.CANCELLI
 EFFECT_STATES = frozenset({S.RUNNING})
 TERMINAL_STATES = frozenset(s for s, edges in TRANSITIONS.items() if not edges)
 # Execution is over (no lease, no effects) though follow-up interventions may still apply.
-FINISHED_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.COMPENSATED, S.COMPENSATION_FAILED, S.CLOSED})
+FINISHED_STATES = frozenset(
+    {S.SUCCEEDED, S.FAILED, S.CANCELLED, S.COMPENSATED, S.COMPENSATION_FAILED, S.CLOSED}
+)
 
 # Denial reason for an effect declared while the run is not running.
 DENIAL_BY_STATE: dict[State, str] = {

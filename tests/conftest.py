@@ -1,4 +1,5 @@
 """Shared cast and helpers. The suite runs on PostgreSQL (make test / .ci/run set DATABASE_URL)."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,9 @@ def pytest_configure(config):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     if os.environ.get("CONTROLPLANE_REQUIRE_POSTGRES") == "1":
         if not settings.IS_POSTGRES:
-            raise pytest.UsageError("CONTROLPLANE_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: refusing to fall back to SQLite")
+            raise pytest.UsageError(
+                "CONTROLPLANE_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: refusing to fall back to SQLite"
+            )
 
 
 @pytest.fixture
@@ -32,14 +35,26 @@ class Api:
         self.headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
 
     def post(self, path: str, body: dict | None = None, **extra):
-        return self.client.post(f"/api/v1{path}", data=json.dumps(body or {}), content_type="application/json",
-                                **self.headers, **extra)
+        return self.client.post(
+            f"/api/v1{path}",
+            data=json.dumps(body or {}),
+            content_type="application/json",
+            **self.headers,
+            **extra,
+        )
 
     def get(self, path: str, **params):
         return self.client.get(f"/api/v1{path}", params, **self.headers)
 
 
-PURCHASING_SCOPES = ["inventory:*", "shipping:*", "payments:charge", "payments:refund", "notifications:*", "address:verify"]
+PURCHASING_SCOPES = [
+    "inventory:*",
+    "shipping:*",
+    "payments:charge",
+    "payments:refund",
+    "notifications:*",
+    "address:verify",
+]
 
 
 @pytest.fixture
@@ -62,8 +77,15 @@ def worker(client, worker_token):
     return Api(client, worker_token)
 
 
-ROLE_USERS = {"vera": "viewer", "otto": "operator", "olga": "operator", "april": "approver",
-              "ian": "incident_commander", "sam": "security_responder", "ada": "admin"}
+ROLE_USERS = {
+    "vera": "viewer",
+    "otto": "operator",
+    "olga": "operator",
+    "april": "approver",
+    "ian": "incident_commander",
+    "sam": "security_responder",
+    "ada": "admin",
+}
 
 
 @pytest.fixture
@@ -94,9 +116,21 @@ def as_user(client, cast):
 
 
 def start_run(api: Api, **overrides) -> dict:
-    body = {"agent": "purchasing", "goal": "buy 2 of sku-1", "input": {"sku": "sku-1", "qty": 2},
-            "versions": {"code": "1.0.0", "model": "m-1", "tools": {"payments": "3.1"}, "config_hash": "abc"},
-            "authority": [{"scope": "inventory:*", "ttl_s": 3600}, {"scope": "payments:charge", "ttl_s": 3600}]}
+    body = {
+        "agent": "purchasing",
+        "goal": "buy 2 of sku-1",
+        "input": {"sku": "sku-1", "qty": 2},
+        "versions": {
+            "code": "1.0.0",
+            "model": "m-1",
+            "tools": {"payments": "3.1"},
+            "config_hash": "abc",
+        },
+        "authority": [
+            {"scope": "inventory:*", "ttl_s": 3600},
+            {"scope": "payments:charge", "ttl_s": 3600},
+        ],
+    }
     body.update(overrides)
     resp = api.post("/runs", body)
     assert resp.status_code == 201, resp.content
@@ -110,7 +144,14 @@ def claim(api: Api, run_id: str, worker_name: str = "worker-7") -> dict:
 
 
 def declare(api: Api, run_id: str, token: int, key: str = "order-42-charge", **overrides):
-    body = {"fencing_token": token, "step": "charge", "tool": "payments", "action": "charge",
-            "idempotency_key": key, "args": {"amount": 100}, "compensation": {"tool": "payments", "action": "refund"}}
+    body = {
+        "fencing_token": token,
+        "step": "charge",
+        "tool": "payments",
+        "action": "charge",
+        "idempotency_key": key,
+        "args": {"amount": 100},
+        "compensation": {"tool": "payments", "action": "refund"},
+    }
     body.update(overrides)
     return api.post(f"/runs/{run_id}/effects", body)

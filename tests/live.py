@@ -4,6 +4,7 @@ Every process runs in its own process group; ``Procs.stop`` kills whole groups, 
 test. Servers see the *test* database (pytest-django's), so tests that use them need
 ``django_db(transaction=True)``: rows must be committed to be seen by another process.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -30,8 +32,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.2,
-             logs: tuple[Path, ...] = ()) -> Any:
+def wait_for(
+    what: str,
+    predicate: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.2,
+    logs: tuple[Path, ...] = (),
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -44,16 +51,26 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: 
 
 def test_database_url() -> str:
     db = connection.settings_dict
-    auth = quote(db.get("USER") or "postgres") + (f":{quote(db['PASSWORD'])}" if db.get("PASSWORD") else "")
-    return f"postgresql://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+    auth = quote(db.get("USER") or "postgres") + (
+        f":{quote(db['PASSWORD'])}" if db.get("PASSWORD") else ""
+    )
+    return (
+        f"postgresql://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+    )
 
 
 test_database_url.__test__ = False  # a helper, not a test
 
 
 def server_env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, DATABASE_URL=test_database_url(), DEBUG="0", ALLOWED_HOSTS="127.0.0.1,localhost",
-               PYTHONUNBUFFERED="1", CONTROLPLANE_VAR_DIR=str(tmp / "var"))
+    env = dict(
+        os.environ,
+        DATABASE_URL=test_database_url(),
+        DEBUG="0",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        PYTHONUNBUFFERED="1",
+        CONTROLPLANE_VAR_DIR=str(tmp / "var"),
+    )
     env.update(extra)
     return env
 
@@ -64,10 +81,14 @@ class Procs:
     def __init__(self, tmp: Path):
         self.tmp, self.procs = tmp, []
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    def start(
+        self, name: str, cmd: list[str], env: dict[str, str]
+    ) -> tuple[subprocess.Popen, Path]:
         log = self.tmp / f"{name}.log"
         with log.open("w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.procs.append((name, proc, log))
         return proc, log
 
@@ -107,15 +128,43 @@ class Procs:
 
 
 def start_world(procs: Procs, env: dict[str, str], send_delay: float = 0.5) -> str:
-    _, log = procs.start("world", [sys.executable, "-m", "world", "--host", "127.0.0.1", "--port", "0",
-                                   "--db", str(procs.tmp / "world.sqlite3"), "--send-delay", str(send_delay)], env)
-    return wait_for("the world to listen", lambda: (m := re.search(r"listening on (http://\S+)", log.read_text())) and m.group(1),
-                    15, logs=(log,))
+    _, log = procs.start(
+        "world",
+        [
+            sys.executable,
+            "-m",
+            "world",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--db",
+            str(procs.tmp / "world.sqlite3"),
+            "--send-delay",
+            str(send_delay),
+        ],
+        env,
+    )
+    return wait_for(
+        "the world to listen",
+        lambda: (m := re.search(r"listening on (http://\S+)", log.read_text())) and m.group(1),
+        15,
+        logs=(log,),
+    )
 
 
-def start_daphne(procs: Procs, env: dict[str, str], ready_path: str = "/api/v1/openapi.json", name: str = "daphne") -> str:
+def start_daphne(
+    procs: Procs,
+    env: dict[str, str],
+    ready_path: str = "/api/v1/openapi.json",
+    name: str = "daphne",
+) -> str:
     port = free_port()
-    _, log = procs.start(name, [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"], env)
+    _, log = procs.start(
+        name,
+        [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+        env,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -128,8 +177,23 @@ def start_daphne(procs: Procs, env: dict[str, str], ready_path: str = "/api/v1/o
     return base
 
 
-def start_celery(procs: Procs, env: dict[str, str], name: str = "celery", beat: bool = False) -> Path:
-    cmd = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-l", "info", "-P", "solo", "-n", f"{name}@%h"]
+def start_celery(
+    procs: Procs, env: dict[str, str], name: str = "celery", beat: bool = False
+) -> Path:
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "worker",
+        "-l",
+        "info",
+        "-P",
+        "solo",
+        "-n",
+        f"{name}@%h",
+    ]
     if beat:
         cmd += ["-B", "-s", str(procs.tmp / f"{name}-beat-schedule")]
     _, log = procs.start(name, cmd, env)

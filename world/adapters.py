@@ -31,10 +31,12 @@ The world URL is read from ``django.conf.settings.WORLD_URL`` at call time (fall
 WORLD_URL environment variable, then http://127.0.0.1:8100), so this module imports without Django
 settings being configured. ``settings.WORLD_TIMEOUT_S`` (default 5 s) bounds every call.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from interventions.registry import (
     AssumptionCheck,
@@ -74,7 +76,11 @@ def world_client() -> WorldClient:
 
 
 def _failure(exc: WorldClientError, **detail: Any) -> CompensationResult:
-    info: dict[str, Any] = {"error": getattr(exc, "error", type(exc).__name__), "message": str(exc), **detail}
+    info: dict[str, Any] = {
+        "error": getattr(exc, "error", type(exc).__name__),
+        "message": str(exc),
+        **detail,
+    }
     if isinstance(exc, WorldError):
         info["status"], info["body"] = exc.status, exc.body
         # A stored refusal is final (a replay gives the same answer); an injected one is not.
@@ -103,11 +109,15 @@ def _compensate(effect: EffectInfo, compensation_key: str) -> CompensationResult
             target = _target_id(client, effect, field)
             if not target:
                 # The ledger says committed but the world knows no object for it: an operator must look.
-                return CompensationResult(ok=False, retryable=False, detail={
-                    "error": "no_reference",
-                    "message": f"no {field} for effect {effect.idempotency_key!r} and the world has no "
-                               f"committed call under that key",
-                })
+                return CompensationResult(
+                    ok=False,
+                    retryable=False,
+                    detail={
+                        "error": "no_reference",
+                        "message": f"no {field} for effect {effect.idempotency_key!r} and the world has no "
+                        f"committed call under that key",
+                    },
+                )
             result = client.perform(effect.tool, undo_action, {field: target}, compensation_key)
         except WorldClientError as exc:
             return _failure(exc, action=undo_action)
@@ -126,8 +136,9 @@ def reconcile(tool: str, action: str, idempotency_key: str) -> ReconcileResult:
     except WorldTimeout as exc:
         return ReconcileResult("unknown", evidence={"error": "timeout", "message": str(exc)})
     except WorldClientError as exc:
-        return ReconcileResult("unknown", evidence={"error": getattr(exc, "error", "unavailable"),
-                                                    "message": str(exc)})
+        return ReconcileResult(
+            "unknown", evidence={"error": getattr(exc, "error", "unavailable"), "message": str(exc)}
+        )
     evidence = {"source": f"GET /{tool}/by-key/{idempotency_key}", **found}
     if not found.get("found"):
         return ReconcileResult("not_found", evidence=evidence)
@@ -136,7 +147,9 @@ def reconcile(tool: str, action: str, idempotency_key: str) -> ReconcileResult:
         return ReconcileResult("unknown", evidence={**evidence, "error": "action_mismatch"})
     result = found.get("result") or {}
     if found.get("committed"):
-        return ReconcileResult("committed", external_ref=str(result.get("id", "")), evidence=evidence)
+        return ReconcileResult(
+            "committed", external_ref=str(result.get("id", "")), evidence=evidence
+        )
     return ReconcileResult("failed", evidence=evidence)
 
 
@@ -165,7 +178,9 @@ def _guarded(fn: Callable[[str, Any, dict[str, Any]], AssumptionCheck]):
         try:
             return fn(key, recorded, meta or {})
         except WorldClientError as exc:
-            return AssumptionCheck(ok=False, current_value=None, detail=f"could not check {key}: {exc}")
+            return AssumptionCheck(
+                ok=False, current_value=None, detail=f"could not check {key}: {exc}"
+            )
 
     check.__name__ = fn.__name__
     return check
@@ -181,15 +196,20 @@ def check_price(key: str, recorded: Any, meta: dict[str, Any]) -> AssumptionChec
     try:
         before = float(recorded)
     except (TypeError, ValueError):
-        return AssumptionCheck(ok=False, current_value=current, detail=f"recorded price {recorded!r} is not a number")
+        return AssumptionCheck(
+            ok=False, current_value=current, detail=f"recorded price {recorded!r} is not a number"
+        )
     tolerance = float(meta.get("tolerance", 0))
     if "tolerance_pct" in meta:
         tolerance = max(tolerance, abs(before) * float(meta["tolerance_pct"]) / 100)
     delta = current - before
     ok = abs(delta) <= tolerance + 1e-9 or (delta < 0 and bool(meta.get("allow_decrease")))
     verb = "unchanged" if delta == 0 else ("within tolerance" if ok else "changed")
-    return AssumptionCheck(ok=ok, current_value=current,
-                           detail=f"price of {sku} was {before}, now {current} ({verb}; tolerance {tolerance})")
+    return AssumptionCheck(
+        ok=ok,
+        current_value=current,
+        detail=f"price of {sku} was {before}, now {current} ({verb}; tolerance {tolerance})",
+    )
 
 
 @assumption_checker("stock")
@@ -200,9 +220,12 @@ def check_stock(key: str, recorded: Any, meta: dict[str, Any]) -> AssumptionChec
         return AssumptionCheck(ok=False, detail=f"{sku} no longer exists")
     current, need = int(item["stock"]), int(meta.get("need", 1))
     ok = current >= need
-    return AssumptionCheck(ok=ok, current_value=current,
-                           detail=f"stock of {sku} is {current} (was {recorded}); need {need}: "
-                                  f"{'enough' if ok else 'not enough'}")
+    return AssumptionCheck(
+        ok=ok,
+        current_value=current,
+        detail=f"stock of {sku} is {current} (was {recorded}); need {need}: "
+        f"{'enough' if ok else 'not enough'}",
+    )
 
 
 _register_compensators()

@@ -13,6 +13,7 @@ Errors are split by what they mean for an effect's outcome, which is the whole p
 Every mutating method takes the ``idempotency_key`` to send as the ``Idempotency-Key`` header: agents
 pass their effect's key, compensators the compensation's key.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,7 +48,12 @@ class WorldTimeout(WorldUnavailable):
 
 
 class WorldClient:
-    def __init__(self, base_url: str = DEFAULT_URL, timeout: float = 5.0, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        timeout: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
@@ -61,15 +67,26 @@ class WorldClient:
         self.close()
 
     # -- transport ------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, json: Json | None = None, key: str | None = None,
-              params: Json | None = None) -> Json:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        json: Json | None = None,
+        key: str | None = None,
+        params: Json | None = None,
+    ) -> Json:
         headers = {"Idempotency-Key": key} if key is not None else None
         try:
             resp = self._http.request(method, path, json=json, headers=headers, params=params)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # Never reached the server: nothing can have committed.
             raise WorldUnavailable(f"world unreachable at {self.base_url}: {exc!r}") from exc
-        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except (
+            httpx.TimeoutException,
+            httpx.RemoteProtocolError,
+            httpx.ReadError,
+            httpx.WriteError,
+        ) as exc:
             # Sent (at least partly) and no answer: the call may or may not have committed.
             raise WorldTimeout(f"no answer from the world for {method} {path}: {exc!r}") from exc
         except httpx.TransportError as exc:
@@ -79,8 +96,11 @@ class WorldClient:
         except ValueError:
             body = {"error": "invalid_response", "detail": resp.text[:200]}
         if resp.status_code >= 500:
-            raise WorldUnavailable(f"world answered {resp.status_code}: {body.get('detail', '')}",
-                                   status=resp.status_code, body=body)
+            raise WorldUnavailable(
+                f"world answered {resp.status_code}: {body.get('detail', '')}",
+                status=resp.status_code,
+                body=body,
+            )
         if resp.status_code >= 400:
             raise WorldError(resp.status_code, body)
         return body
@@ -103,18 +123,28 @@ class WorldClient:
         return self.perform("inventory", "reserve", args, idempotency_key)
 
     def release(self, reservation_id: str, idempotency_key: str) -> Json:
-        return self.perform("inventory", "release", {"reservation_id": reservation_id}, idempotency_key)
+        return self.perform(
+            "inventory", "release", {"reservation_id": reservation_id}, idempotency_key
+        )
 
     # -- shipping -------------------------------------------------------------------------------
     def create_label(self, order: str, address: str | Json, idempotency_key: str) -> Json:
-        return self.perform("shipping", "create_label", {"order": order, "address": address}, idempotency_key)
+        return self.perform(
+            "shipping", "create_label", {"order": order, "address": address}, idempotency_key
+        )
 
     def void_label(self, label_id: str, idempotency_key: str) -> Json:
         return self.perform("shipping", "void_label", {"label_id": label_id}, idempotency_key)
 
     # -- payments -------------------------------------------------------------------------------
-    def charge(self, amount: float, idempotency_key: str, card: str | None = None, order: str | None = None,
-               currency: str | None = None) -> Json:
+    def charge(
+        self,
+        amount: float,
+        idempotency_key: str,
+        card: str | None = None,
+        order: str | None = None,
+        currency: str | None = None,
+    ) -> Json:
         args: Json = {"amount": amount}
         for name, value in (("card", card), ("order", order), ("currency", currency)):
             if value is not None:
@@ -126,10 +156,14 @@ class WorldClient:
 
     # -- notifications --------------------------------------------------------------------------
     def enqueue_notification(self, to: str, message: str, idempotency_key: str) -> Json:
-        return self.perform("notifications", "enqueue", {"to": to, "message": message}, idempotency_key)
+        return self.perform(
+            "notifications", "enqueue", {"to": to, "message": message}, idempotency_key
+        )
 
     def cancel_notification(self, notification_id: str, idempotency_key: str) -> Json:
-        return self.perform("notifications", "cancel", {"notification_id": notification_id}, idempotency_key)
+        return self.perform(
+            "notifications", "cancel", {"notification_id": notification_id}, idempotency_key
+        )
 
     def get_notification(self, notification_id: str) -> Json:
         return self._call("GET", f"/notifications/messages/{quote(notification_id, safe='')}")
@@ -145,10 +179,24 @@ class WorldClient:
             raise
 
     # -- admin ----------------------------------------------------------------------------------
-    def set_fault(self, system: str, kind: str, action: str | None = None, count: int | None = None,
-                  delay_ms: int | None = None, status: int | None = None, error: str | None = None,
-                  drop: bool = False) -> Json:
-        spec: Json = {"system": system, "kind": kind, "action": action, "count": count, "drop": drop}
+    def set_fault(
+        self,
+        system: str,
+        kind: str,
+        action: str | None = None,
+        count: int | None = None,
+        delay_ms: int | None = None,
+        status: int | None = None,
+        error: str | None = None,
+        drop: bool = False,
+    ) -> Json:
+        spec: Json = {
+            "system": system,
+            "kind": kind,
+            "action": action,
+            "count": count,
+            "drop": drop,
+        }
         for name, value in (("delay_ms", delay_ms), ("status", status), ("error", error)):
             if value is not None:
                 spec[name] = value
@@ -158,7 +206,9 @@ class WorldClient:
         return self._call("GET", "/admin/faults")["faults"]
 
     def clear_faults(self, system: str | None = None) -> int:
-        return self._call("DELETE", "/admin/faults", params={"system": system} if system else None)["cleared"]
+        return self._call("DELETE", "/admin/faults", params={"system": system} if system else None)[
+            "cleared"
+        ]
 
     def set_price(self, sku: str, price: float) -> Json:
         return self._call("POST", "/admin/prices", json={"sku": sku, "price": price})
@@ -177,9 +227,18 @@ class WorldClient:
     def reset(self) -> None:
         self._call("POST", "/admin/reset")
 
-    def requests(self, system: str | None = None, action: str | None = None, key: str | None = None,
-                 limit: int | None = None) -> list[Json]:
-        params = {k: v for k, v in (("system", system), ("action", action), ("key", key), ("limit", limit)) if v}
+    def requests(
+        self,
+        system: str | None = None,
+        action: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> list[Json]:
+        params = {
+            k: v
+            for k, v in (("system", system), ("action", action), ("key", key), ("limit", limit))
+            if v
+        }
         return self._call("GET", "/admin/requests", params=params)["requests"]
 
     def counts(self) -> Json:

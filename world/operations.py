@@ -6,6 +6,7 @@ business refusal (402/404/409, stored under the key so a replay gets the same an
 payment APIs behave, and what lets reconciliation report ``failed`` rather than ``not_found``).
 Every result carries a generic ``id`` (the object created or acted on) next to the named field.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +14,8 @@ import json
 import sqlite3
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .store import World
@@ -43,7 +45,9 @@ def fingerprint(action: str, body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _str(body: dict[str, Any], name: str, required: bool = True, default: str | None = None) -> str | None:
+def _str(
+    body: dict[str, Any], name: str, required: bool = True, default: str | None = None
+) -> str | None:
     value = body.get(name, default)
     if value is None and not required:
         return None
@@ -59,7 +63,6 @@ def _num(body: dict[str, Any], name: str, integer: bool = False, default: Any = 
     return value
 
 
-
 # -- business operations: (world, body, key) -> (status, result); raise Failure / BadRequest --------
 def _reserve(w: World, body: dict, key: str) -> tuple[int, dict]:
     sku, qty = _str(body, "sku"), _num(body, "qty", integer=True, default=1)
@@ -69,20 +72,42 @@ def _reserve(w: World, body: dict, key: str) -> tuple[int, dict]:
     if item is None:
         raise Failure(404, "unknown_sku", f"no item {sku}")
     if item["stock"] < qty:
-        raise Failure(409, "insufficient_stock", f"{sku} has {item['stock']} in stock, {qty} requested",
-                      stock=item["stock"])
+        raise Failure(
+            409,
+            "insufficient_stock",
+            f"{sku} has {item['stock']} in stock, {qty} requested",
+            stock=item["stock"],
+        )
     rid = _new_id("res")
     w.conn.execute("UPDATE items SET stock=stock-? WHERE sku=?", (qty, sku))
     w.conn.execute(
         "INSERT INTO reservations (id, idempotency_key, sku, qty, unit_price, order_id, status, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, 'active', ?)", (rid, key, sku, qty, item["price"], body.get("order"), time.time()),
+        " VALUES (?, ?, ?, ?, ?, ?, 'active', ?)",
+        (rid, key, sku, qty, item["price"], body.get("order"), time.time()),
     )
-    return 201, {"id": rid, "reservation_id": rid, "sku": sku, "qty": qty, "unit_price": item["price"],
-                 "order": body.get("order"), "status": "active"}
+    return 201, {
+        "id": rid,
+        "reservation_id": rid,
+        "sku": sku,
+        "qty": qty,
+        "unit_price": item["price"],
+        "order": body.get("order"),
+        "status": "active",
+    }
 
 
-def _undo(w: World, body: dict, key: str, *, table: str, field: str, noun: str, live: str, done: str,
-          on_undo: Callable[[sqlite3.Row], dict] | None = None) -> tuple[int, dict]:
+def _undo(
+    w: World,
+    body: dict,
+    key: str,
+    *,
+    table: str,
+    field: str,
+    noun: str,
+    live: str,
+    done: str,
+    on_undo: Callable[[sqlite3.Row], dict] | None = None,
+) -> tuple[int, dict]:
     """Shared shape of release/void/refund/cancel: undoing twice is a no-op answered 200."""
     ident = _str(body, field)
     row = w.conn.execute(f"SELECT * FROM {table} WHERE id=?", (ident,)).fetchone()
@@ -94,12 +119,18 @@ def _undo(w: World, body: dict, key: str, *, table: str, field: str, noun: str, 
         if table == "charges":
             extra["refund_id"] = row["refund_id"]
     elif row["status"] != live:
-        raise Failure(409, f"already_{row['status']}", f"{noun} {ident} is {row['status']}; it cannot be {done}",
-                      current=row["status"])
+        raise Failure(
+            409,
+            f"already_{row['status']}",
+            f"{noun} {ident} is {row['status']}; it cannot be {done}",
+            current=row["status"],
+        )
     else:
         extra = {f"already_{done}": False, **(on_undo(row) if on_undo else {})}
-        w.conn.execute(f"UPDATE {table} SET status=?, undo_key=?, undone_at=? WHERE id=?",
-                       (done, key, time.time(), ident))
+        w.conn.execute(
+            f"UPDATE {table} SET status=?, undo_key=?, undone_at=? WHERE id=?",
+            (done, key, time.time(), ident),
+        )
     return 200, {"id": extra.get("refund_id", ident), field: ident, "status": done, **extra}
 
 
@@ -108,8 +139,17 @@ def _release(w: World, body: dict, key: str) -> tuple[int, dict]:
         w.conn.execute("UPDATE items SET stock=stock+? WHERE sku=?", (row["qty"], row["sku"]))
         return {"sku": row["sku"], "qty": row["qty"]}
 
-    return _undo(w, body, key, table="reservations", field="reservation_id", noun="reservation", live="active",
-                 done="released", on_undo=give_back)
+    return _undo(
+        w,
+        body,
+        key,
+        table="reservations",
+        field="reservation_id",
+        noun="reservation",
+        live="active",
+        done="released",
+        on_undo=give_back,
+    )
 
 
 def _create_label(w: World, body: dict, key: str) -> tuple[int, dict]:
@@ -118,15 +158,24 @@ def _create_label(w: World, body: dict, key: str) -> tuple[int, dict]:
         raise BadRequest("'address' must be a non-empty string or object")
     lid = _new_id("lbl")
     w.conn.execute(
-        "INSERT INTO labels (id, idempotency_key, order_id, address, status, created_at) VALUES (?, ?, ?, ?, 'active', ?)",
+        "INSERT INTO labels (id, idempotency_key, order_id, address, status, created_at) "
+        "VALUES (?, ?, ?, ?, 'active', ?)",
         (lid, key, order, json.dumps(address), time.time()),
     )
-    return 201, {"id": lid, "label_id": lid, "order": order, "address": address, "status": "active",
-                 "tracking": f"TRK{lid[4:].upper()}"}
+    return 201, {
+        "id": lid,
+        "label_id": lid,
+        "order": order,
+        "address": address,
+        "status": "active",
+        "tracking": f"TRK{lid[4:].upper()}",
+    }
 
 
 def _void_label(w: World, body: dict, key: str) -> tuple[int, dict]:
-    return _undo(w, body, key, table="labels", field="label_id", noun="label", live="active", done="voided")
+    return _undo(
+        w, body, key, table="labels", field="label_id", noun="label", live="active", done="voided"
+    )
 
 
 def _charge(w: World, body: dict, key: str) -> tuple[int, dict]:
@@ -142,10 +191,18 @@ def _charge(w: World, body: dict, key: str) -> tuple[int, dict]:
     cid = _new_id("ch")
     w.conn.execute(
         "INSERT INTO charges (id, idempotency_key, order_id, amount, currency, card_last4, status, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)", (cid, key, body.get("order"), amount, currency, card[-4:], time.time()),
+        " VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)",
+        (cid, key, body.get("order"), amount, currency, card[-4:], time.time()),
     )
-    return 201, {"id": cid, "charge_id": cid, "amount": amount, "currency": currency, "order": body.get("order"),
-                 "card_last4": card[-4:], "status": "succeeded"}
+    return 201, {
+        "id": cid,
+        "charge_id": cid,
+        "amount": amount,
+        "currency": currency,
+        "order": body.get("order"),
+        "card_last4": card[-4:],
+        "status": "succeeded",
+    }
 
 
 def _refund(w: World, body: dict, key: str) -> tuple[int, dict]:
@@ -154,8 +211,17 @@ def _refund(w: World, body: dict, key: str) -> tuple[int, dict]:
         w.conn.execute("UPDATE charges SET refund_id=? WHERE id=?", (refund_id, row["id"]))
         return {"refund_id": refund_id, "amount": row["amount"]}
 
-    return _undo(w, body, key, table="charges", field="charge_id", noun="charge", live="succeeded",
-                 done="refunded", on_undo=pay_back)
+    return _undo(
+        w,
+        body,
+        key,
+        table="charges",
+        field="charge_id",
+        noun="charge",
+        live="succeeded",
+        done="refunded",
+        on_undo=pay_back,
+    )
 
 
 def _enqueue(w: World, body: dict, key: str) -> tuple[int, dict]:
@@ -164,15 +230,30 @@ def _enqueue(w: World, body: dict, key: str) -> tuple[int, dict]:
     send_at = now + w.send_delay_s
     w.conn.execute(
         "INSERT INTO notifications (id, idempotency_key, to_addr, message, status, created_at, send_at)"
-        " VALUES (?, ?, ?, ?, 'queued', ?, ?)", (nid, key, to, message, now, send_at),
+        " VALUES (?, ?, ?, ?, 'queued', ?, ?)",
+        (nid, key, to, message, now, send_at),
     )
-    return 201, {"id": nid, "notification_id": nid, "to": to, "status": "queued", "send_at": send_at}
+    return 201, {
+        "id": nid,
+        "notification_id": nid,
+        "to": to,
+        "status": "queued",
+        "send_at": send_at,
+    }
 
 
 def _cancel(w: World, body: dict, key: str) -> tuple[int, dict]:
     # A sent notification cannot be recalled: _undo answers 409 already_sent (stored under the key).
-    return _undo(w, body, key, table="notifications", field="notification_id", noun="notification",
-                 live="queued", done="cancelled")
+    return _undo(
+        w,
+        body,
+        key,
+        table="notifications",
+        field="notification_id",
+        noun="notification",
+        live="queued",
+        done="cancelled",
+    )
 
 
 OPERATIONS: dict[tuple[str, str], Callable[[World, dict, str], tuple[int, dict]]] = {

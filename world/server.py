@@ -78,6 +78,7 @@ Fault injection and test control (``/admin/*``; never faulted, not recorded)
        one charge happened".
   ``GET    /health``       -> ``{"ok": true}``
 """
+
 from __future__ import annotations
 
 import json
@@ -85,8 +86,9 @@ import logging
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .operations import OPERATIONS, BadRequest, _num, _str
@@ -164,17 +166,25 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 body = json.loads(raw) if raw.strip() else {}
             except ValueError:
-                return self._send(400, {"error": "invalid_json", "detail": "the body is not valid JSON"})
+                return self._send(
+                    400, {"error": "invalid_json", "detail": "the body is not valid JSON"}
+                )
             if not isinstance(body, dict):
-                return self._send(400, {"error": "invalid_json", "detail": "the body must be a JSON object"})
+                return self._send(
+                    400, {"error": "invalid_json", "detail": "the body must be a JSON object"}
+                )
             if parts == ["health"]:
                 return self._send(200, {"ok": True})
             if parts[:1] == ["admin"]:
                 return self._send(*self._admin(method, parts[1:], query, body))
             if len(parts) >= 2 and parts[0] in SYSTEMS:
                 return self._system(method, parts, body)
-            return self._send(404, {"error": "not_found", "detail": f"no route {method} {url.path}"})
-        except Exception:  # never let a bug surface as a dropped connection: that would look like a fault
+            return self._send(
+                404, {"error": "not_found", "detail": f"no route {method} {url.path}"}
+            )
+        except (
+            Exception
+        ):  # never let a bug surface as a dropped connection: that would look like a fault
             log.error("world: unhandled error\n%s", traceback.format_exc())
             self._send(500, {"error": "internal", "detail": "unexpected server error"})
 
@@ -184,14 +194,31 @@ class Handler(BaseHTTPRequestHandler):
         key: str | None = None
         if method == "POST" and len(parts) == 2 and (system, parts[1]) in OPERATIONS:
             action = parts[1]
-            header_key, body_key = self.headers.get("Idempotency-Key"), body.pop("idempotency_key", None)
+            header_key, body_key = (
+                self.headers.get("Idempotency-Key"),
+                body.pop("idempotency_key", None),
+            )
             if header_key and body_key and header_key != body_key:
-                return self._refuse(system, action, None, body, 400, "invalid_request",
-                                    "Idempotency-Key header and body idempotency_key differ")
+                return self._refuse(
+                    system,
+                    action,
+                    None,
+                    body,
+                    400,
+                    "invalid_request",
+                    "Idempotency-Key header and body idempotency_key differ",
+                )
             key = header_key or body_key
             if not isinstance(key, str) or not key.strip() or len(key) > 255:
-                return self._refuse(system, action, None, body, 400, "idempotency_key_required",
-                                    "mutating calls need an Idempotency-Key header (1-255 characters)")
+                return self._refuse(
+                    system,
+                    action,
+                    None,
+                    body,
+                    400,
+                    "idempotency_key_required",
+                    "mutating calls need an Idempotency-Key header (1-255 characters)",
+                )
             run: Callable[[], Result] = lambda: world.mutate(system, action, body, key)  # noqa: E731
         elif method == "GET" and len(parts) == 3 and parts[1] == "by-key":
             action, key = "by_key", parts[2]  # recorded, so a test can see reconciliation asking
@@ -203,20 +230,40 @@ class Handler(BaseHTTPRequestHandler):
             action, table = READS[(system, parts[1])]
             run = lambda: self._read(table, parts[2])  # noqa: E731
         else:
-            return self._send(404, {"error": "not_found", "detail": f"no route {method} /{'/'.join(parts)}"})
+            return self._send(
+                404, {"error": "not_found", "detail": f"no route {method} /{'/'.join(parts)}"}
+            )
 
         fault = world.take_fault(system, action)
         kind = fault["kind"] if fault else None
         if kind == "down":
-            return self._refuse(system, action, key, body, 503, "unavailable",
-                                f"{system} is down (injected fault)", fault=kind)
+            return self._refuse(
+                system,
+                action,
+                key,
+                body,
+                503,
+                "unavailable",
+                f"{system} is down (injected fault)",
+                fault=kind,
+            )
         if kind == "reject":
-            return self._refuse(system, action, key, body, fault["status"], fault["error"],
-                                f"{system} rejected the call (injected fault)", fault=kind)
+            return self._refuse(
+                system,
+                action,
+                key,
+                body,
+                fault["status"],
+                fault["error"],
+                f"{system} rejected the call (injected fault)",
+                fault=kind,
+            )
         if kind == "slow":
             time.sleep(fault["delay_ms"] / 1000)
         status, payload, committed, replayed = run()
-        world.record(method, self.path, system, action, key, body, status, committed, replayed, kind)
+        world.record(
+            method, self.path, system, action, key, body, status, committed, replayed, kind
+        )
         if kind == "timeout":
             # Accept-then-time-out: the work above is committed; the caller just never hears of it.
             if fault["drop"]:
@@ -225,9 +272,20 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(fault["delay_ms"] / 1000)
         self._send(status, payload)
 
-    def _refuse(self, system: str, action: str, key: str | None, body: dict[str, Any], status: int,
-                error: str, detail: str, fault: str | None = None) -> None:
-        self.server.world.record(self.command, self.path, system, action, key, body, status, fault=fault)
+    def _refuse(
+        self,
+        system: str,
+        action: str,
+        key: str | None,
+        body: dict[str, Any],
+        status: int,
+        error: str,
+        detail: str,
+        fault: str | None = None,
+    ) -> None:
+        self.server.world.record(
+            self.command, self.path, system, action, key, body, status, fault=fault
+        )
         payload = {"error": error, "detail": detail}
         if fault:
             payload["injected"] = True
@@ -236,19 +294,35 @@ class Handler(BaseHTTPRequestHandler):
     def _by_key(self, system: str, key: str) -> Result:
         found = self.server.world.by_key(system, key)
         if found is None:
-            return 404, {"error": "not_found", "committed": False, "detail": f"{system} never saw key {key!r}"}, False, False
+            return (
+                404,
+                {
+                    "error": "not_found",
+                    "committed": False,
+                    "detail": f"{system} never saw key {key!r}",
+                },
+                False,
+                False,
+            )
         return 200, found, False, False
 
     def _read(self, table: str, ident: str) -> Result:
         row = self.server.world.get(table, ident)
         if row is None:
-            noun = {"items": "sku", "reservations": "reservation", "labels": "label", "charges": "charge",
-                    "notifications": "notification"}[table]
+            noun = {
+                "items": "sku",
+                "reservations": "reservation",
+                "labels": "label",
+                "charges": "charge",
+                "notifications": "notification",
+            }[table]
             return 404, {"error": f"unknown_{noun}", "detail": f"no {noun} {ident}"}, False, False
         return 200, row, False, False
 
     # -- admin ----------------------------------------------------------------------------------
-    def _admin(self, method: str, parts: list[str], query: dict[str, str], body: dict[str, Any]) -> tuple[int, dict]:
+    def _admin(
+        self, method: str, parts: list[str], query: dict[str, str], body: dict[str, Any]
+    ) -> tuple[int, dict]:
         world = self.server.world
         route = (method, "/".join(parts))
         try:
@@ -262,8 +336,11 @@ class Handler(BaseHTTPRequestHandler):
                 world.reset()
                 return 200, {"ok": True}
             if route == ("GET", "requests"):
-                filters = {"system": query.get("system"), "action": query.get("action"),
-                           "idempotency_key": query.get("key")}
+                filters = {
+                    "system": query.get("system"),
+                    "action": query.get("action"),
+                    "idempotency_key": query.get("key"),
+                }
                 limit = int(query.get("limit") or 10000)
                 return 200, {"requests": world.requests(filters, limit)}
             if route == ("GET", "counts"):
@@ -278,8 +355,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _set_item(self, what: str, body: dict[str, Any]) -> tuple[int, dict]:
         sku = _str(body, "sku")
-        price = _num(body, "price") if what == "prices" or (what == "items" and "price" in body) else None
-        stock = _num(body, "stock", integer=True) if what == "stock" or (what == "items" and "stock" in body) else None
+        price = (
+            _num(body, "price")
+            if what == "prices" or (what == "items" and "price" in body)
+            else None
+        )
+        stock = (
+            _num(body, "stock", integer=True)
+            if what == "stock" or (what == "items" and "stock" in body)
+            else None
+        )
         if (price is not None and price < 0) or (stock is not None and stock < 0):
             raise BadRequest("price and stock must be >= 0")
         item = self.server.world.set_item(sku, price, stock, create=what == "items")
@@ -288,5 +373,7 @@ class Handler(BaseHTTPRequestHandler):
         return 200, item
 
 
-def make_server(host: str, port: int, db_path: str, send_delay_s: float = 2.0, verbose: bool = False) -> WorldServer:
+def make_server(
+    host: str, port: int, db_path: str, send_delay_s: float = 2.0, verbose: bool = False
+) -> WorldServer:
     return WorldServer((host, port), World(db_path, send_delay_s=send_delay_s), verbose=verbose)

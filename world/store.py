@@ -6,6 +6,7 @@ crash can never leave a charge without its key record, which is exactly the guar
 relies on. Injected sleeps (slow/timeout faults) happen *outside* the lock in the HTTP layer, so a
 hung request never blocks the rest of the world.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,13 @@ from typing import Any
 from .operations import OPERATIONS, BadRequest, Failure, _num, fingerprint
 
 SYSTEMS = ("inventory", "shipping", "payments", "notifications")
-SEED_ITEMS = [("sku-1", 12.50, 100), ("sku-2", 30.00, 20), ("sku-3", 7.25, 5), ("sku-4", 99.99, 1), ("sku-5", 3.10, 0)]
+SEED_ITEMS = [
+    ("sku-1", 12.50, 100),
+    ("sku-2", 30.00, 20),
+    ("sku-3", 7.25, 5),
+    ("sku-4", 99.99, 1),
+    ("sku-5", 3.10, 0),
+]
 FAULT_KINDS = ("timeout", "reject", "slow", "down")
 
 SCHEMA = """
@@ -38,7 +45,16 @@ CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY AUTOINCREMENT, at RE
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, action TEXT, kind TEXT,
   remaining INTEGER, delay_ms INTEGER, status INTEGER, error TEXT, drop_conn INTEGER, created_at REAL);
 """
-TABLES = ("items", "reservations", "labels", "charges", "notifications", "idempotency", "requests", "faults")
+TABLES = (
+    "items",
+    "reservations",
+    "labels",
+    "charges",
+    "notifications",
+    "idempotency",
+    "requests",
+    "faults",
+)
 
 
 class World:
@@ -77,7 +93,8 @@ class World:
         # Notifications go out lazily: whatever is due is marked sent before any call looks at it.
         now = time.time()
         self.conn.execute(
-            "UPDATE notifications SET status='sent', sent_at=send_at WHERE status='queued' AND send_at<=?", (now,)
+            "UPDATE notifications SET status='sent', sent_at=send_at WHERE status='queued' AND send_at<=?",
+            (now,),
         )
 
     def reset(self) -> None:
@@ -91,11 +108,18 @@ class World:
             self.conn.close()
 
     # -- mutations ------------------------------------------------------------------------------
-    def mutate(self, system: str, action: str, body: dict[str, Any], key: str) -> tuple[int, dict, bool, bool]:
+    def mutate(
+        self, system: str, action: str, body: dict[str, Any], key: str
+    ) -> tuple[int, dict, bool, bool]:
         """Run one idempotent mutation. Returns (status, response body, committed_now, replayed)."""
         op = OPERATIONS.get((system, action))
         if op is None:
-            return 404, {"error": "not_found", "detail": f"no action {system}/{action}"}, False, False
+            return (
+                404,
+                {"error": "not_found", "detail": f"no action {system}/{action}"},
+                False,
+                False,
+            )
         fp = fingerprint(action, body)
         with self.lock, self._tx():
             self._tick()
@@ -104,11 +128,16 @@ class World:
             ).fetchone()
             if row is not None:
                 if row["fingerprint"] != fp:
-                    return 422, {
-                        "error": "idempotency_key_reused",
-                        "detail": f"key {key!r} was already used in {system} for a different request "
-                        f"(original action {row['action']!r})",
-                    }, False, False
+                    return (
+                        422,
+                        {
+                            "error": "idempotency_key_reused",
+                            "detail": f"key {key!r} was already used in {system} for a different request "
+                            f"(original action {row['action']!r})",
+                        },
+                        False,
+                        False,
+                    )
                 result = json.loads(row["result"])
                 # A replayed success is a plain 200; a replayed refusal keeps its status so the caller
                 # sees the same business error it saw the first time.
@@ -130,12 +159,19 @@ class World:
 
     def by_key(self, system: str, key: str) -> dict[str, Any] | None:
         with self.lock:
-            row = self.conn.execute("SELECT * FROM idempotency WHERE system=? AND key=?", (system, key)).fetchone()
+            row = self.conn.execute(
+                "SELECT * FROM idempotency WHERE system=? AND key=?", (system, key)
+            ).fetchone()
         if row is None:
             return None
         return {
-            "system": system, "key": key, "action": row["action"], "committed": bool(row["committed"]),
-            "status_code": row["status_code"], "result": json.loads(row["result"]), "at": row["created_at"],
+            "system": system,
+            "key": key,
+            "action": row["action"],
+            "committed": bool(row["committed"]),
+            "status_code": row["status_code"],
+            "result": json.loads(row["result"]),
+            "at": row["created_at"],
         }
 
     # -- reads ----------------------------------------------------------------------------------
@@ -156,13 +192,17 @@ class World:
             return [dict(r) for r in self.conn.execute("SELECT * FROM items ORDER BY sku")]
 
     # -- admin ----------------------------------------------------------------------------------
-    def set_item(self, sku: str, price: float | None, stock: int | None, create: bool) -> dict[str, Any] | None:
+    def set_item(
+        self, sku: str, price: float | None, stock: int | None, create: bool
+    ) -> dict[str, Any] | None:
         with self.lock, self._tx():
             exists = self.conn.execute("SELECT 1 FROM items WHERE sku=?", (sku,)).fetchone()
             if not exists:
                 if not create:
                     return None
-                self.conn.execute("INSERT INTO items VALUES (?, ?, ?)", (sku, price or 0.0, stock or 0))
+                self.conn.execute(
+                    "INSERT INTO items VALUES (?, ?, ?)", (sku, price or 0.0, stock or 0)
+                )
             if price is not None:
                 self.conn.execute("UPDATE items SET price=? WHERE sku=?", (price, sku))
             if stock is not None:
@@ -177,9 +217,13 @@ class World:
             raise BadRequest(f"'kind' must be one of {', '.join(FAULT_KINDS)}")
         action = spec.get("action")
         count = spec.get("count")
-        if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        if count is not None and (
+            not isinstance(count, int) or isinstance(count, bool) or count < 1
+        ):
             raise BadRequest("'count' must be a positive integer or null (persistent)")
-        delay_ms = _num(spec, "delay_ms", integer=True, default=10000 if kind == "timeout" else 1000)
+        delay_ms = _num(
+            spec, "delay_ms", integer=True, default=10000 if kind == "timeout" else 1000
+        )
         status = _num(spec, "status", integer=True, default=402 if system == "payments" else 422)
         if kind == "reject" and not 400 <= status <= 499:
             raise BadRequest("'status' of a reject must be a 4xx code")
@@ -188,9 +232,21 @@ class World:
             cur = self.conn.execute(
                 "INSERT INTO faults (system, action, kind, remaining, delay_ms, status, error, drop_conn, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (system, action, kind, count, delay_ms, status, error, int(bool(spec.get("drop"))), time.time()),
+                (
+                    system,
+                    action,
+                    kind,
+                    count,
+                    delay_ms,
+                    status,
+                    error,
+                    int(bool(spec.get("drop"))),
+                    time.time(),
+                ),
             )
-            return self._fault_dict(self.conn.execute("SELECT * FROM faults WHERE id=?", (cur.lastrowid,)).fetchone())
+            return self._fault_dict(
+                self.conn.execute("SELECT * FROM faults WHERE id=?", (cur.lastrowid,)).fetchone()
+            )
 
     @staticmethod
     def _fault_dict(row: sqlite3.Row) -> dict[str, Any]:
@@ -201,7 +257,9 @@ class World:
 
     def faults(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [self._fault_dict(r) for r in self.conn.execute("SELECT * FROM faults ORDER BY id")]
+            return [
+                self._fault_dict(r) for r in self.conn.execute("SELECT * FROM faults ORDER BY id")
+            ]
 
     def clear_faults(self, system: str | None = None) -> int:
         with self.lock, self._tx():
@@ -222,17 +280,41 @@ class World:
                 if row["remaining"] <= 1:
                     self.conn.execute("DELETE FROM faults WHERE id=?", (row["id"],))
                 else:
-                    self.conn.execute("UPDATE faults SET remaining=remaining-1 WHERE id=?", (row["id"],))
+                    self.conn.execute(
+                        "UPDATE faults SET remaining=remaining-1 WHERE id=?", (row["id"],)
+                    )
             return self._fault_dict(row)
 
-    def record(self, method: str, path: str, system: str, action: str, key: str | None, body: Any,
-               status: int, committed: bool = False, replayed: bool = False, fault: str | None = None) -> None:
+    def record(
+        self,
+        method: str,
+        path: str,
+        system: str,
+        action: str,
+        key: str | None,
+        body: Any,
+        status: int,
+        committed: bool = False,
+        replayed: bool = False,
+        fault: str | None = None,
+    ) -> None:
         with self.lock, self._tx():
             self.conn.execute(
                 "INSERT INTO requests (at, system, action, method, path, idempotency_key, body, status, committed,"
                 " replayed, fault) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (time.time(), system, action, method, path, key, json.dumps(body), status, int(committed),
-                 int(replayed), fault),
+                (
+                    time.time(),
+                    system,
+                    action,
+                    method,
+                    path,
+                    key,
+                    json.dumps(body),
+                    status,
+                    int(committed),
+                    int(replayed),
+                    fault,
+                ),
             )
 
     def requests(self, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
@@ -241,13 +323,21 @@ class World:
             if filters.get(column):
                 where.append(f"{column}=?")
                 params.append(filters[column])
-        sql = "SELECT * FROM requests" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id LIMIT ?"
+        sql = (
+            "SELECT * FROM requests"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY id LIMIT ?"
+        )
         with self.lock:
             rows = self.conn.execute(sql, (*params, limit)).fetchall()
         out = []
         for r in rows:
             d = dict(r)
-            d["body"], d["committed"], d["replayed"] = json.loads(d["body"]), bool(d["committed"]), bool(d["replayed"])
+            d["body"], d["committed"], d["replayed"] = (
+                json.loads(d["body"]),
+                bool(d["committed"]),
+                bool(d["replayed"]),
+            )
             out.append(d)
         return out
 
@@ -258,24 +348,33 @@ class World:
         def per(table: str, states: tuple[str, ...]) -> dict[str, Any]:
             out: dict[str, Any] = {"total": q(f"SELECT COUNT(*) FROM {table}").fetchone()[0]}
             for state in states:
-                out[state] = q(f"SELECT COUNT(*) FROM {table} WHERE status=?", (state,)).fetchone()[0]
-            out["by_key"] = dict(q(f"SELECT idempotency_key, COUNT(*) FROM {table} GROUP BY idempotency_key"))
+                out[state] = q(f"SELECT COUNT(*) FROM {table} WHERE status=?", (state,)).fetchone()[
+                    0
+                ]
+            out["by_key"] = dict(
+                q(f"SELECT idempotency_key, COUNT(*) FROM {table} GROUP BY idempotency_key")
+            )
             out["undo_by_key"] = dict(
-                q(f"SELECT undo_key, COUNT(*) FROM {table} WHERE undo_key IS NOT NULL GROUP BY undo_key")
+                q(
+                    f"SELECT undo_key, COUNT(*) FROM {table} WHERE undo_key IS NOT NULL GROUP BY undo_key"
+                )
             )
             return out
 
         with self.lock, self._tx():
             self._tick()
             charges = per("charges", ("succeeded", "refunded"))
-            charges["amount_charged"] = q("SELECT COALESCE(SUM(amount), 0) FROM charges").fetchone()[0]
+            charges["amount_charged"] = q(
+                "SELECT COALESCE(SUM(amount), 0) FROM charges"
+            ).fetchone()[0]
             charges["amount_refunded"] = q(
                 "SELECT COALESCE(SUM(amount), 0) FROM charges WHERE status='refunded'"
             ).fetchone()[0]
             actions = {
                 f"{s}:{a}": {"total": t, "committed": c or 0, "replayed": r or 0}
                 for s, a, t, c, r in q(
-                    "SELECT system, action, COUNT(*), SUM(committed), SUM(replayed) FROM requests GROUP BY system, action"
+                    "SELECT system, action, COUNT(*), SUM(committed), SUM(replayed) FROM "
+                    "requests GROUP BY system, action"
                 )
             }
             return {
@@ -283,5 +382,8 @@ class World:
                 "reservations": per("reservations", ("active", "released")),
                 "labels": per("labels", ("active", "voided")),
                 "notifications": per("notifications", ("queued", "sent", "cancelled")),
-                "requests": {"total": sum(v["total"] for v in actions.values()), "by_action": actions},
+                "requests": {
+                    "total": sum(v["total"] for v in actions.values()),
+                    "by_action": actions,
+                },
             }

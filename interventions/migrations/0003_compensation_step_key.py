@@ -4,16 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('interventions', '0002_compensation_plans'),
+        ("interventions", "0002_compensation_plans"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='compensationstep',
-            name='idempotency_key',
-            field=models.CharField(default='', max_length=200),
+            model_name="compensationstep",
+            name="idempotency_key",
+            field=models.CharField(default="", max_length=200),
             preserve_default=False,
         ),
     ]

@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0003_seed_roles'),
+        ("runs", "0003_seed_roles"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='agent',
-            name='current_versions',
+            model_name="agent",
+            name="current_versions",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='run',
-            name='claimable_after',
+            model_name="run",
+            name="claimable_after",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='run',
-            name='execution_pin',
+            model_name="run",
+            name="execution_pin",
             field=models.CharField(blank=True, max_length=150),
         ),
     ]

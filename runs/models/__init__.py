@@ -4,6 +4,16 @@ from .ledger import AuthorityGrant, Effect
 from .run import Approval, Attempt, ExecutionLease, Run
 
 __all__ = [
-    "Agent", "ApiToken", "Approval", "Assumption", "Attempt", "AuthorityGrant", "Checkpoint", "Effect",
-    "ExecutionLease", "HistoryEvent", "Run", "Timer",
+    "Agent",
+    "ApiToken",
+    "Approval",
+    "Assumption",
+    "Attempt",
+    "AuthorityGrant",
+    "Checkpoint",
+    "Effect",
+    "ExecutionLease",
+    "HistoryEvent",
+    "Run",
+    "Timer",
 ]

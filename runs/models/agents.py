@@ -1,4 +1,5 @@
 """Registered agents and the machine/personal tokens that act on the API."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,9 @@ class Agent(models.Model):
 
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
-    allowed_scopes = models.JSONField(default=list, help_text="e.g. ['payments:charge', 'inventory:*']")
+    allowed_scopes = models.JSONField(
+        default=list, help_text="e.g. ['payments:charge', 'inventory:*']"
+    )
     # Versions a worker of this agent currently runs (reported at claim): what "now" means when a
     # resume or recovery compares a run's pinned versions.
     current_versions = models.JSONField(default=dict, blank=True)
@@ -38,7 +41,9 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, db_index=True)
     token_hash = models.CharField(max_length=64, unique=True)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
     agents = models.JSONField(default=list, blank=True, help_text="agent names; empty = any agent")
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -46,9 +51,12 @@ class ApiToken(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=models.Q(kind__in=["worker", "operator"]), name="apitoken_kind_valid"),
             models.CheckConstraint(
-                condition=models.Q(kind="worker") | models.Q(user__isnull=False), name="operator_token_has_user"
+                condition=models.Q(kind__in=["worker", "operator"]), name="apitoken_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(kind="worker") | models.Q(user__isnull=False),
+                name="operator_token_has_user",
             ),
         ]
 
@@ -60,13 +68,19 @@ class ApiToken(models.Model):
         return hashlib.sha256(secret.encode()).hexdigest()
 
     @classmethod
-    def issue(cls, *, kind: str, name: str, user=None, agents: list[str] | None = None) -> tuple["ApiToken", str]:
+    def issue(
+        cls, *, kind: str, name: str, user=None, agents: list[str] | None = None
+    ) -> tuple[ApiToken, str]:
         """Create a token and return it with the plaintext secret, which is never stored."""
         tag = "cpw" if kind == cls.WORKER else "cpo"
         secret = f"{tag}_{secrets.token_urlsafe(32)}"
         token = cls.objects.create(
-            kind=kind, name=name, user=user, agents=agents or [],
-            prefix=secret[: cls.PREFIX_LEN], token_hash=cls.hash_secret(secret),
+            kind=kind,
+            name=name,
+            user=user,
+            agents=agents or [],
+            prefix=secret[: cls.PREFIX_LEN],
+            token_hash=cls.hash_secret(secret),
         )
         return token, secret
 

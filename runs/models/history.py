@@ -1,4 +1,5 @@
 """Per-run durable record: hash-chained history, checkpoints, assumptions and timers."""
+
 from __future__ import annotations
 
 from django.db import models
@@ -11,7 +12,9 @@ class HistoryEvent(models.Model):
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="history")
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=50)
-    attempt = models.ForeignKey("runs.Attempt", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    attempt = models.ForeignKey(
+        "runs.Attempt", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     actor = models.CharField(max_length=150, blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -20,23 +23,31 @@ class HistoryEvent(models.Model):
 
     class Meta:
         ordering = ["run", "seq"]
-        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="history_seq_unique_per_run")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="history_seq_unique_per_run")
+        ]
 
 
 class Checkpoint(models.Model):
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="checkpoints")
-    attempt = models.ForeignKey("runs.Attempt", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    attempt = models.ForeignKey(
+        "runs.Attempt", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     seq = models.PositiveIntegerField()
     step = models.CharField(max_length=100)
     state = models.JSONField(default=dict, blank=True)
     versions = models.JSONField(default=dict, blank=True)
-    history_seq = models.PositiveIntegerField(default=0)  # history position the snapshot corresponds to
+    history_seq = models.PositiveIntegerField(
+        default=0
+    )  # history position the snapshot corresponds to
     hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["run", "seq"]
-        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run")
+        ]
 
 
 class Assumption(models.Model):
@@ -62,13 +73,16 @@ class Timer(models.Model):
     status = models.CharField(max_length=10, default=PENDING)
     set_at = models.DateTimeField(default=timezone.now)
     fired_at = models.DateTimeField(null=True, blank=True)
-    fired_while = models.CharField(max_length=20, blank=True)  # run state when it fired (e.g. paused)
+    fired_while = models.CharField(
+        max_length=20, blank=True
+    )  # run state when it fired (e.g. paused)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["fire_at"]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(status__in=["pending", "fired", "delivered", "cancelled"]), name="timer_status_valid"
+                condition=models.Q(status__in=["pending", "fired", "delivered", "cancelled"]),
+                name="timer_status_valid",
             ),
         ]

@@ -1,4 +1,5 @@
 """Authority grants and the effect ledger: what a run may do, and what escaped into the world."""
+
 from __future__ import annotations
 
 import uuid
@@ -16,7 +17,9 @@ class AuthorityGrant(models.Model):
     scope = models.CharField(max_length=200)  # "tool:action" or "tool:*"
     issuer = models.CharField(max_length=150)
     # A child run's grant is delegated from its parent's: never wider, never outliving it.
-    delegated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="delegations")
+    delegated_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="delegations"
+    )
     granted_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     status = models.CharField(max_length=10, default=ACTIVE)
@@ -27,7 +30,10 @@ class AuthorityGrant(models.Model):
     class Meta:
         ordering = ["granted_at"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(status__in=["active", "suspended", "revoked", "expired"]), name="grant_status_valid"),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["active", "suspended", "revoked", "expired"]),
+                name="grant_status_valid",
+            ),
         ]
 
     def covers(self, tool: str, action: str) -> bool:
@@ -50,9 +56,13 @@ class Effect(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="effects")
-    attempt = models.ForeignKey("runs.Attempt", null=True, blank=True, on_delete=models.PROTECT, related_name="effects")
+    attempt = models.ForeignKey(
+        "runs.Attempt", null=True, blank=True, on_delete=models.PROTECT, related_name="effects"
+    )
     kind = models.CharField(max_length=12, default=ACTION)
-    compensates = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations")
+    compensates = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
+    )
     step = models.CharField(max_length=100)
     tool = models.CharField(max_length=100)
     action = models.CharField(max_length=100)
@@ -65,12 +75,16 @@ class Effect(models.Model):
     status = models.CharField(max_length=10)
     compensation = models.JSONField(null=True, blank=True)  # {"tool","action","args"} or null
     irreversible = models.BooleanField(default=False)
-    compensation_status = models.CharField(max_length=12, blank=True)  # "", pending, compensated, failed
+    compensation_status = models.CharField(
+        max_length=12, blank=True
+    )  # "", pending, compensated, failed
     external_ref = models.CharField(max_length=200, blank=True)
     outcome_detail = models.JSONField(default=dict, blank=True)
     declared_at = models.DateTimeField(default=timezone.now)
     outcome_at = models.DateTimeField(null=True, blank=True)
-    late = models.BooleanField(default=False)  # outcome arrived after the run stopped authorising effects
+    late = models.BooleanField(
+        default=False
+    )  # outcome arrived after the run stopped authorising effects
     stale_lease = models.BooleanField(default=False)  # outcome reported with a fenced-out token
     reconciled = models.BooleanField(default=False)
     reconciliation = models.JSONField(null=True, blank=True)  # {outcome, evidence, by, at, source}
@@ -80,13 +94,25 @@ class Effect(models.Model):
         constraints = [
             # One authorised effect per key per run, across attempts; denied declarations are kept too.
             models.UniqueConstraint(
-                fields=["run", "idempotency_key"], condition=models.Q(decision="authorized"),
+                fields=["run", "idempotency_key"],
+                condition=models.Q(decision="authorized"),
                 name="one_effect_per_idempotency_key",
             ),
-            models.CheckConstraint(condition=models.Q(status__in=["in_flight", "committed", "failed", "unknown", "denied"]), name="effect_status_valid"),
-            models.CheckConstraint(condition=models.Q(decision__in=["authorized", "denied"]), name="effect_decision_valid"),
             models.CheckConstraint(
-                condition=(models.Q(decision="denied", status="denied") | (~models.Q(decision="denied") & ~models.Q(status="denied"))),
+                condition=models.Q(
+                    status__in=["in_flight", "committed", "failed", "unknown", "denied"]
+                ),
+                name="effect_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(decision__in=["authorized", "denied"]),
+                name="effect_decision_valid",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    models.Q(decision="denied", status="denied")
+                    | (~models.Q(decision="denied") & ~models.Q(status="denied"))
+                ),
                 name="effect_denied_iff_status_denied",
             ),
         ]

@@ -1,4 +1,5 @@
 """Run, Attempt, ExecutionLease and Approval: who executes what, under which lease."""
+
 from __future__ import annotations
 
 import uuid
@@ -17,23 +18,47 @@ class Run(models.Model):
     agent = models.ForeignKey("runs.Agent", on_delete=models.PROTECT, related_name="runs")
     goal = models.TextField()
     input = models.JSONField(default=dict, blank=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
-    root = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    root = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     versions = models.JSONField(default=dict, blank=True)  # code, model, tools{}, config_hash
-    state = models.CharField(max_length=20, choices=STATE_CHOICES, default=State.QUEUED, db_index=True)
+    state = models.CharField(
+        max_length=20, choices=STATE_CHOICES, default=State.QUEUED, db_index=True
+    )
     state_changed_at = models.DateTimeField(default=timezone.now)
     # Monotonic per run: every claim increments it; a write carrying an older token is refused.
     fencing_token = models.BigIntegerField(default=0)
     attempt_count = models.PositiveIntegerField(default=0)
-    current_attempt = models.ForeignKey("runs.Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    current_attempt = models.ForeignKey(
+        "runs.Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # The checkpoint the next attempt starts from (set by pause, retry, recovery); null = latest.
-    resume_checkpoint = models.ForeignKey("runs.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    resume_checkpoint = models.ForeignKey(
+        "runs.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # Three separate ownership facets (the execution lease is the third, in ExecutionLease).
-    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="assigned_runs")
-    decision_authority = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="decided_runs")
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="assigned_runs",
+    )
+    decision_authority = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="decided_runs",
+    )
     retry_policy = models.JSONField(default=dict, blank=True)
     claimable_after = models.DateTimeField(null=True, blank=True)  # retry backoff
-    execution_pin = models.CharField(max_length=150, blank=True)  # transfer: only this worker may claim next
+    execution_pin = models.CharField(
+        max_length=150, blank=True
+    )  # transfer: only this worker may claim next
     deadline = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -45,8 +70,12 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(state__in=[s.value for s in State]), name="run_state_valid"),
-            models.CheckConstraint(condition=models.Q(fencing_token__gte=0), name="run_fencing_token_nonnegative"),
+            models.CheckConstraint(
+                condition=models.Q(state__in=[s.value for s in State]), name="run_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(fencing_token__gte=0), name="run_fencing_token_nonnegative"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -54,7 +83,13 @@ class Run(models.Model):
 
 
 class Attempt(models.Model):
-    RUNNING, SUCCEEDED, FAILED, ABANDONED, STOPPED = "running", "succeeded", "failed", "abandoned", "stopped"
+    RUNNING, SUCCEEDED, FAILED, ABANDONED, STOPPED = (
+        "running",
+        "succeeded",
+        "failed",
+        "abandoned",
+        "stopped",
+    )
     OUTCOMES = [RUNNING, SUCCEEDED, FAILED, ABANDONED, STOPPED]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -62,7 +97,9 @@ class Attempt(models.Model):
     number = models.PositiveIntegerField()
     worker = models.CharField(max_length=150)
     worker_versions = models.JSONField(default=dict, blank=True)
-    started_from = models.ForeignKey("runs.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_from = models.ForeignKey(
+        "runs.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=12, default=RUNNING)
@@ -73,7 +110,12 @@ class Attempt(models.Model):
         ordering = ["run", "number"]
         constraints = [
             models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique_per_run"),
-            models.CheckConstraint(condition=models.Q(outcome__in=["running", "succeeded", "failed", "abandoned", "stopped"]), name="attempt_outcome_valid"),
+            models.CheckConstraint(
+                condition=models.Q(
+                    outcome__in=["running", "succeeded", "failed", "abandoned", "stopped"]
+                ),
+                name="attempt_outcome_valid",
+            ),
         ]
 
 
@@ -97,9 +139,16 @@ class ExecutionLease(models.Model):
     class Meta:
         constraints = [
             # At most one live lease per run, enforced by the database.
-            models.UniqueConstraint(fields=["run"], condition=models.Q(status="active"), name="one_active_lease_per_run"),
-            models.UniqueConstraint(fields=["run", "fencing_token"], name="lease_fencing_token_unique"),
-            models.CheckConstraint(condition=models.Q(status__in=["active", "released", "expired"]), name="lease_status_valid"),
+            models.UniqueConstraint(
+                fields=["run"], condition=models.Q(status="active"), name="one_active_lease_per_run"
+            ),
+            models.UniqueConstraint(
+                fields=["run", "fencing_token"], name="lease_fencing_token_unique"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["active", "released", "expired"]),
+                name="lease_status_valid",
+            ),
         ]
 
     def is_live(self, now=None) -> bool:
@@ -124,14 +173,21 @@ class Approval(models.Model):
     status = models.CharField(max_length=10, default=PENDING)
     deadline = models.DateTimeField(null=True, blank=True)
     requested_at = models.DateTimeField(default=timezone.now)
-    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_reason = models.TextField(blank=True)
     shown = models.JSONField(default=dict, blank=True)  # what the approver was shown
-    consumed_by = models.ForeignKey("runs.Effect", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    consumed_by = models.ForeignKey(
+        "runs.Effect", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["-requested_at"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(status__in=["pending", "approved", "rejected", "timed_out"]), name="approval_status_valid"),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["pending", "approved", "rejected", "timed_out"]),
+                name="approval_status_valid",
+            ),
         ]

@@ -1,20 +1,23 @@
 """Shared steps of every decision: lock, transition check, history append, snapshot, notify, audit."""
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.actors import Actor
 from audit.chain import GENESIS, link_hash, normalise
 from audit.dbutil import insert_and_update
 from audit.models import AuditEvent
 from audit.services import record_audit
-from controlplane.rows import select_row
-from runs.errors import Conflict, DomainError, NotFound
+from core.actors import Actor
+from core.errors import Conflict, DomainError, NotFound
+from core.live import push_run_update
+from core.rows import select_row
 from runs.models import AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
 from runs.states import Event, State, transition
 
@@ -24,7 +27,7 @@ NOTIFY_CHANNEL = "cp_runs"
 def lock_run(run_id: Any) -> Run:
     """Lock the run row for the rest of the transaction. Every decision about a run starts here,
     so decisions on one run are serialised by the database (pause vs declare, claim vs claim)."""
-    # ``Run.objects.select_for_update().get(pk=run_id)`` without the compiler (controlplane.rows): every
+    # ``Run.objects.select_for_update().get(pk=run_id)`` without the compiler (core.rows): every
     # protocol call starts here. The run row only: joining the agent row into a FOR UPDATE would lock it
     # too, serialising every run of an agent and deadlocking against transactions whose deferred FK
     # check takes KEY SHARE on it at COMMIT. ``run.agent`` loads lazily where a decision needs it.
@@ -34,8 +37,15 @@ def lock_run(run_id: Any) -> Run:
     return run
 
 
-def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, attempt=None, actor: Actor | None = None,
-                   run_updates: dict[str, Any] | None = None) -> HistoryEvent:
+def append_history(
+    run: Run,
+    kind: str,
+    data: dict[str, Any] | None = None,
+    *,
+    attempt=None,
+    actor: Actor | None = None,
+    run_updates: dict[str, Any] | None = None,
+) -> HistoryEvent:
     """Append to the run's hash chain. Caller holds the run lock, so seq and head cannot race.
     ``run_updates``: further columns of the run row to write in the same UPDATE as the new head."""
     seq = run.history_seq + 1
@@ -45,22 +55,36 @@ def append_history(run: Run, kind: str, data: dict[str, Any] | None = None, *, a
     # ``attempt`` may be an Attempt or its id: callers pass the id so no row is loaded just for this.
     attempt_id = getattr(attempt, "pk", attempt)
     event = HistoryEvent(
-        run=run, seq=seq, kind=kind, attempt_id=attempt_id, actor=actor.label if actor else "",
-        data=payload, created_at=now, prev_hash=prev,
+        run=run,
+        seq=seq,
+        kind=kind,
+        attempt_id=attempt_id,
+        actor=actor.label if actor else "",
+        data=payload,
+        created_at=now,
+        prev_hash=prev,
     )
     event.hash = link_hash(prev, history_fields(event))
     # The event's INSERT and the run's head UPDATE in one round trip (see audit.dbutil).
-    insert_and_update(event, Run, run.pk, {**(run_updates or {}), "history_seq": seq, "history_head": event.hash,
-                                           "updated_at": now})
+    insert_and_update(
+        event,
+        Run,
+        run.pk,
+        {**(run_updates or {}), "history_seq": seq, "history_head": event.hash, "updated_at": now},
+    )
     run.history_seq, run.history_head = seq, event.hash
     return event
 
 
 def history_fields(event: HistoryEvent) -> dict[str, Any]:
     return {
-        "run": str(event.run_id), "seq": event.seq, "kind": event.kind,
+        "run": str(event.run_id),
+        "seq": event.seq,
+        "kind": event.kind,
         "attempt": str(event.attempt_id) if event.attempt_id else None,
-        "actor": event.actor, "data": event.data, "created_at": event.created_at,
+        "actor": event.actor,
+        "data": event.data,
+        "created_at": event.created_at,
     }
 
 
@@ -69,7 +93,11 @@ def verify_history(run: Run) -> dict[str, Any]:
     prev, expected = GENESIS, 1
     for event in HistoryEvent.objects.filter(run=run).order_by("seq"):
         if event.seq != expected:
-            return {"ok": False, "first_broken_seq": expected, "problem": "deleted" if event.seq > expected else "reordered"}
+            return {
+                "ok": False,
+                "first_broken_seq": expected,
+                "problem": "deleted" if event.seq > expected else "reordered",
+            }
         if event.prev_hash != prev:
             return {"ok": False, "first_broken_seq": event.seq, "problem": "reordered"}
         if link_hash(event.prev_hash, history_fields(event)) != event.hash:
@@ -92,14 +120,25 @@ def starting_checkpoint(run: Run) -> Checkpoint | None:
 def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
     if cp is None:
         return None
-    return {"id": cp.id, "seq": cp.seq, "step": cp.step, "state": cp.state, "hash": cp.hash,
-            "created_at": cp.created_at.isoformat()}
+    return {
+        "id": cp.id,
+        "seq": cp.seq,
+        "step": cp.step,
+        "state": cp.state,
+        "hash": cp.hash,
+        "created_at": cp.created_at.isoformat(),
+    }
 
 
 def authority_envelope(run: Run) -> list[dict[str, Any]]:
     now = timezone.now()
     return [
-        {"id": str(g.id), "scope": g.scope, "status": g.effective_status(now), "expires_at": g.expires_at.isoformat()}
+        {
+            "id": str(g.id),
+            "scope": g.scope,
+            "status": g.effective_status(now),
+            "expires_at": g.expires_at.isoformat(),
+        }
         for g in AuthorityGrant.objects.filter(run=run).order_by("granted_at")
     ]
 
@@ -107,8 +146,14 @@ def authority_envelope(run: Run) -> list[dict[str, Any]]:
 def unresolved_effects(run: Run) -> list[dict[str, Any]]:
     rows = Effect.objects.filter(run=run, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED)
     return [
-        {"id": str(e.id), "step": e.step, "tool": e.tool, "action": e.action,
-         "idempotency_key": e.idempotency_key, "status": e.status}
+        {
+            "id": str(e.id),
+            "step": e.step,
+            "tool": e.tool,
+            "action": e.action,
+            "idempotency_key": e.idempotency_key,
+            "status": e.status,
+        }
         for e in rows.order_by("declared_at")
     ]
 
@@ -118,13 +163,17 @@ def run_snapshot(run: Run) -> dict[str, Any]:
     cp = starting_checkpoint(run)
     return {
         "state": run.state,
-        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count} if run.current_attempt_id else None,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
         "fencing_token": run.fencing_token,
         "checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
         "authority": authority_envelope(run),
         "unresolved_effects": unresolved_effects(run),
         "assignee": run.assignee.username if run.assignee_id else None,
-        "decision_authority": run.decision_authority.username if run.decision_authority_id else None,
+        "decision_authority": run.decision_authority.username
+        if run.decision_authority_id
+        else None,
     }
 
 
@@ -133,44 +182,77 @@ def notify_run_changed(run: Run) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
-    from runs.live import push_run_update  # late import: channels is optional for the domain
-
     transaction.on_commit(lambda: push_run_update(run.pk))
 
 
 def apply_transition(
-    run: Run, event: Event, *, actor: Actor, reason: str = "", data: dict[str, Any] | None = None,
-    audit_action: str | None = None, audit_context: dict[str, Any] | None = None,
+    run: Run,
+    event: Event,
+    *,
+    actor: Actor,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    audit_action: str | None = None,
+    audit_context: dict[str, Any] | None = None,
 ) -> State:
     """Move the locked run along the table, with history and audit in the same transaction."""
     edge = transition(run.state, event)
     if edge is None:
-        raise Conflict(f"{event.value} is not allowed while the run is {run.state}", state=run.state, event=event.value)
+        raise Conflict(
+            f"{event.value} is not allowed while the run is {run.state}",
+            state=run.state,
+            event=event.value,
+        )
     before = run_snapshot(run) if audit_context is None else None
     previous = run.state
     now = timezone.now()
     run.state, run.state_changed_at = edge.target.value, now
     Run.objects.filter(pk=run.pk).update(state=run.state, state_changed_at=now, updated_at=now)
-    append_history(run, "state_changed", {"from": previous, "to": run.state, "event": event.value,
-                                          "reason": reason, **(data or {})}, attempt=run.current_attempt_id, actor=actor)
-    context = audit_context if audit_context is not None else {"before": before, "after": run_snapshot(run)}
+    append_history(
+        run,
+        "state_changed",
+        {"from": previous, "to": run.state, "event": event.value, "reason": reason, **(data or {})},
+        attempt=run.current_attempt_id,
+        actor=actor,
+    )
+    context = (
+        audit_context
+        if audit_context is not None
+        else {"before": before, "after": run_snapshot(run)}
+    )
     context = {"from_state": previous, "to_state": run.state, "event": event.value, **context}
-    record_audit(actor=actor, action=audit_action or f"run.{event.value}", object_type="run", object_id=run.pk,
-                 run_id=run.pk, reason=reason, context=context)
+    record_audit(
+        actor=actor,
+        action=audit_action or f"run.{event.value}",
+        object_type="run",
+        object_id=run.pk,
+        run_id=run.pk,
+        reason=reason,
+        context=context,
+    )
     notify_run_changed(run)
     return edge.target
 
 
 @contextmanager
-def decision(actor: Actor, action: str, object_type: str, object_id: Any, run_id: Any = None) -> Iterator[None]:
+def decision(
+    actor: Actor, action: str, object_type: str, object_id: Any, run_id: Any = None
+) -> Iterator[None]:
     """One transaction per decision. A refused decision rolls back, then is audited on its own."""
     try:
         with transaction.atomic():
             yield
     except DomainError as err:
-        record_audit(actor=actor, action=action, object_type=object_type, object_id=object_id,
-                     run_id=run_id if _is_uuid(run_id) else None,
-                     outcome=AuditEvent.DENIED, reason=f"{err.code}: {err.detail}", context=err.payload())
+        record_audit(
+            actor=actor,
+            action=action,
+            object_type=object_type,
+            object_id=object_id,
+            run_id=run_id if _is_uuid(run_id) else None,
+            outcome=AuditEvent.DENIED,
+            reason=f"{err.code}: {err.detail}",
+            context=err.payload(),
+        )
         raise
 
 

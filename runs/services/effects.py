@@ -1,4 +1,5 @@
 """The effect ledger: declare before dispatch, record the outcome after. The hot path of the protocol."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,12 +8,19 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.actors import Actor
 from audit.chain import canonical
 from audit.models import AuditEvent
 from audit.services import record_audit
-from controlplane.rows import select_row, select_rows
-from runs.errors import Conflict, EffectUnresolved, IdempotencyKeyReused, Invalid, LeaseLost, NotFound
+from core.actors import Actor
+from core.errors import (
+    Conflict,
+    EffectUnresolved,
+    IdempotencyKeyReused,
+    Invalid,
+    LeaseLost,
+    NotFound,
+)
+from core.rows import select_row, select_rows
 from runs.models import Approval, AuthorityGrant, Effect, Run
 from runs.states import EFFECT_STATES, State, denial_reason
 
@@ -26,9 +34,20 @@ def fingerprint(tool: str, action: str, args: dict[str, Any]) -> str:
     return hashlib.sha256(canonical({"tool": tool, "action": action, "args": args})).hexdigest()
 
 
-def approval_digest(*, run_id: Any, attempt_id: Any, tool: str, action: str, args: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical({"run": str(run_id), "attempt": str(attempt_id), "tool": tool,
-                                     "action": action, "args": args})).hexdigest()
+def approval_digest(
+    *, run_id: Any, attempt_id: Any, tool: str, action: str, args: dict[str, Any]
+) -> str:
+    return hashlib.sha256(
+        canonical(
+            {
+                "run": str(run_id),
+                "attempt": str(attempt_id),
+                "tool": tool,
+                "action": action,
+                "args": args,
+            }
+        )
+    ).hexdigest()
 
 
 @dataclass
@@ -42,14 +61,30 @@ class Declaration:
 
 def effect_dict(e: Effect) -> dict[str, Any]:
     return {
-        "id": str(e.id), "run_id": str(e.run_id), "attempt_id": str(e.attempt_id) if e.attempt_id else None,
-        "kind": e.kind, "step": e.step, "tool": e.tool, "action": e.action, "idempotency_key": e.idempotency_key,
-        "fingerprint": e.fingerprint, "args": e.args, "decision": e.decision, "reason": e.denial_reason or None,
-        "status": e.status, "compensation": e.compensation, "irreversible": e.irreversible,
-        "compensation_status": e.compensation_status or None, "external_ref": e.external_ref,
-        "outcome_detail": e.outcome_detail, "declared_at": e.declared_at.isoformat(),
-        "outcome_at": e.outcome_at.isoformat() if e.outcome_at else None, "late": e.late,
-        "stale_lease": e.stale_lease, "reconciled": e.reconciled, "reconciliation": e.reconciliation,
+        "id": str(e.id),
+        "run_id": str(e.run_id),
+        "attempt_id": str(e.attempt_id) if e.attempt_id else None,
+        "kind": e.kind,
+        "step": e.step,
+        "tool": e.tool,
+        "action": e.action,
+        "idempotency_key": e.idempotency_key,
+        "fingerprint": e.fingerprint,
+        "args": e.args,
+        "decision": e.decision,
+        "reason": e.denial_reason or None,
+        "status": e.status,
+        "compensation": e.compensation,
+        "irreversible": e.irreversible,
+        "compensation_status": e.compensation_status or None,
+        "external_ref": e.external_ref,
+        "outcome_detail": e.outcome_detail,
+        "declared_at": e.declared_at.isoformat(),
+        "outcome_at": e.outcome_at.isoformat() if e.outcome_at else None,
+        "late": e.late,
+        "stale_lease": e.stale_lease,
+        "reconciled": e.reconciled,
+        "reconciliation": e.reconciliation,
         "compensates": str(e.compensates_id) if e.compensates_id else None,
     }
 
@@ -73,14 +108,18 @@ def _authority_denial(run: Run, tool: str, action: str, now) -> str | None:
     return "authority_missing"
 
 
-def _approval_denial(run: Run, approval_id: Any, tool: str, action: str, args: dict) -> tuple[str | None, Approval | None]:
+def _approval_denial(
+    run: Run, approval_id: Any, tool: str, action: str, args: dict
+) -> tuple[str | None, Approval | None]:
     if approval_id:
         approval = Approval.objects.filter(pk=approval_id, run=run).first()
         if approval is None or approval.status != Approval.APPROVED:
             return "approval_not_granted", None
         if approval.consumed_by_id:
             return "approval_already_used", None
-        digest = approval_digest(run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args)
+        digest = approval_digest(
+            run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
+        )
         if digest != approval.digest:
             return "approval_mismatch", None
         return None, approval
@@ -95,8 +134,18 @@ def _approval_denial(run: Run, approval_id: Any, tool: str, action: str, args: d
 
 
 def declare_effect(
-    *, actor: Actor, run_id: Any, fencing_token: int, step: str, tool: str, action: str, idempotency_key: str,
-    args: dict | None = None, compensation: dict | None = None, irreversible: bool = False, approval_id: Any = None,
+    *,
+    actor: Actor,
+    run_id: Any,
+    fencing_token: int,
+    step: str,
+    tool: str,
+    action: str,
+    idempotency_key: str,
+    args: dict | None = None,
+    compensation: dict | None = None,
+    irreversible: bool = False,
+    approval_id: Any = None,
 ) -> Declaration:
     args = args or {}
     if not idempotency_key:
@@ -108,8 +157,22 @@ def declare_effect(
         try:
             check_fencing(run, fencing_token, now)
         except LeaseLost as lost:
-            return _deny(run, actor, "lease_lost", lost.detail, step, tool, action, idempotency_key, fp, args, fencing_token)
-        existing = select_row(Effect, run=run.pk, idempotency_key=idempotency_key, decision=Effect.AUTHORIZED)
+            return _deny(
+                run,
+                actor,
+                "lease_lost",
+                lost.detail,
+                step,
+                tool,
+                action,
+                idempotency_key,
+                fp,
+                args,
+                fencing_token,
+            )
+        existing = select_row(
+            Effect, run=run.pk, idempotency_key=idempotency_key, decision=Effect.AUTHORIZED
+        )
         if existing is not None:
             return _replay(run, actor, existing, fp)
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
@@ -118,21 +181,57 @@ def declare_effect(
         if reason is None:
             reason, approval = _approval_denial(run, approval_id, tool, action, args)
         if reason is not None:
-            return _deny(run, actor, reason, "", step, tool, action, idempotency_key, fp, args, fencing_token)
+            return _deny(
+                run, actor, reason, "", step, tool, action, idempotency_key, fp, args, fencing_token
+            )
         effect = Effect.objects.create(
-            run=run, attempt_id=run.current_attempt_id, step=step, tool=tool, action=action,
-            idempotency_key=idempotency_key, fingerprint=fp, args=args, fencing_token=fencing_token,
-            decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT, compensation=compensation,
-            irreversible=irreversible, declared_at=now,
+            run=run,
+            attempt_id=run.current_attempt_id,
+            step=step,
+            tool=tool,
+            action=action,
+            idempotency_key=idempotency_key,
+            fingerprint=fp,
+            args=args,
+            fencing_token=fencing_token,
+            decision=Effect.AUTHORIZED,
+            status=Effect.IN_FLIGHT,
+            compensation=compensation,
+            irreversible=irreversible,
+            declared_at=now,
         )
         if approval is not None:
             Approval.objects.filter(pk=approval.pk).update(consumed_by=effect)
-        append_history(run, "effect_intent", {"effect": str(effect.pk), "step": step, "tool": tool, "action": action,
-                                              "idempotency_key": idempotency_key}, attempt=run.current_attempt_id, actor=actor)
-        record_audit(actor=actor, action="effect.declare", object_type="effect", object_id=effect.pk, run_id=run.pk,
-                     context={"decision": "authorized", "state": run.state, "tool": tool, "action": action,
-                              "idempotency_key": idempotency_key, "fencing_token": fencing_token,
-                              "attempt": str(run.current_attempt_id), "approval": str(approval.pk) if approval else None})
+        append_history(
+            run,
+            "effect_intent",
+            {
+                "effect": str(effect.pk),
+                "step": step,
+                "tool": tool,
+                "action": action,
+                "idempotency_key": idempotency_key,
+            },
+            attempt=run.current_attempt_id,
+            actor=actor,
+        )
+        record_audit(
+            actor=actor,
+            action="effect.declare",
+            object_type="effect",
+            object_id=effect.pk,
+            run_id=run.pk,
+            context={
+                "decision": "authorized",
+                "state": run.state,
+                "tool": tool,
+                "action": action,
+                "idempotency_key": idempotency_key,
+                "fencing_token": fencing_token,
+                "attempt": str(run.current_attempt_id),
+                "approval": str(approval.pk) if approval else None,
+            },
+        )
     return Declaration(effect, "authorized")
 
 
@@ -140,29 +239,81 @@ def _replay(run: Run, actor: Actor, existing: Effect, fp: str) -> Declaration:
     if existing.fingerprint != fp:
         raise IdempotencyKeyReused(
             f"idempotency key {existing.idempotency_key!r} was already used for different arguments",
-            idempotency_key=existing.idempotency_key, effect_id=str(existing.pk))
+            idempotency_key=existing.idempotency_key,
+            effect_id=str(existing.pk),
+        )
     if existing.status in Effect.UNRESOLVED:
         raise EffectUnresolved(
             f"effect {existing.pk} with key {existing.idempotency_key!r} is {existing.status}: do not dispatch "
-            "again until its outcome is recorded or reconciled", effect_id=str(existing.pk), status=existing.status)
-    record_audit(actor=actor, action="effect.declare", object_type="effect", object_id=existing.pk, run_id=run.pk,
-                 context={"decision": "replayed", "status": existing.status, "idempotency_key": existing.idempotency_key})
+            "again until its outcome is recorded or reconciled",
+            effect_id=str(existing.pk),
+            status=existing.status,
+        )
+    record_audit(
+        actor=actor,
+        action="effect.declare",
+        object_type="effect",
+        object_id=existing.pk,
+        run_id=run.pk,
+        context={
+            "decision": "replayed",
+            "status": existing.status,
+            "idempotency_key": existing.idempotency_key,
+        },
+    )
     return Declaration(existing, "replayed")
 
 
-def _deny(run, actor, reason, detail, step, tool, action, key, fp, args, fencing_token) -> Declaration:
+def _deny(
+    run, actor, reason, detail, step, tool, action, key, fp, args, fencing_token
+) -> Declaration:
     """Denied declarations are part of the ledger too (committed, not rolled back)."""
     effect = Effect.objects.create(
-        run=run, attempt_id=run.current_attempt_id, step=step, tool=tool, action=action, idempotency_key=key,
-        fingerprint=fp, args=args, fencing_token=fencing_token, decision=Effect.DENIED, status=Effect.DENIED,
+        run=run,
+        attempt_id=run.current_attempt_id,
+        step=step,
+        tool=tool,
+        action=action,
+        idempotency_key=key,
+        fingerprint=fp,
+        args=args,
+        fencing_token=fencing_token,
+        decision=Effect.DENIED,
+        status=Effect.DENIED,
         denial_reason=reason,
     )
-    append_history(run, "effect_denied", {"effect": str(effect.pk), "tool": tool, "action": action,
-                                          "idempotency_key": key, "reason": reason}, attempt=run.current_attempt_id, actor=actor)
-    record_audit(actor=actor, action="effect.declare", object_type="effect", object_id=effect.pk, run_id=run.pk,
-                 outcome=AuditEvent.DENIED, reason=reason,
-                 context={"decision": "denied", "reason": reason, "detail": detail, "state": run.state,
-                          "tool": tool, "action": action, "idempotency_key": key, "fencing_token": fencing_token})
+    append_history(
+        run,
+        "effect_denied",
+        {
+            "effect": str(effect.pk),
+            "tool": tool,
+            "action": action,
+            "idempotency_key": key,
+            "reason": reason,
+        },
+        attempt=run.current_attempt_id,
+        actor=actor,
+    )
+    record_audit(
+        actor=actor,
+        action="effect.declare",
+        object_type="effect",
+        object_id=effect.pk,
+        run_id=run.pk,
+        outcome=AuditEvent.DENIED,
+        reason=reason,
+        context={
+            "decision": "denied",
+            "reason": reason,
+            "detail": detail,
+            "state": run.state,
+            "tool": tool,
+            "action": action,
+            "idempotency_key": key,
+            "fencing_token": fencing_token,
+        },
+    )
     return Declaration(effect, "denied")
 
 
@@ -175,8 +326,14 @@ def effect_run_id(effect_id: Any) -> Any:
 
 
 def record_outcome(
-    *, actor: Actor, effect_id: Any, fencing_token: int | None, status: str, external_ref: str = "",
-    detail: dict | None = None, run_id: Any = None,
+    *,
+    actor: Actor,
+    effect_id: Any,
+    fencing_token: int | None,
+    status: str,
+    external_ref: str = "",
+    detail: dict | None = None,
+    run_id: Any = None,
 ) -> Effect:
     """Always accepted: an outcome is a fact about the world, even after pause/cancel or fencing.
     ``run_id``: the effect's run if the caller already looked it up with ``effect_run_id`` (the API edge
@@ -190,25 +347,64 @@ def record_outcome(
         if effect is None:
             raise NotFound(f"effect {effect_id} does not exist", object="effect")
         if effect.decision != Effect.AUTHORIZED:
-            raise Conflict("a denied declaration has no outcome: nothing was dispatched", status=effect.status)
+            raise Conflict(
+                "a denied declaration has no outcome: nothing was dispatched", status=effect.status
+            )
         if effect.status in (Effect.COMMITTED, Effect.FAILED):
-            if effect.status == status and (not external_ref or external_ref == effect.external_ref):
+            if effect.status == status and (
+                not external_ref or external_ref == effect.external_ref
+            ):
                 return effect  # the same report twice (e.g. an SDK retry)
             raise Conflict(f"effect already recorded as {effect.status}", status=effect.status)
         now = timezone.now()
-        effect.stale_lease = fencing_token is None or fencing_token != run.fencing_token or run.state not in (
-            State.RUNNING, State.AWAITING_APPROVAL, State.PAUSING, State.CANCELLING)
+        effect.stale_lease = (
+            fencing_token is None
+            or fencing_token != run.fencing_token
+            or run.state
+            not in (State.RUNNING, State.AWAITING_APPROVAL, State.PAUSING, State.CANCELLING)
+        )
         effect.late = run.state != State.RUNNING and run.state != State.AWAITING_APPROVAL
         effect.status, effect.outcome_at = status, now
         effect.external_ref = external_ref or effect.external_ref
         effect.outcome_detail = detail or {}
-        effect.save(update_fields=["status", "outcome_at", "external_ref", "outcome_detail", "late", "stale_lease"])
-        append_history(run, "effect_outcome", {"effect": str(effect.pk), "status": status, "external_ref": effect.external_ref,
-                                               "late": effect.late, "stale_lease": effect.stale_lease},
-                       attempt=run.current_attempt_id, actor=actor)
-        record_audit(actor=actor, action="effect.outcome", object_type="effect", object_id=effect.pk, run_id=run.pk,
-                     context={"status": status, "external_ref": effect.external_ref, "late": effect.late,
-                              "stale_lease": effect.stale_lease, "state": run.state, "fencing_token": fencing_token})
+        effect.save(
+            update_fields=[
+                "status",
+                "outcome_at",
+                "external_ref",
+                "outcome_detail",
+                "late",
+                "stale_lease",
+            ]
+        )
+        append_history(
+            run,
+            "effect_outcome",
+            {
+                "effect": str(effect.pk),
+                "status": status,
+                "external_ref": effect.external_ref,
+                "late": effect.late,
+                "stale_lease": effect.stale_lease,
+            },
+            attempt=run.current_attempt_id,
+            actor=actor,
+        )
+        record_audit(
+            actor=actor,
+            action="effect.outcome",
+            object_type="effect",
+            object_id=effect.pk,
+            run_id=run.pk,
+            context={
+                "status": status,
+                "external_ref": effect.external_ref,
+                "late": effect.late,
+                "stale_lease": effect.stale_lease,
+                "state": run.state,
+                "fencing_token": fencing_token,
+            },
+        )
         if effect.late:
             from .common import notify_run_changed
 

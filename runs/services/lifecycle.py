@@ -1,4 +1,5 @@
 """Worker-protocol facts about a run's life: start, claim, heartbeat, release, finish, lease expiry."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,15 +9,43 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actors import Actor
 from audit.services import record_audit
-from controlplane.rows import select_row, select_rows
-from runs.errors import AuthorityNotAllowed, EffectsUnresolved, Forbidden, Invalid, LeaseHeld, LeaseLost, NotClaimable, NotFound
-from runs.models import Agent, Approval, Attempt, AuthorityGrant, Effect, ExecutionLease, HistoryEvent, Run, Timer
+from core.actors import Actor
+from core.errors import (
+    AuthorityNotAllowed,
+    EffectsUnresolved,
+    Forbidden,
+    Invalid,
+    LeaseHeld,
+    LeaseLost,
+    NotClaimable,
+    NotFound,
+)
+from core.rows import select_row, select_rows
+from runs.models import (
+    Agent,
+    Approval,
+    Attempt,
+    AuthorityGrant,
+    Effect,
+    ExecutionLease,
+    HistoryEvent,
+    Run,
+    Timer,
+)
 from runs.states import LEASED_STATES, Event, State, directive_for
 
-from .common import (append_history, apply_transition, checkpoint_summary, decision, lease_ttl, lock_run,
-                     notify_run_changed, run_snapshot, starting_checkpoint)
+from .common import (
+    append_history,
+    apply_transition,
+    checkpoint_summary,
+    decision,
+    lease_ttl,
+    lock_run,
+    notify_run_changed,
+    run_snapshot,
+    starting_checkpoint,
+)
 
 DEFAULT_GRANT_TTL_S = 3600
 
@@ -37,8 +66,15 @@ def _covering_parent_grant(parent: Run, scope: str, now) -> AuthorityGrant | Non
 
 
 def create_run(
-    *, actor: Actor, agent: str, goal: str, input: dict | None = None, parent_run_id: Any = None,
-    versions: dict | None = None, authority: list[dict] | None = None, deadline=None,
+    *,
+    actor: Actor,
+    agent: str,
+    goal: str,
+    input: dict | None = None,
+    parent_run_id: Any = None,
+    versions: dict | None = None,
+    authority: list[dict] | None = None,
+    deadline=None,
     retry_policy: dict | None = None,
 ) -> Run:
     with decision(actor, "run.create", "agent", agent):
@@ -50,24 +86,50 @@ def create_run(
         parent = lock_run(parent_run_id) if parent_run_id else None
         now = timezone.now()
         run = Run.objects.create(
-            agent=agent_row, goal=goal, input=input or {}, parent=parent,
-            root=(parent.root or parent) if parent else None, versions=versions or {}, deadline=deadline,
-            retry_policy=retry_policy or {}, created_by=actor.label, created_at=now, updated_at=now,
+            agent=agent_row,
+            goal=goal,
+            input=input or {},
+            parent=parent,
+            root=(parent.root or parent) if parent else None,
+            versions=versions or {},
+            deadline=deadline,
+            retry_policy=retry_policy or {},
+            created_by=actor.label,
+            created_at=now,
+            updated_at=now,
         )
         for request in authority or []:
             _grant(run, agent_row, parent, request, actor, now)
-        append_history(run, "run_created", {"goal": goal, "parent": str(parent.pk) if parent else None,
-                                            "versions": run.versions}, actor=actor)
-        record_audit(actor=actor, action="run.create", object_type="run", object_id=run.pk, run_id=run.pk,
-                     context={"agent": agent, "parent": str(parent.pk) if parent else None, "after": run_snapshot(run)})
+        append_history(
+            run,
+            "run_created",
+            {"goal": goal, "parent": str(parent.pk) if parent else None, "versions": run.versions},
+            actor=actor,
+        )
+        record_audit(
+            actor=actor,
+            action="run.create",
+            object_type="run",
+            object_id=run.pk,
+            run_id=run.pk,
+            context={
+                "agent": agent,
+                "parent": str(parent.pk) if parent else None,
+                "after": run_snapshot(run),
+            },
+        )
         notify_run_changed(run)
     return run
 
 
-def _grant(run: Run, agent: Agent, parent: Run | None, request: dict, actor: Actor, now) -> AuthorityGrant:
+def _grant(
+    run: Run, agent: Agent, parent: Run | None, request: dict, actor: Actor, now
+) -> AuthorityGrant:
     scope = str(request.get("scope", ""))
     if ":" not in scope or scope.startswith(":") or scope.endswith(":"):
-        raise Invalid(f"authority scope {scope!r} must look like 'tool:action' or 'tool:*'", field="authority")
+        raise Invalid(
+            f"authority scope {scope!r} must look like 'tool:action' or 'tool:*'", field="authority"
+        )
     if not _scope_allowed(scope, agent.allowed_scopes):
         raise AuthorityNotAllowed(f"agent {agent.name!r} may not hold {scope!r}", scope=scope)
     ttl = int(request.get("ttl_s") or DEFAULT_GRANT_TTL_S)
@@ -77,12 +139,22 @@ def _grant(run: Run, agent: Agent, parent: Run | None, request: dict, actor: Act
         # Delegation: never wider than the parent's live grant, never outliving it.
         source = _covering_parent_grant(parent, scope, now)
         if source is None:
-            raise AuthorityNotAllowed(f"parent run holds no active grant covering {scope!r}", scope=scope)
+            raise AuthorityNotAllowed(
+                f"parent run holds no active grant covering {scope!r}", scope=scope
+            )
         if source.scope != scope and scope.endswith(":*"):
-            raise AuthorityNotAllowed(f"{scope!r} is wider than the parent's {source.scope!r}", scope=scope)
+            raise AuthorityNotAllowed(
+                f"{scope!r} is wider than the parent's {source.scope!r}", scope=scope
+            )
         expires = min(expires, source.expires_at)
-    return AuthorityGrant.objects.create(run=run, scope=scope, issuer=actor.label, delegated_from=source,
-                                         granted_at=now, expires_at=expires)
+    return AuthorityGrant.objects.create(
+        run=run,
+        scope=scope,
+        issuer=actor.label,
+        delegated_from=source,
+        granted_at=now,
+        expires_at=expires,
+    )
 
 
 @dataclass
@@ -94,11 +166,17 @@ class Claim:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "run_id": str(self.run.pk), "state": self.run.state,
+            "run_id": str(self.run.pk),
+            "state": self.run.state,
             "attempt": {"id": str(self.attempt.pk), "number": self.attempt.number},
-            "lease": {"id": str(self.lease.pk), "fencing_token": self.lease.fencing_token,
-                      "expires_at": self.lease.expires_at.isoformat(), "ttl_s": self.lease.ttl_s},
-            "checkpoint": self.checkpoint, "directive": directive_for(self.run.state),
+            "lease": {
+                "id": str(self.lease.pk),
+                "fencing_token": self.lease.fencing_token,
+                "expires_at": self.lease.expires_at.isoformat(),
+                "ttl_s": self.lease.ttl_s,
+            },
+            "checkpoint": self.checkpoint,
+            "directive": directive_for(self.run.state),
         }
 
 
@@ -110,34 +188,75 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
         now = timezone.now()
         live = ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE).first()
         if live is not None and live.expires_at > now:
-            raise LeaseHeld(f"worker {live.worker!r} holds the lease until {live.expires_at.isoformat()}",
-                            state=run.state)
+            raise LeaseHeld(
+                f"worker {live.worker!r} holds the lease until {live.expires_at.isoformat()}",
+                state=run.state,
+            )
         if run.state != State.QUEUED:
-            raise NotClaimable(f"run is {run.state}; only queued runs can be claimed", state=run.state)
+            raise NotClaimable(
+                f"run is {run.state}; only queued runs can be claimed", state=run.state
+            )
         if run.claimable_after and run.claimable_after > now:
-            raise NotClaimable(f"retry backoff: claimable after {run.claimable_after.isoformat()}", state=run.state)
+            raise NotClaimable(
+                f"retry backoff: claimable after {run.claimable_after.isoformat()}", state=run.state
+            )
         if run.execution_pin and run.execution_pin != worker:
-            raise NotClaimable(f"execution was transferred to worker {run.execution_pin!r}", state=run.state)
+            raise NotClaimable(
+                f"execution was transferred to worker {run.execution_pin!r}", state=run.state
+            )
         if versions:  # what this agent's workers run now: compared by resume and recovery
             Agent.objects.filter(pk=run.agent_id).update(current_versions=versions)
-        if live is not None:  # defensive: a stale active row must never block the partial unique index
+        if (
+            live is not None
+        ):  # defensive: a stale active row must never block the partial unique index
             _end_lease(live, ExecutionLease.EXPIRED, "superseded", now)
         run.fencing_token += 1
         run.attempt_count += 1
         cp = starting_checkpoint(run)
-        attempt = Attempt.objects.create(run=run, number=run.attempt_count, worker=worker,
-                                         worker_versions=versions or {}, started_from=cp, started_at=now)
+        attempt = Attempt.objects.create(
+            run=run,
+            number=run.attempt_count,
+            worker=worker,
+            worker_versions=versions or {},
+            started_from=cp,
+            started_at=now,
+        )
         ttl = lease_ttl()
-        lease = ExecutionLease.objects.create(run=run, attempt=attempt, worker=worker, fencing_token=run.fencing_token,
-                                              ttl_s=ttl, granted_at=now, expires_at=now + timedelta(seconds=ttl))
+        lease = ExecutionLease.objects.create(
+            run=run,
+            attempt=attempt,
+            worker=worker,
+            fencing_token=run.fencing_token,
+            ttl_s=ttl,
+            granted_at=now,
+            expires_at=now + timedelta(seconds=ttl),
+        )
         run.current_attempt, run.resume_checkpoint = attempt, None
-        Run.objects.filter(pk=run.pk).update(fencing_token=run.fencing_token, attempt_count=run.attempt_count,
-                                             current_attempt=attempt, resume_checkpoint=None)
-        append_history(run, "attempt_started", {"attempt": attempt.number, "worker": worker,
-                                                "fencing_token": run.fencing_token,
-                                                "checkpoint": cp.seq if cp else None}, attempt=attempt, actor=actor)
-        apply_transition(run, Event.CLAIM, actor=actor, reason=f"claimed by {worker}",
-                         data={"fencing_token": run.fencing_token})
+        Run.objects.filter(pk=run.pk).update(
+            fencing_token=run.fencing_token,
+            attempt_count=run.attempt_count,
+            current_attempt=attempt,
+            resume_checkpoint=None,
+        )
+        append_history(
+            run,
+            "attempt_started",
+            {
+                "attempt": attempt.number,
+                "worker": worker,
+                "fencing_token": run.fencing_token,
+                "checkpoint": cp.seq if cp else None,
+            },
+            attempt=attempt,
+            actor=actor,
+        )
+        apply_transition(
+            run,
+            Event.CLAIM,
+            actor=actor,
+            reason=f"claimed by {worker}",
+            data={"fencing_token": run.fencing_token},
+        )
     return Claim(run, attempt, lease, checkpoint_summary(cp))
 
 
@@ -148,7 +267,7 @@ def _end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
 
 def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
     """``ExecutionLease.objects.filter(run=run, fencing_token=fencing_token).first()`` (at most one row:
-    (run, fencing_token) is unique) through controlplane.rows: every worker write checks its fencing
+    (run, fencing_token) is unique) through core.rows: every worker write checks its fencing
     token here."""
     if fencing_token is None:  # the ORM would look for IS NULL; the column is NOT NULL, so: none
         return None
@@ -157,12 +276,21 @@ def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
 
 def _current_lease(run: Run, lease_id: Any, fencing_token: int, now) -> ExecutionLease:
     """The caller's lease, if it is still the run's current one; else LeaseLost (fencing)."""
-    lease = select_row(ExecutionLease, pk=lease_id, run=run.pk) if lease_id else _lease_by_token(run, fencing_token)
+    lease = (
+        select_row(ExecutionLease, pk=lease_id, run=run.pk)
+        if lease_id
+        else _lease_by_token(run, fencing_token)
+    )
     if lease is None:
         raise LeaseLost("no such lease for this run", state=run.state)
     if fencing_token != lease.fencing_token or lease.fencing_token != run.fencing_token:
-        raise LeaseLost(f"fencing token {fencing_token} is stale; the run is at {run.fencing_token}", state=run.state)
-    if lease.status == ExecutionLease.EXPIRED or (lease.status == ExecutionLease.ACTIVE and lease.expires_at <= now):
+        raise LeaseLost(
+            f"fencing token {fencing_token} is stale; the run is at {run.fencing_token}",
+            state=run.state,
+        )
+    if lease.status == ExecutionLease.EXPIRED or (
+        lease.status == ExecutionLease.ACTIVE and lease.expires_at <= now
+    ):
         raise LeaseLost("the lease expired", state=run.state)
     return lease
 
@@ -186,9 +314,16 @@ class Beat:
     approval: dict | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"directive": self.directive, "reason": self.reason, "state": self.run.state,
-                "expires_at": self.lease.expires_at.isoformat(), "lease_status": self.lease.status,
-                "fencing_token": self.lease.fencing_token, "timers_fired": self.timers, "approval": self.approval}
+        return {
+            "directive": self.directive,
+            "reason": self.reason,
+            "state": self.run.state,
+            "expires_at": self.lease.expires_at.isoformat(),
+            "lease_status": self.lease.status,
+            "fencing_token": self.lease.fencing_token,
+            "timers_fired": self.timers,
+            "approval": self.approval,
+        }
 
 
 def lease_run_id(lease_id: Any) -> Any:
@@ -210,8 +345,9 @@ def heartbeat(*, actor: Actor, lease_id: Any, fencing_token: int, run_id: Any = 
         if lease.status == ExecutionLease.ACTIVE:
             lease.expires_at, lease.last_heartbeat_at = now + timedelta(seconds=lease.ttl_s), now
             lease.heartbeats += 1
-            ExecutionLease.objects.filter(pk=lease.pk).update(expires_at=lease.expires_at, last_heartbeat_at=now,
-                                                              heartbeats=lease.heartbeats)
+            ExecutionLease.objects.filter(pk=lease.pk).update(
+                expires_at=lease.expires_at, last_heartbeat_at=now, heartbeats=lease.heartbeats
+            )
         timers = _deliver_timers(run, now) if run.state == State.RUNNING else []
         approval = _latest_approval(run)
         reason = _last_reason(run)
@@ -221,18 +357,33 @@ def heartbeat(*, actor: Actor, lease_id: Any, fencing_token: int, run_id: Any = 
 def _deliver_timers(run: Run, now) -> list[dict]:
     fired = select_rows(Timer, run=run.pk, status=Timer.FIRED)
     if fired:
-        Timer.objects.filter(pk__in=[t.pk for t in fired]).update(status=Timer.DELIVERED, delivered_at=now)
+        Timer.objects.filter(pk__in=[t.pk for t in fired]).update(
+            status=Timer.DELIVERED, delivered_at=now
+        )
         append_history(run, "timers_delivered", {"timers": [t.name for t in fired]})
-    return [{"name": t.name, "fire_at": t.fire_at.isoformat(), "fired_at": t.fired_at.isoformat() if t.fired_at else None,
-             "fired_while": t.fired_while} for t in fired]
+    return [
+        {
+            "name": t.name,
+            "fire_at": t.fire_at.isoformat(),
+            "fired_at": t.fired_at.isoformat() if t.fired_at else None,
+            "fired_while": t.fired_while,
+        }
+        for t in fired
+    ]
 
 
 def _latest_approval(run: Run) -> dict | None:
     approval = select_row(Approval, run=run.pk, order_by=("-requested_at",))
     if approval is None:
         return None
-    return {"id": str(approval.pk), "status": approval.status, "tool": approval.tool, "action": approval.action,
-            "digest": approval.digest, "decision_reason": approval.decision_reason}
+    return {
+        "id": str(approval.pk),
+        "status": approval.status,
+        "tool": approval.tool,
+        "action": approval.action,
+        "digest": approval.digest,
+        "decision_reason": approval.decision_reason,
+    }
 
 
 def _last_reason(run: Run) -> str:
@@ -251,18 +402,31 @@ def release_lease(*, actor: Actor, lease_id: Any, fencing_token: int, reason: st
             _end_lease(lease, ExecutionLease.RELEASED, reason or "released by worker", now)
             _end_attempt(run, Attempt.STOPPED, now)
         if run.state in (State.PAUSING, State.CANCELLING):
-            apply_transition(run, Event.WORKER_STOPPED, actor=actor, reason=reason or "worker stopped at a boundary")
+            apply_transition(
+                run,
+                Event.WORKER_STOPPED,
+                actor=actor,
+                reason=reason or "worker stopped at a boundary",
+            )
     return run
 
 
 def _end_attempt(run: Run, outcome: str, now, failure_class: str = "", error: str = "") -> None:
     if run.current_attempt_id:
         Attempt.objects.filter(pk=run.current_attempt_id, outcome=Attempt.RUNNING).update(
-            outcome=outcome, ended_at=now, failure_class=failure_class, error=error)
+            outcome=outcome, ended_at=now, failure_class=failure_class, error=error
+        )
 
 
-def finish_attempt(*, actor: Actor, run_id: Any, fencing_token: int, outcome: str,
-                   failure_class: str = "", error: str = "") -> Run:
+def finish_attempt(
+    *,
+    actor: Actor,
+    run_id: Any,
+    fencing_token: int,
+    outcome: str,
+    failure_class: str = "",
+    error: str = "",
+) -> Run:
     if outcome not in ("succeeded", "failed"):
         raise Invalid("outcome must be 'succeeded' or 'failed'", field="outcome")
     with decision(actor, "run.finish", "run", run_id, run_id):
@@ -271,14 +435,30 @@ def finish_attempt(*, actor: Actor, run_id: Any, fencing_token: int, outcome: st
         lease = check_fencing(run, fencing_token, now)
         event = Event.FINISH_SUCCEEDED if outcome == "succeeded" else Event.FINISH_FAILED
         if event == Event.FINISH_SUCCEEDED and run.state in (State.RUNNING, State.PAUSING):
-            pending = Effect.objects.filter(run=run, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED)
+            pending = Effect.objects.filter(
+                run=run, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
+            )
             if pending.exists():
-                raise EffectsUnresolved("cannot succeed with effects in flight or unknown",
-                                        effects=[str(e.pk) for e in pending], state=run.state)
+                raise EffectsUnresolved(
+                    "cannot succeed with effects in flight or unknown",
+                    effects=[str(e.pk) for e in pending],
+                    state=run.state,
+                )
         _end_lease(lease, ExecutionLease.RELEASED, f"finished: {outcome}", now)
-        _end_attempt(run, Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED, now, failure_class, error)
-        apply_transition(run, event, actor=actor, reason=error or f"attempt {outcome}",
-                         data={"failure_class": failure_class, "error": error})
+        _end_attempt(
+            run,
+            Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED,
+            now,
+            failure_class,
+            error,
+        )
+        apply_transition(
+            run,
+            event,
+            actor=actor,
+            reason=error or f"attempt {outcome}",
+            data={"failure_class": failure_class, "error": error},
+        )
     return run
 
 
@@ -286,17 +466,25 @@ def expire_leases(*, actor: Actor, now=None) -> list[str]:
     """Leases past their expiry without release: the worker disappeared. One transaction per run."""
     now = now or timezone.now()
     touched = []
-    for lease_id, run_id in ExecutionLease.objects.filter(status=ExecutionLease.ACTIVE, expires_at__lte=now).values_list("pk", "run_id"):
+    for lease_id, run_id in ExecutionLease.objects.filter(
+        status=ExecutionLease.ACTIVE, expires_at__lte=now
+    ).values_list("pk", "run_id"):
         with transaction.atomic():
             run = lock_run(run_id)
-            lease = ExecutionLease.objects.filter(pk=lease_id, status=ExecutionLease.ACTIVE, expires_at__lte=now).first()
+            lease = ExecutionLease.objects.filter(
+                pk=lease_id, status=ExecutionLease.ACTIVE, expires_at__lte=now
+            ).first()
             if lease is None:  # heartbeat won the race
                 continue
             _end_lease(lease, ExecutionLease.EXPIRED, "expired without release", now)
             _end_attempt(run, Attempt.ABANDONED, now, "worker_lost")
             if run.state in LEASED_STATES and lease.fencing_token == run.fencing_token:
-                apply_transition(run, Event.LEASE_EXPIRED, actor=actor,
-                                 reason=f"lease of {lease.worker} expired at {lease.expires_at.isoformat()}",
-                                 data={"lease": str(lease.pk), "worker": lease.worker})
+                apply_transition(
+                    run,
+                    Event.LEASE_EXPIRED,
+                    actor=actor,
+                    reason=f"lease of {lease.worker} expired at {lease.expires_at.isoformat()}",
+                    data={"lease": str(lease.pk), "worker": lease.worker},
+                )
                 touched.append(str(run.pk))
     return touched

@@ -1,19 +1,19 @@
 """Durable boundaries and facts a worker reports: checkpoints, history events, approvals, timers."""
+
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from audit.actors import Actor
 from audit.chain import canonical
 from audit.services import record_audit
-from runs.errors import Invalid
+from core.actors import Actor
+from core.errors import Invalid
 from runs.models import Approval, Assumption, Checkpoint, Run, Timer
 from runs.states import Event
 
@@ -29,23 +29,56 @@ def _whole_seconds(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_AGE_S
 
 
-WORKER_EVENT_KINDS = {"step_started", "step_completed", "assumption", "timer_set", "timer_cancelled",
-                      "message", "signal", "log"}
+WORKER_EVENT_KINDS = {
+    "step_started",
+    "step_completed",
+    "assumption",
+    "timer_set",
+    "timer_cancelled",
+    "message",
+    "signal",
+    "log",
+}
 
 
-def write_checkpoint(*, actor: Actor, run_id: Any, fencing_token: int, step: str, state: dict | None = None) -> Checkpoint:
+def write_checkpoint(
+    *, actor: Actor, run_id: Any, fencing_token: int, step: str, state: dict | None = None
+) -> Checkpoint:
     with decision(actor, "run.checkpoint", "run", run_id, run_id):
         run = lock_run(run_id)
         check_fencing(run, fencing_token)
         seq = run.checkpoint_seq + 1
         snapshot = state or {}
-        digest = hashlib.sha256(canonical({"run": str(run.pk), "seq": seq, "step": step, "state": snapshot,
-                                           "versions": run.versions})).hexdigest()
-        cp = Checkpoint.objects.create(run=run, attempt_id=run.current_attempt_id, seq=seq, step=step, state=snapshot,
-                                       versions=run.versions, history_seq=run.history_seq + 1, hash=digest)
+        digest = hashlib.sha256(
+            canonical(
+                {
+                    "run": str(run.pk),
+                    "seq": seq,
+                    "step": step,
+                    "state": snapshot,
+                    "versions": run.versions,
+                }
+            )
+        ).hexdigest()
+        cp = Checkpoint.objects.create(
+            run=run,
+            attempt_id=run.current_attempt_id,
+            seq=seq,
+            step=step,
+            state=snapshot,
+            versions=run.versions,
+            history_seq=run.history_seq + 1,
+            hash=digest,
+        )
         run.checkpoint_seq = seq
-        append_history(run, "checkpoint", {"seq": seq, "step": step, "hash": digest}, attempt=run.current_attempt_id,
-                       actor=actor, run_updates={"checkpoint_seq": seq})
+        append_history(
+            run,
+            "checkpoint",
+            {"seq": seq, "step": step, "hash": digest},
+            attempt=run.current_attempt_id,
+            actor=actor,
+            run_updates={"checkpoint_seq": seq},
+        )
     return cp
 
 
@@ -57,15 +90,20 @@ def _parse_time(value: Any, field: str) -> datetime:
     if parsed is None:
         raise Invalid(f"{field} must be an ISO 8601 datetime", field=field)
     if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, dt_timezone.utc)
+        parsed = timezone.make_aware(parsed, UTC)
     return parsed
 
 
-def append_events(*, actor: Actor, run_id: Any, fencing_token: int, events: list[dict]) -> list[int]:
+def append_events(
+    *, actor: Actor, run_id: Any, fencing_token: int, events: list[dict]
+) -> list[int]:
     """Worker-reported history: steps, assumptions, timers, messages. All or nothing."""
     for i, ev in enumerate(events):
         if ev.get("kind") not in WORKER_EVENT_KINDS:
-            raise Invalid(f"events[{i}].kind must be one of {sorted(WORKER_EVENT_KINDS)}", field=f"events[{i}].kind")
+            raise Invalid(
+                f"events[{i}].kind must be one of {sorted(WORKER_EVENT_KINDS)}",
+                field=f"events[{i}].kind",
+            )
         if not isinstance(ev.get("data", {}), dict):
             raise Invalid(f"events[{i}].data must be an object", field=f"events[{i}].data")
     seqs = []
@@ -75,54 +113,123 @@ def append_events(*, actor: Actor, run_id: Any, fencing_token: int, events: list
         for i, ev in enumerate(events):
             data = ev.get("data") or {}
             _materialise(run, ev["kind"], data, i)
-            seqs.append(append_history(run, ev["kind"], data, attempt=run.current_attempt_id, actor=actor).seq)
+            seqs.append(
+                append_history(
+                    run, ev["kind"], data, attempt=run.current_attempt_id, actor=actor
+                ).seq
+            )
     return seqs
 
 
 def _materialise(run: Run, kind: str, data: dict, i: int) -> None:
     if kind == "assumption":
         if not data.get("key"):
-            raise Invalid(f"events[{i}].data.key is required for an assumption", field=f"events[{i}].data.key")
-        observed = _parse_time(data["observed_at"], f"events[{i}].data.observed_at") if data.get("observed_at") else timezone.now()
+            raise Invalid(
+                f"events[{i}].data.key is required for an assumption", field=f"events[{i}].data.key"
+            )
+        observed = (
+            _parse_time(data["observed_at"], f"events[{i}].data.observed_at")
+            if data.get("observed_at")
+            else timezone.now()
+        )
         max_age = data.get("max_age_s")
         if max_age is not None and not _whole_seconds(max_age):
-            raise Invalid(f"events[{i}].data.max_age_s must be a whole number of seconds", field=f"events[{i}].data.max_age_s")
-        Assumption.objects.create(run=run, key=str(data["key"])[:200], value=data.get("value"), step=str(data.get("step", ""))[:100],
-                                  observed_at=observed, max_age_s=max_age,
-                                  checker=str(data.get("checker") or "")[:100], meta=data.get("meta") or {})
+            raise Invalid(
+                f"events[{i}].data.max_age_s must be a whole number of seconds",
+                field=f"events[{i}].data.max_age_s",
+            )
+        Assumption.objects.create(
+            run=run,
+            key=str(data["key"])[:200],
+            value=data.get("value"),
+            step=str(data.get("step", ""))[:100],
+            observed_at=observed,
+            max_age_s=max_age,
+            checker=str(data.get("checker") or "")[:100],
+            meta=data.get("meta") or {},
+        )
     elif kind == "timer_set":
         if not data.get("name"):
-            raise Invalid(f"events[{i}].data.name is required for a timer", field=f"events[{i}].data.name")
+            raise Invalid(
+                f"events[{i}].data.name is required for a timer", field=f"events[{i}].data.name"
+            )
         if data.get("fire_at"):
             fire_at = _parse_time(data["fire_at"], f"events[{i}].data.fire_at")
         elif isinstance(data.get("in_s"), (int, float)) and not isinstance(data["in_s"], bool):
-            if not 0 <= data["in_s"] <= MAX_TIMER_S:  # timedelta overflows long before a bad value is caught
-                raise Invalid(f"events[{i}].data.in_s must be between 0 and {MAX_TIMER_S}", field=f"events[{i}].data.in_s")
+            if (
+                not 0 <= data["in_s"] <= MAX_TIMER_S
+            ):  # timedelta overflows long before a bad value is caught
+                raise Invalid(
+                    f"events[{i}].data.in_s must be between 0 and {MAX_TIMER_S}",
+                    field=f"events[{i}].data.in_s",
+                )
             fire_at = timezone.now() + timedelta(seconds=data["in_s"])
         else:
-            raise Invalid(f"events[{i}].data needs fire_at or in_s", field=f"events[{i}].data.fire_at")
+            raise Invalid(
+                f"events[{i}].data needs fire_at or in_s", field=f"events[{i}].data.fire_at"
+            )
         Timer.objects.create(run=run, name=str(data["name"])[:100], fire_at=fire_at)
     elif kind == "timer_cancelled":
-        Timer.objects.filter(run=run, name=data.get("name", ""), status=Timer.PENDING).update(status=Timer.CANCELLED)
+        Timer.objects.filter(run=run, name=data.get("name", ""), status=Timer.PENDING).update(
+            status=Timer.CANCELLED
+        )
 
 
-def request_approval(*, actor: Actor, run_id: Any, fencing_token: int, tool: str, action: str, args: dict | None = None,
-                     reason: str = "", deadline_s: int | None = None, required_role: str = "approver") -> Approval:
+def request_approval(
+    *,
+    actor: Actor,
+    run_id: Any,
+    fencing_token: int,
+    tool: str,
+    action: str,
+    args: dict | None = None,
+    reason: str = "",
+    deadline_s: int | None = None,
+    required_role: str = "approver",
+) -> Approval:
     args = args or {}
     with decision(actor, "approval.request", "run", run_id, run_id):
         run = lock_run(run_id)
         check_fencing(run, fencing_token)
         now = timezone.now()
         approval = Approval.objects.create(
-            run=run, attempt_id=run.current_attempt_id, requested_by=actor.label, tool=tool, action=action, args=args,
-            digest=approval_digest(run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args),
-            reason=reason, required_role=required_role, requested_at=now,
+            run=run,
+            attempt_id=run.current_attempt_id,
+            requested_by=actor.label,
+            tool=tool,
+            action=action,
+            args=args,
+            digest=approval_digest(
+                run_id=run.pk,
+                attempt_id=run.current_attempt_id,
+                tool=tool,
+                action=action,
+                args=args,
+            ),
+            reason=reason,
+            required_role=required_role,
+            requested_at=now,
             deadline=now + timedelta(seconds=deadline_s) if deadline_s else None,
         )
-        append_history(run, "approval_requested", {"approval": str(approval.pk), "tool": tool, "action": action,
-                                                   "digest": approval.digest}, attempt=run.current_attempt_id, actor=actor)
-        apply_transition(run, Event.REQUEST_APPROVAL, actor=actor, reason=reason or f"approval for {tool}:{action}",
-                         data={"approval": str(approval.pk)})
+        append_history(
+            run,
+            "approval_requested",
+            {
+                "approval": str(approval.pk),
+                "tool": tool,
+                "action": action,
+                "digest": approval.digest,
+            },
+            attempt=run.current_attempt_id,
+            actor=actor,
+        )
+        apply_transition(
+            run,
+            Event.REQUEST_APPROVAL,
+            actor=actor,
+            reason=reason or f"approval for {tool}:{action}",
+            data={"approval": str(approval.pk)},
+        )
     return approval
 
 
@@ -131,17 +238,32 @@ def fire_due_timers(*, actor: Actor, now=None) -> int:
     now and delivered to the worker on its next heartbeat while running."""
     now = now or timezone.now()
     fired = 0
-    for timer_id, run_id in Timer.objects.filter(status=Timer.PENDING, fire_at__lte=now).values_list("pk", "run_id"):
+    for timer_id, run_id in Timer.objects.filter(
+        status=Timer.PENDING, fire_at__lte=now
+    ).values_list("pk", "run_id"):
         with transaction.atomic():
             run = lock_run(run_id)
-            timer = Timer.objects.select_for_update().filter(pk=timer_id, status=Timer.PENDING).first()
+            timer = (
+                Timer.objects.select_for_update().filter(pk=timer_id, status=Timer.PENDING).first()
+            )
             if timer is None:
                 continue
             timer.status, timer.fired_at, timer.fired_while = Timer.FIRED, now, run.state
             timer.save(update_fields=["status", "fired_at", "fired_while"])
-            append_history(run, "timer_fired", {"name": timer.name, "fire_at": timer.fire_at, "run_state": run.state}, actor=actor)
-            record_audit(actor=actor, action="timer.fire", object_type="timer", object_id=timer.pk, run_id=run.pk,
-                         context={"name": timer.name, "run_state": run.state})
+            append_history(
+                run,
+                "timer_fired",
+                {"name": timer.name, "fire_at": timer.fire_at, "run_state": run.state},
+                actor=actor,
+            )
+            record_audit(
+                actor=actor,
+                action="timer.fire",
+                object_type="timer",
+                object_id=timer.pk,
+                run_id=run.pk,
+                context={"name": timer.name, "run_state": run.state},
+            )
             notify_run_changed(run)
             fired += 1
     return fired

@@ -27,9 +27,24 @@ from typing import Any
 import httpx
 
 from ._util import json_default, now_iso
-from .errors import (ApiError, EffectAlreadyFailed, EffectDenied, EffectUnresolved, ServerUnreachable,
-                     error_from_response)
-from .models import Approval, Attempt, Checkpoint, Claim, EffectDecision, Event, HeartbeatReply, Lease
+from .errors import (
+    ApiError,
+    EffectAlreadyFailed,
+    EffectDenied,
+    EffectUnresolved,
+    ServerUnreachable,
+    error_from_response,
+)
+from .models import (
+    Approval,
+    Attempt,
+    Checkpoint,
+    Claim,
+    EffectDecision,
+    Event,
+    HeartbeatReply,
+    Lease,
+)
 from .operator_calls import OperatorCalls
 
 __all__ = ["Client", "API_PREFIX"]
@@ -49,8 +64,14 @@ def _sid(v: Any) -> str:
 def _items(data: Any) -> list[JSON]:
     """Lists may come bare or wrapped (``items``/``results``/``runs``/``effects``)."""
     if isinstance(data, dict):
-        data = next((data[k] for k in ("items", "results", "runs", "effects", "data")
-                     if isinstance(data.get(k), list)), [])
+        data = next(
+            (
+                data[k]
+                for k in ("items", "results", "runs", "effects", "data")
+                if isinstance(data.get(k), list)
+            ),
+            [],
+        )
     return [x for x in data if isinstance(x, dict)] if isinstance(data, list) else []
 
 
@@ -136,13 +157,19 @@ class Client(OperatorCalls):
         for i in range(tries):
             try:
                 resp = self._http.request(
-                    method, path, content=content, params=clean or None, headers=headers,
+                    method,
+                    path,
+                    content=content,
+                    params=clean or None,
+                    headers=headers,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError as exc:
                 lost = True
                 if i + 1 >= tries:
-                    raise ServerUnreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+                    raise ServerUnreachable(
+                        f"{method} {path}: {type(exc).__name__}: {exc}"
+                    ) from exc
                 log.warning("%s %s failed (%s); retrying", method, path, type(exc).__name__)
             else:
                 if resp.status_code in RETRY_STATUSES and i + 1 < tries:
@@ -168,7 +195,11 @@ class Client(OperatorCalls):
     def _decode_obj(cls, resp: httpx.Response) -> JSON:
         data = cls._decode(resp)
         if not isinstance(data, dict):
-            raise ApiError(resp.status_code, "bad_response", f"expected a JSON object, got {type(data).__name__}")
+            raise ApiError(
+                resp.status_code,
+                "bad_response",
+                f"expected a JSON object, got {type(data).__name__}",
+            )
         return data
 
     def _call_any(self, method: str, path: str, body: Any = None, *, retry: bool, **kw: Any) -> Any:
@@ -194,15 +225,25 @@ class Client(OperatorCalls):
         **extra: Any,
     ) -> JSON:
         """``POST /runs`` → the new run (``{"id", "state": "queued", …}``). Not retried."""
-        body = {"agent": agent, "goal": goal, "input": input or {}, "parent_run_id": parent_run_id,
-                "versions": versions or {}, "authority": list(authority or []), "deadline": deadline, **extra}
+        body = {
+            "agent": agent,
+            "goal": goal,
+            "input": input or {},
+            "parent_run_id": parent_run_id,
+            "versions": versions or {},
+            "authority": list(authority or []),
+            "deadline": deadline,
+            **extra,
+        }
         return self._call("POST", "/runs", body, retry=False)
 
     def get_run(self, run_id: str) -> JSON:
         """``GET /runs/{id}``."""
         return self._call("GET", f"/runs/{run_id}", retry=True)
 
-    def list_runs(self, *, agent: str | None = None, state: str | None = None, **filters: Any) -> list[JSON]:
+    def list_runs(
+        self, *, agent: str | None = None, state: str | None = None, **filters: Any
+    ) -> list[JSON]:
         """``GET /runs?agent=…&state=…`` → list of runs (bare list or ``{"items": [...]}`` accepted)."""
         params = {"agent": agent, "state": state, **filters}
         return _items(self._call_any("GET", "/runs", params=params, retry=True))
@@ -215,20 +256,34 @@ class Client(OperatorCalls):
 
     def claim(self, run_id: str, worker: str, versions: JSON | None = None) -> Claim:
         """``POST /runs/{id}/claim``: take the lease for a new attempt. Raises ``LeaseHeld``/``NotClaimable``."""
-        d = self._call("POST", f"/runs/{run_id}/claim", {"worker": worker, "versions": versions or {}}, retry=False)
+        d = self._call(
+            "POST",
+            f"/runs/{run_id}/claim",
+            {"worker": worker, "versions": versions or {}},
+            retry=False,
+        )
         a, le, cp = d.get("attempt") or {}, d.get("lease") or {}, d.get("checkpoint")
         return Claim(
             run_id=str(run_id),
             attempt=Attempt(id=_sid(a.get("id")), number=int(a.get("number") or 0)),
-            lease=Lease(id=_sid(le.get("id")), fencing_token=int(le["fencing_token"]),
-                        expires_at=le.get("expires_at"), ttl_s=le.get("ttl_s")),
-            checkpoint=None if not cp else Checkpoint(seq=int(cp.get("seq") or 0), step=cp.get("step"),
-                                                      state=dict(cp.get("state") or {})),
+            lease=Lease(
+                id=_sid(le.get("id")),
+                fencing_token=int(le["fencing_token"]),
+                expires_at=le.get("expires_at"),
+                ttl_s=le.get("ttl_s"),
+            ),
+            checkpoint=None
+            if not cp
+            else Checkpoint(
+                seq=int(cp.get("seq") or 0), step=cp.get("step"), state=dict(cp.get("state") or {})
+            ),
             directive=str(d.get("directive") or "continue"),
             raw=d,
         )
 
-    def heartbeat(self, lease_id: str, fencing_token: int, wait_s: float | None = None) -> HeartbeatReply:
+    def heartbeat(
+        self, lease_id: str, fencing_token: int, wait_s: float | None = None
+    ) -> HeartbeatReply:
         """``POST /leases/{id}/heartbeat``; with ``wait_s`` the server may hold the request until the
         directive changes (long-poll). Raises ``LeaseLost`` when the lease is gone."""
         body: JSON = {"fencing_token": fencing_token}
@@ -237,9 +292,14 @@ class Client(OperatorCalls):
         timeout = self.timeout + float(wait_s) if wait_s else None
         d = self._call("POST", f"/leases/{lease_id}/heartbeat", body, retry=True, timeout=timeout)
         approval, timers = d.get("approval"), d.get("timers_fired")
-        return HeartbeatReply(directive=str(d.get("directive") or "continue"), reason=str(d.get("reason") or ""),
-                              expires_at=d.get("expires_at"), approval=approval if isinstance(approval, dict) else None,
-                              timers_fired=_items(timers), raw=d)
+        return HeartbeatReply(
+            directive=str(d.get("directive") or "continue"),
+            reason=str(d.get("reason") or ""),
+            expires_at=d.get("expires_at"),
+            approval=approval if isinstance(approval, dict) else None,
+            timers_fired=_items(timers),
+            raw=d,
+        )
 
     def release_lease(self, lease_id: str, fencing_token: int, reason: str = "") -> JSON:
         """``POST /leases/{id}/release`` (not in the DESIGN §5 table): acknowledge a pause/cancel at a step
@@ -277,9 +337,16 @@ class Client(OperatorCalls):
         ``attempt_id`` (our own attempt) is our declaration whose response was lost, and is adopted
         (``adopted=True``) instead of raising.
         """
-        body = {"fencing_token": fencing_token, "step": step, "tool": tool, "action": action,
-                "idempotency_key": idempotency_key, "args": args or {}, "compensation": compensation,
-                "irreversible": irreversible}
+        body = {
+            "fencing_token": fencing_token,
+            "step": step,
+            "tool": tool,
+            "action": action,
+            "idempotency_key": idempotency_key,
+            "args": args or {},
+            "compensation": compensation,
+            "irreversible": irreversible,
+        }
         if approval_id is not None:
             body["approval_id"] = approval_id
         resp, lost = self._send("POST", f"/runs/{run_id}/effects", body, retry=True)
@@ -287,25 +354,45 @@ class Client(OperatorCalls):
         try:
             d = self._decode_obj(resp)
         except EffectUnresolved as exc:
-            own = self._own_in_flight(run_id, idempotency_key, exc.effect_id, attempt_id) if lost else None
+            own = (
+                self._own_in_flight(run_id, idempotency_key, exc.effect_id, attempt_id)
+                if lost
+                else None
+            )
             if own is None:
                 raise
             d, adopted = {**own, "decision": "authorized"}, True
-        decision = str(d.get("decision") or ("authorized" if resp.status_code == 201 else "replayed"))
+        decision = str(
+            d.get("decision") or ("authorized" if resp.status_code == 201 else "replayed")
+        )
         status = str(d.get("status") or "in_flight")
         if decision == "denied":
             raise EffectDenied(resp.status_code, "denied", d.get("detail"), d)
         if decision == "replayed" and status in ("in_flight", "unknown"):
-            own = self._own_in_flight(run_id, idempotency_key, d.get("id"), attempt_id, d) if lost else None
+            own = (
+                self._own_in_flight(run_id, idempotency_key, d.get("id"), attempt_id, d)
+                if lost
+                else None
+            )
             if own is None:
-                raise EffectUnresolved(resp.status_code, "effect_unresolved", f"effect {d.get('id')} with this key is "
-                                       f"{status}", {**d, "effect_id": d.get("id")})
+                raise EffectUnresolved(
+                    resp.status_code,
+                    "effect_unresolved",
+                    f"effect {d.get('id')} with this key is {status}",
+                    {**d, "effect_id": d.get("id")},
+                )
             decision, adopted = "authorized", True
         if decision == "replayed" and status == "failed":
-            raise EffectAlreadyFailed(resp.status_code, "effect_already_failed",
-                                      f"effect {d.get('id')} with this key is recorded failed", d)
+            raise EffectAlreadyFailed(
+                resp.status_code,
+                "effect_already_failed",
+                f"effect {d.get('id')} with this key is recorded failed",
+                d,
+            )
         return EffectDecision(
-            id=_sid(d.get("id")), decision=decision, status=status,
+            id=_sid(d.get("id")),
+            decision=decision,
+            status=status,
             idempotency_key=str(d.get("idempotency_key") or idempotency_key),
             external_ref=d.get("external_ref"),
             outcome_detail=d.get("outcome_detail", d.get("detail")),
@@ -313,13 +400,21 @@ class Client(OperatorCalls):
             raw=d,
         )
 
-    def _own_in_flight(self, run_id: str, key: str, effect_id: Any, attempt_id: str | None,
-                       known: JSON | None = None) -> JSON | None:
+    def _own_in_flight(
+        self,
+        run_id: str,
+        key: str,
+        effect_id: Any,
+        attempt_id: str | None,
+        known: JSON | None = None,
+    ) -> JSON | None:
         if attempt_id is None:
             return None
         candidates = [known] if known and effect_attempt_id(known) else self.list_effects(run_id)
         for e in candidates:
-            if e.get("idempotency_key") != key or (effect_id is not None and str(e.get("id")) != str(effect_id)):
+            if e.get("idempotency_key") != key or (
+                effect_id is not None and str(e.get("id")) != str(effect_id)
+            ):
                 continue
             if e.get("status") == "in_flight" and effect_attempt_id(e) == str(attempt_id):
                 return e
@@ -338,8 +433,12 @@ class Client(OperatorCalls):
         the server (flagged ``late``/``stale_lease`` when after pause or from a fenced-out lease)."""
         if detail is not None and not isinstance(detail, Mapping):
             detail = {"value": detail}  # the server stores an object
-        body = {"fencing_token": fencing_token, "status": status, "external_ref": external_ref or "",
-                "detail": dict(detail or {})}
+        body = {
+            "fencing_token": fencing_token,
+            "status": status,
+            "external_ref": external_ref or "",
+            "detail": dict(detail or {}),
+        }
         return self._call("POST", f"/effects/{effect_id}/outcome", body, retry=True)
 
     # -- history, checkpoints, approvals, finish ------------------------------------------------
@@ -349,55 +448,112 @@ class Client(OperatorCalls):
         body = {"fencing_token": fencing_token, "step": step, "state": state}
         return self._call("POST", f"/runs/{run_id}/checkpoints", body, retry=True)
 
-    def append_events(self, run_id: str, fencing_token: int, events: Iterable[Event | Mapping[str, Any]]) -> JSON:
+    def append_events(
+        self, run_id: str, fencing_token: int, events: Iterable[Event | Mapping[str, Any]]
+    ) -> JSON:
         """``POST /runs/{id}/events`` with ``[{"kind", "data"}, …]``. Not retried (no dedupe key)."""
-        evs = [{"kind": e.kind, "data": e.data} if isinstance(e, Event)
-               else {"kind": e["kind"], "data": e.get("data") or {}} for e in events]
+        evs = [
+            {"kind": e.kind, "data": e.data}
+            if isinstance(e, Event)
+            else {"kind": e["kind"], "data": e.get("data") or {}}
+            for e in events
+        ]
         body = {"fencing_token": fencing_token, "events": evs}
         return self._call("POST", f"/runs/{run_id}/events", body, retry=False)
 
     @staticmethod
-    def assumption_event(key: str, value: Any, *, max_age_s: float | None = None, checker: str | None = None,
-                         meta: JSON | None = None, observed_at: str | None = None) -> Event:
+    def assumption_event(
+        key: str,
+        value: Any,
+        *,
+        max_age_s: float | None = None,
+        checker: str | None = None,
+        meta: JSON | None = None,
+        observed_at: str | None = None,
+    ) -> Event:
         """History event recording an assumption (``kind: "assumption"``)."""
-        return Event("assumption", {"key": key, "value": value, "max_age_s": max_age_s, "checker": checker,
-                                    "meta": meta or {}, "observed_at": observed_at or now_iso()})
+        return Event(
+            "assumption",
+            {
+                "key": key,
+                "value": value,
+                "max_age_s": max_age_s,
+                "checker": checker,
+                "meta": meta or {},
+                "observed_at": observed_at or now_iso(),
+            },
+        )
 
     @staticmethod
     def timer_event(name: str, fire_at: str) -> Event:
         """History event setting a timer (``kind: "timer_set"``)."""
         return Event("timer_set", {"name": name, "fire_at": fire_at})
 
-    def request_approval(self, run_id: str, fencing_token: int, *, tool: str, action: str, args: JSON | None,
-                         reason: str, deadline_s: float | None = None, required_role: str | None = None) -> Approval:
+    def request_approval(
+        self,
+        run_id: str,
+        fencing_token: int,
+        *,
+        tool: str,
+        action: str,
+        args: JSON | None,
+        reason: str,
+        deadline_s: float | None = None,
+        required_role: str | None = None,
+    ) -> Approval:
         """``POST /runs/{id}/approvals`` → a pending :class:`Approval`. Not retried."""
-        body: JSON = {"fencing_token": fencing_token, "tool": tool, "action": action, "args": args or {},
-                      "reason": reason, "deadline_s": None if deadline_s is None else math.ceil(deadline_s)}
+        body: JSON = {
+            "fencing_token": fencing_token,
+            "tool": tool,
+            "action": action,
+            "args": args or {},
+            "reason": reason,
+            "deadline_s": None if deadline_s is None else math.ceil(deadline_s),
+        }
         if required_role is not None:
             body["required_role"] = required_role
-        return self.parse_approval(self._call("POST", f"/runs/{run_id}/approvals", body, retry=False))
+        return self.parse_approval(
+            self._call("POST", f"/runs/{run_id}/approvals", body, retry=False)
+        )
 
     @staticmethod
     def parse_approval(d: Mapping[str, Any]) -> Approval:
         decided_by = d.get("decided_by")
         if isinstance(decided_by, Mapping):
             decided_by = decided_by.get("username") or decided_by.get("id")
-        return Approval(id=_sid(d.get("id")), status=str(d.get("status") or "pending"),
-                        reason=d.get("decision_reason", d.get("reason")),
-                        decided_by=None if decided_by is None else str(decided_by), raw=dict(d))
+        return Approval(
+            id=_sid(d.get("id")),
+            status=str(d.get("status") or "pending"),
+            reason=d.get("decision_reason", d.get("reason")),
+            decided_by=None if decided_by is None else str(decided_by),
+            raw=dict(d),
+        )
 
     def find_approval(self, run: Mapping[str, Any], approval_id: str) -> Approval | None:
         """Find an approval in a run payload (``approvals: [...]`` or ``pending_approval``/``approval``)."""
         pool: list[Any] = list(run.get("approvals") or [])
-        pool += [run.get(k) for k in ("pending_approval", "approval") if isinstance(run.get(k), Mapping)]
+        pool += [
+            run.get(k) for k in ("pending_approval", "approval") if isinstance(run.get(k), Mapping)
+        ]
         for a in pool:
             if isinstance(a, Mapping) and str(a.get("id")) == str(approval_id):
                 return self.parse_approval(a)
         return None
 
-    def finish(self, run_id: str, fencing_token: int, outcome: str, *, failure_class: str | None = None,
-               error: str | None = None) -> JSON:
+    def finish(
+        self,
+        run_id: str,
+        fencing_token: int,
+        outcome: str,
+        *,
+        failure_class: str | None = None,
+        error: str | None = None,
+    ) -> JSON:
         """``POST /runs/{id}/finish``: end the attempt ``succeeded`` or ``failed``. Not retried."""
-        body = {"fencing_token": fencing_token, "outcome": outcome, "failure_class": failure_class or "",
-                "error": error or ""}
+        body = {
+            "fencing_token": fencing_token,
+            "outcome": outcome,
+            "failure_class": failure_class or "",
+            "error": error or "",
+        }
         return self._call("POST", f"/runs/{run_id}/finish", body, retry=False)

@@ -141,7 +141,9 @@ class EffectScope:
 
     def _set(self, status: str, external_ref: str | None, detail: Any) -> None:
         if self.already_done:
-            log.warning("effect %s already committed (replayed); %s() ignored", self.idempotency_key, status)
+            log.warning(
+                "effect %s already committed (replayed); %s() ignored", self.idempotency_key, status
+            )
             return
         self._outcome = (status, external_ref, detail)
         if external_ref is not None:
@@ -155,9 +157,17 @@ class EffectScope:
         ctx = self._ctx
         try:
             self.declaration = ctx.client.declare_effect(
-                ctx.run_id, ctx.fencing_token, step=self.step, tool=self.tool, action=self.action,
-                idempotency_key=self.idempotency_key, args=self.args, compensation=self.compensate,
-                irreversible=self.irreversible, approval_id=self.approval_id, attempt_id=ctx.attempt.id,
+                ctx.run_id,
+                ctx.fencing_token,
+                step=self.step,
+                tool=self.tool,
+                action=self.action,
+                idempotency_key=self.idempotency_key,
+                args=self.args,
+                compensation=self.compensate,
+                irreversible=self.irreversible,
+                approval_id=self.approval_id,
+                attempt_id=ctx.attempt.id,
             )
         except (LeaseLost, EffectDenied) as err:
             if isinstance(err, LeaseLost) or err.reason == "lease_lost":
@@ -170,7 +180,10 @@ class EffectScope:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if self.already_done:
             return
@@ -184,17 +197,22 @@ class EffectScope:
         status, ref, detail = self._outcome
         try:
             self.outcome_response = self._ctx.client.record_outcome(
-                self.effect_id, self._ctx.fencing_token, status, external_ref=ref, detail=detail)
+                self.effect_id, self._ctx.fencing_token, status, external_ref=ref, detail=detail
+            )
         except ControlPlaneError as err:
             msg = f"{type(err).__name__}: {err}"
             if exc is None:
                 raise OutcomeNotRecorded(self.effect_id, status, msg) from err
             log.error("outcome %s of effect %s not recorded: %s", status, self.effect_id, msg)
-            exc.add_note(f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})")
+            exc.add_note(
+                f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})"
+            )
 
     def __repr__(self) -> str:
-        return (f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
-                f"decision={self.decision} status={self.status}>")
+        return (
+            f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
+            f"decision={self.decision} status={self.status}>"
+        )
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:

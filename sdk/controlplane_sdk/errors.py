@@ -60,7 +60,9 @@ class ApiError(ControlPlaneError):
     field, if any) and ``payload`` (the whole decoded body, or ``{}``).
     """
 
-    def __init__(self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None):
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
+    ):
         self.status = status
         self.code = code
         self.detail = detail
@@ -113,7 +115,9 @@ class EffectDenied(ApiError):
     the denial itself is recorded in the ledger by the server.
     """
 
-    def __init__(self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None):
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
+    ):
         super().__init__(status, code, detail, payload)
         self.reason: str = str((payload or {}).get("reason") or detail or "denied")
         self.args = (f"effect denied: {self.reason}",)
@@ -126,7 +130,9 @@ class EffectUnresolved(ApiError):
     (``POST /api/v1/effects/{id}/reconcile``) first. ``effect_id`` names the unresolved effect.
     """
 
-    def __init__(self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None):
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
+    ):
         super().__init__(status, code, detail, payload)
         p = payload or {}
         eid = p.get("effect_id", p.get("id"))
@@ -143,7 +149,9 @@ class EffectAlreadyFailed(ApiError):
     ``f"{key}:attempt-{ctx.attempt.number}"``). ``effect_id`` names the failed effect.
     """
 
-    def __init__(self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None):
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
+    ):
         super().__init__(status, code, detail, payload)
         eid = (payload or {}).get("id")
         self.effect_id: str | None = None if eid is None else str(eid)
@@ -153,7 +161,9 @@ class EffectsUnresolved(ApiError):
     """409 ``effects_unresolved``: the attempt cannot finish ``succeeded`` while effects are
     ``in_flight``/``unknown``. ``effects`` lists their ids."""
 
-    def __init__(self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None):
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
+    ):
         super().__init__(status, code, detail, payload)
         self.effects: list[str] = [str(e) for e in (payload or {}).get("effects") or []]
 
@@ -172,7 +182,10 @@ class OutcomeNotRecorded(ControlPlaneError):
     def __init__(self, effect_id: str, status: str, message: str = ""):
         self.effect_id = effect_id
         self.status = status
-        super().__init__(f"outcome {status!r} of effect {effect_id} not recorded" + (f": {message}" if message else ""))
+        super().__init__(
+            f"outcome {status!r} of effect {effect_id} not recorded"
+            + (f": {message}" if message else "")
+        )
 
 
 class DirectiveInterrupt(Exception):

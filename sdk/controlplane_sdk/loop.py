@@ -34,8 +34,19 @@ from typing import Any
 import httpx
 
 from .client import Client
-from .errors import (ApiError, CancelRequested, ClaimRefused, ControlPlaneError, DirectiveInterrupt, EffectDenied,
-                     LeaseLost, OutcomeNotRecorded, PauseRequested, ServerUnreachable, StopRequested)
+from .errors import (
+    ApiError,
+    CancelRequested,
+    ClaimRefused,
+    ControlPlaneError,
+    DirectiveInterrupt,
+    EffectDenied,
+    LeaseLost,
+    OutcomeNotRecorded,
+    PauseRequested,
+    ServerUnreachable,
+    StopRequested,
+)
 from .runtime import RunContext, Worker
 
 __all__ = ["run_agent_loop", "run_one", "RunSummary", "classify_failure"]
@@ -74,7 +85,9 @@ def classify_failure(exc: BaseException) -> str:
     return "error"
 
 
-def _try_finish(ctx: RunContext, outcome: str, failure_class: str | None = None, error: str | None = None) -> None:
+def _try_finish(
+    ctx: RunContext, outcome: str, failure_class: str | None = None, error: str | None = None
+) -> None:
     try:
         ctx.finish(outcome, failure_class=failure_class, error=error)
     except ControlPlaneError as err:
@@ -94,7 +107,9 @@ def run_one(ctx: RunContext, run_fn: RunFn) -> RunSummary:
                 run_fn(ctx)
             except EffectDenied as denied:
                 if denied.reason == "lease_lost":
-                    raise LeaseLost(denied.status, "lease_lost", denied.detail, denied.payload) from denied
+                    raise LeaseLost(
+                        denied.status, "lease_lost", denied.detail, denied.payload
+                    ) from denied
                 interrupt = _DENIAL_AS_DIRECTIVE.get(denied.reason)
                 if interrupt is None:
                     raise
@@ -154,7 +169,9 @@ def run_agent_loop(
     poll finds nothing to claim. Returns the summaries of the runs it handled. A control plane that is
     temporarily unreachable is waited out (logged, retried every ``poll_interval``).
     """
-    worker = Worker(client, worker_name, agent, versions=versions, heartbeat_interval=heartbeat_interval)
+    worker = Worker(
+        client, worker_name, agent, versions=versions, heartbeat_interval=heartbeat_interval
+    )
     stop = stop_event or threading.Event()
     done: list[RunSummary] = []
     while not stop.is_set() and (max_runs is None or len(done) < max_runs):

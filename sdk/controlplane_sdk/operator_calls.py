@@ -19,21 +19,36 @@ class OperatorCalls:
     def _call(self, method: str, path: str, body: Any = None, *, retry: bool, **kw: Any) -> JSON:
         raise NotImplementedError  # pragma: no cover
 
-    def _intervention_body(self, kind: str, reason: str, scope: str, options: JSON | None,
-                           override_reason: str | None) -> JSON:
+    def _intervention_body(
+        self, kind: str, reason: str, scope: str, options: JSON | None, override_reason: str | None
+    ) -> JSON:
         body: JSON = {"kind": kind, "reason": reason, "scope": scope, "options": options or {}}
         if override_reason:
             body["override_reason"] = override_reason
         return body
 
-    def preview_intervention(self, run_id: str, kind: str, reason: str, scope: str = "run",
-                             options: JSON | None = None, override_reason: str | None = None) -> JSON:
+    def preview_intervention(
+        self,
+        run_id: str,
+        kind: str,
+        reason: str,
+        scope: str = "run",
+        options: JSON | None = None,
+        override_reason: str | None = None,
+    ) -> JSON:
         """``POST /runs/{id}/interventions/preview`` (``scope``: ``run`` or ``tree``)."""
         body = self._intervention_body(kind, reason, scope, options, override_reason)
         return self._call("POST", f"/runs/{run_id}/interventions/preview", body, retry=True)
 
-    def intervene(self, run_id: str, kind: str, reason: str, scope: str = "run", options: JSON | None = None,
-                  override_reason: str | None = None) -> JSON:
+    def intervene(
+        self,
+        run_id: str,
+        kind: str,
+        reason: str,
+        scope: str = "run",
+        options: JSON | None = None,
+        override_reason: str | None = None,
+    ) -> JSON:
         """``POST /runs/{id}/interventions`` → the intervention and its receipt (not retried)."""
         body = self._intervention_body(kind, reason, scope, options, override_reason)
         return self._call("POST", f"/runs/{run_id}/interventions", body, retry=False)
@@ -42,8 +57,19 @@ class OperatorCalls:
         """``GET /interventions/{id}``: receipt and job results."""
         return self._call("GET", f"/interventions/{intervention_id}", retry=True)
 
-    def reconcile_effect(self, effect_id: str, outcome: str, evidence: str, reason: str,
-                         external_ref: str | None = None) -> JSON:
+    def reconcile_effect(
+        self,
+        effect_id: str,
+        outcome: str,
+        evidence: str,
+        reason: str,
+        external_ref: str | None = None,
+    ) -> JSON:
         """``POST /effects/{id}/reconcile`` with evidence (operator; not retried)."""
-        body = {"outcome": outcome, "evidence": evidence, "reason": reason, "external_ref": external_ref or ""}
+        body = {
+            "outcome": outcome,
+            "evidence": evidence,
+            "reason": reason,
+            "external_ref": external_ref or "",
+        }
         return self._call("POST", f"/effects/{effect_id}/reconcile", body, retry=False)

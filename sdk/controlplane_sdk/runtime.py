@@ -21,15 +21,25 @@ from typing import Any
 
 from .client import Client
 from .effects import EffectScope
-from .errors import (ApiError, CancelRequested, ControlPlaneError, LeaseLost, PauseRequested,
-                     StopRequested)
+from .errors import (
+    ApiError,
+    CancelRequested,
+    ControlPlaneError,
+    LeaseLost,
+    PauseRequested,
+    StopRequested,
+)
 from .models import Approval, Checkpoint, Claim, Directive, Event, HeartbeatReply
 
 __all__ = ["Worker", "RunContext"]
 
 log = logging.getLogger("controlplane_sdk")
 
-_INTERRUPTS = {Directive.PAUSE: PauseRequested, Directive.CANCEL: CancelRequested, Directive.STOP: StopRequested}
+_INTERRUPTS = {
+    Directive.PAUSE: PauseRequested,
+    Directive.CANCEL: CancelRequested,
+    Directive.STOP: StopRequested,
+}
 
 
 class RunContext:
@@ -40,8 +50,14 @@ class RunContext:
     fresh run), ``state`` (a mutable copy of the checkpoint state, ``{}`` when fresh), ``current_step``.
     """
 
-    def __init__(self, client: Client, claim: Claim, worker_name: str, *,
-                 heartbeat_interval: float | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        claim: Claim,
+        worker_name: str,
+        *,
+        heartbeat_interval: float | None = None,
+    ) -> None:
         self.client = client
         self.worker_name = worker_name
         self.claim_result = claim
@@ -54,7 +70,9 @@ class RunContext:
         self.current_step: str | None = None
         self.finished = False
         ttl = float(claim.lease.ttl_s or 30.0)
-        self.heartbeat_interval = heartbeat_interval if heartbeat_interval is not None else max(ttl / 3.0, 0.05)
+        self.heartbeat_interval = (
+            heartbeat_interval if heartbeat_interval is not None else max(ttl / 3.0, 0.05)
+        )
         self._lock = threading.Lock()
         self._directive = claim.directive
         self._reason = ""
@@ -89,7 +107,13 @@ class RunContext:
     def _apply(self, hb: HeartbeatReply) -> None:
         with self._lock:
             if hb.directive != self._directive:
-                log.info("run %s: directive %s -> %s %s", self.run_id, self._directive, hb.directive, hb.reason)
+                log.info(
+                    "run %s: directive %s -> %s %s",
+                    self.run_id,
+                    self._directive,
+                    hb.directive,
+                    hb.reason,
+                )
             self._directive, self._reason = hb.directive, hb.reason
             if hb.approval is not None:
                 self._approval = hb.approval
@@ -105,8 +129,11 @@ class RunContext:
     def _mark_lease_lost(self, err: ApiError) -> None:
         with self._lock:
             if self._lease_lost is None:
-                self._lease_lost = err if isinstance(err, LeaseLost) else LeaseLost(err.status, "lease_lost",
-                                                                                     err.detail, err.payload)
+                self._lease_lost = (
+                    err
+                    if isinstance(err, LeaseLost)
+                    else LeaseLost(err.status, "lease_lost", err.detail, err.payload)
+                )
         self._stop.set()
 
     def _beat(self, wait_s: float | None = None) -> HeartbeatReply:
@@ -122,7 +149,9 @@ class RunContext:
         """Start the background heartbeat thread (done by :meth:`Worker.claim`)."""
         if self._thread is not None or self.lease_lost:
             return
-        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.run_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._heartbeat_loop, name=f"heartbeat-{self.run_id}", daemon=True
+        )
         self._thread.start()
 
     def _heartbeat_loop(self) -> None:
@@ -133,7 +162,9 @@ class RunContext:
             except LeaseLost:
                 log.warning("run %s: lease %s lost; heartbeat stopped", self.run_id, self.lease.id)
                 return
-            except ControlPlaneError as err:  # transient: keep trying until the lease is really gone
+            except (
+                ControlPlaneError
+            ) as err:  # transient: keep trying until the lease is really gone
                 self.last_heartbeat_error = err
                 log.warning("run %s: heartbeat failed: %s", self.run_id, err)
 
@@ -179,8 +210,9 @@ class RunContext:
             raise _INTERRUPTS[Directive(d)](self.directive_reason)
         return d
 
-    def wait_for_directive(self, wait_s: float = 20.0, *, timeout: float | None = None,
-                           current: str | None = None) -> str:
+    def wait_for_directive(
+        self, wait_s: float = 20.0, *, timeout: float | None = None, current: str | None = None
+    ) -> str:
         """Block (heartbeat long-poll with ``wait_s``) until the directive differs from ``current``
         (default: the latest seen) or ``timeout`` seconds pass; return the directive then."""
         start = current if current is not None else self.directive
@@ -217,9 +249,19 @@ class RunContext:
             self.current_step = prev
         self.event("step_completed", {"step": name, "attempt": self.attempt.number})
 
-    def effect(self, tool: str, action: str, *, key: str | None = None, args: dict[str, Any] | None = None,
-               step: str | None = None, compensate: dict[str, Any] | None = None, irreversible: bool = False,
-               unknown_on: tuple[type[BaseException], ...] = (), approval_id: str | None = None) -> EffectScope:
+    def effect(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: str | None = None,
+        args: dict[str, Any] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        unknown_on: tuple[type[BaseException], ...] = (),
+        approval_id: str | None = None,
+    ) -> EffectScope:
         """Declare an external side effect; see :mod:`controlplane_sdk.effects` for the contract.
 
         ``key`` (the idempotency key) must be stable across attempts; it defaults to
@@ -230,9 +272,18 @@ class RunContext:
         step = step or self.current_step
         if not step:
             raise ValueError("effect() needs step= (or run it inside `with ctx.step(name):`)")
-        return EffectScope(self, tool=tool, action=action, key=key or f"{self.run_id}:{step}:{tool}:{action}",
-                           step=step, args=args, compensate=compensate, irreversible=irreversible,
-                           unknown_on=unknown_on, approval_id=approval_id)
+        return EffectScope(
+            self,
+            tool=tool,
+            action=action,
+            key=key or f"{self.run_id}:{step}:{tool}:{action}",
+            step=step,
+            args=args,
+            compensate=compensate,
+            irreversible=irreversible,
+            unknown_on=unknown_on,
+            approval_id=approval_id,
+        )
 
     def checkpoint(self, step: str, state: dict[str, Any]) -> int:
         """Write a durable boundary *after* ``step``; a resume or redrive starts from here. Returns seq."""
@@ -246,35 +297,63 @@ class RunContext:
         """Append one history event (e.g. ``message``)."""
         self.client.append_events(self.run_id, self.fencing_token, [Event(kind, data or {})])
 
-    def record_assumption(self, key: str, value: Any, max_age_s: float | None = None, checker: str | None = None,
-                          meta: dict[str, Any] | None = None) -> None:
+    def record_assumption(
+        self,
+        key: str,
+        value: Any,
+        max_age_s: float | None = None,
+        checker: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         """Record a fact the run relies on (price, stock, policy version) so resume can revalidate it:
         by age (``max_age_s``) or by a checker registered on the server (``checker`` name)."""
-        ev = self.client.assumption_event(key, value, max_age_s=max_age_s, checker=checker, meta=meta)
+        ev = self.client.assumption_event(
+            key, value, max_age_s=max_age_s, checker=checker, meta=meta
+        )
         self.client.append_events(self.run_id, self.fencing_token, [ev])
 
-    def set_timer(self, name: str, fire_at: _dt.datetime | str | None = None, *, in_s: float | None = None) -> str:
+    def set_timer(
+        self, name: str, fire_at: _dt.datetime | str | None = None, *, in_s: float | None = None
+    ) -> str:
         """Set a timer (keeps running while paused). Give ``fire_at`` or ``in_s``. Returns ``fire_at``."""
         if fire_at is None:
             if in_s is None:
                 raise ValueError("set_timer needs fire_at or in_s")
             fire_at = _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=in_s)
         when = fire_at.isoformat() if isinstance(fire_at, _dt.datetime) else str(fire_at)
-        self.client.append_events(self.run_id, self.fencing_token, [self.client.timer_event(name, when)])
+        self.client.append_events(
+            self.run_id, self.fencing_token, [self.client.timer_event(name, when)]
+        )
         return when
 
     # -- approvals --------------------------------------------------------------------------------
 
-    def request_approval(self, tool: str, action: str, args: dict[str, Any] | None, reason: str,
-                         deadline_s: float | None = None, required_role: str | None = None) -> str:
+    def request_approval(
+        self,
+        tool: str,
+        action: str,
+        args: dict[str, Any] | None,
+        reason: str,
+        deadline_s: float | None = None,
+        required_role: str | None = None,
+    ) -> str:
         """Request a planned human approval for ``tool:action`` with exactly these ``args``; returns its
         id. The run's directive becomes ``wait``. Once approved, declare the effect with the same
         ``args`` and ``approval_id=`` this id."""
-        return self.client.request_approval(self.run_id, self.fencing_token, tool=tool, action=action,
-                                            args=args, reason=reason, deadline_s=deadline_s,
-                                            required_role=required_role).id
+        return self.client.request_approval(
+            self.run_id,
+            self.fencing_token,
+            tool=tool,
+            action=action,
+            args=args,
+            reason=reason,
+            deadline_s=deadline_s,
+            required_role=required_role,
+        ).id
 
-    def await_approval(self, approval_id: str, timeout: float | None = None, *, wait_s: float = 20.0) -> Approval:
+    def await_approval(
+        self, approval_id: str, timeout: float | None = None, *, wait_s: float = 20.0
+    ) -> Approval:
         """Block until the approval is decided (or ``timeout``) and return it; ``.approved`` says yes.
 
         Long-polls the heartbeat while the directive is ``wait``. It does not raise on pause/cancel:
@@ -291,7 +370,10 @@ class RunContext:
                 if not latest.pending:
                     return latest
             if self.directive != Directive.WAIT:
-                latest = self.client.find_approval(self.client.get_run(self.run_id), approval_id) or latest
+                latest = (
+                    self.client.find_approval(self.client.get_run(self.run_id), approval_id)
+                    or latest
+                )
                 if latest and not latest.pending:
                     return latest
                 if self.directive in _INTERRUPTS or self.lease_lost:
@@ -299,17 +381,21 @@ class RunContext:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            self.wait_for_directive(wait_s, timeout=wait_s if remaining is None else min(wait_s, remaining))
+            self.wait_for_directive(
+                wait_s, timeout=wait_s if remaining is None else min(wait_s, remaining)
+            )
         return latest or Approval(id=str(approval_id), status="pending")
 
     # -- end of the attempt -----------------------------------------------------------------------
 
-    def finish(self, outcome: str = "succeeded", failure_class: str | None = None,
-               error: str | None = None) -> dict[str, Any]:
+    def finish(
+        self, outcome: str = "succeeded", failure_class: str | None = None, error: str | None = None
+    ) -> dict[str, Any]:
         """End the attempt (``succeeded`` or ``failed`` + failure class) and stop heartbeating."""
         try:
-            return self.client.finish(self.run_id, self.fencing_token, outcome,
-                                      failure_class=failure_class, error=error)
+            return self.client.finish(
+                self.run_id, self.fencing_token, outcome, failure_class=failure_class, error=error
+            )
         finally:
             self.finished = True
             self.stop_heartbeat()
@@ -335,8 +421,15 @@ class Worker:
     ``heartbeat_interval`` overrides the default of ``ttl_s / 3``.
     """
 
-    def __init__(self, client: Client, worker_name: str, agent: str, *, versions: dict[str, Any] | None = None,
-                 heartbeat_interval: float | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        worker_name: str,
+        agent: str,
+        *,
+        versions: dict[str, Any] | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> None:
         self.client = client
         self.worker_name = worker_name
         self.agent = agent
@@ -346,7 +439,9 @@ class Worker:
     def claim(self, run_id: str, *, heartbeat: bool = True) -> RunContext:
         """Claim ``run_id`` (new attempt) and start heartbeating. Raises ``LeaseHeld``/``NotClaimable``."""
         c = self.client.claim(run_id, self.worker_name, self.versions)
-        ctx = RunContext(self.client, c, self.worker_name, heartbeat_interval=self.heartbeat_interval)
+        ctx = RunContext(
+            self.client, c, self.worker_name, heartbeat_interval=self.heartbeat_interval
+        )
         if heartbeat:
             ctx.start_heartbeat()
         return ctx

@@ -1,5 +1,6 @@
 """The live system for the run-control test: daphne, a Celery worker with beat, the demo world and
 real agent worker processes, on the test database (PostgreSQL) and a Redis database of its own."""
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,14 @@ from tests.live import Procs, server_env, start_celery, start_daphne, start_worl
 from world.client import WorldClient
 
 LEASE_TTL_S = 6
-PEOPLE = {"otto": "operator", "olga": "operator", "ian": "incident_commander", "sam": "security_responder",
-          "april": "approver", "vera": "viewer"}
+PEOPLE = {
+    "otto": "operator",
+    "olga": "operator",
+    "ian": "incident_commander",
+    "sam": "security_responder",
+    "april": "approver",
+    "vera": "viewer",
+}
 
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # every poll would be logged otherwise
@@ -53,15 +60,24 @@ def system(django_db_setup, django_db_blocker, tmp_path_factory):
     if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
         pytest.skip("the run-control test runs on PostgreSQL and Redis (make test)")
     tmp = tmp_path_factory.mktemp("run-control")
-    redis_url = urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path=f"/{os.environ.get('ACCEPTANCE_REDIS_DB', '11')}"))
+    redis_url = urlunsplit(
+        urlsplit(os.environ["REDIS_URL"])._replace(
+            path=f"/{os.environ.get('ACCEPTANCE_REDIS_DB', '11')}"
+        )
+    )
     import redis
 
     redis.Redis.from_url(redis_url).flushdb()
     procs = Procs(tmp)
     try:
         world_url = start_world(procs, server_env(tmp), send_delay=0.5)
-        env = server_env(tmp, REDIS_URL=redis_url, WORLD_URL=world_url, LEASE_TTL_S=str(LEASE_TTL_S),
-                         RECOVERY_SCAN_INTERVAL_S="1")
+        env = server_env(
+            tmp,
+            REDIS_URL=redis_url,
+            WORLD_URL=world_url,
+            LEASE_TTL_S=str(LEASE_TTL_S),
+            RECOVERY_SCAN_INTERVAL_S="1",
+        )
         base = start_daphne(procs, env)
         start_celery(procs, env, name="celery", beat=True)
         yield {"url": base, "world_url": world_url, "env": env, "procs": procs}
@@ -75,7 +91,9 @@ def system(django_db_setup, django_db_blocker, tmp_path_factory):
 
 class Api:
     def __init__(self, base: str, token: str):
-        self.http = httpx.Client(base_url=f"{base}/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=20)
+        self.http = httpx.Client(
+            base_url=f"{base}/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=20
+        )
 
     def get(self, path: str, **params) -> httpx.Response:
         return self.http.get(path, params=params)
@@ -96,7 +114,9 @@ class Api:
         return self.post(f"/runs/{run_id}/interventions", {"kind": kind, "reason": reason, **body})
 
     def preview(self, run_id: str, kind: str, reason: str = "preview", **body) -> dict:
-        resp = self.post(f"/runs/{run_id}/interventions/preview", {"kind": kind, "reason": reason, **body})
+        resp = self.post(
+            f"/runs/{run_id}/interventions/preview", {"kind": kind, "reason": reason, **body}
+        )
         assert resp.status_code == 200, resp.text
         return resp.json()
 
@@ -111,34 +131,66 @@ def live(system, transactional_db):
 
     for name, (scopes, description) in DEMO_AGENTS.items():
         Agent.objects.create(name=name, allowed_scopes=scopes, description=description)
-    _, worker_secret = ApiToken.issue(kind=ApiToken.WORKER, name="acceptance-agents", agents=list(DEMO_AGENTS))
+    _, worker_secret = ApiToken.issue(
+        kind=ApiToken.WORKER, name="acceptance-agents", agents=list(DEMO_AGENTS)
+    )
     people = {}
     for username, role in PEOPLE.items():
         user = User.objects.create_user(username)
         user.groups.add(Group.objects.get_or_create(name=role)[0])
-        people[username] = Api(system["url"], ApiToken.issue(kind=ApiToken.OPERATOR, name=username, user=user)[1])
+        people[username] = Api(
+            system["url"], ApiToken.issue(kind=ApiToken.OPERATOR, name=username, user=user)[1]
+        )
     world = WorldClient(system["world_url"], timeout=10)
     world.reset()
     procs: Procs = system["procs"]
     started: list[str] = []
 
     def start_workers(n: int = 1, **extra_env: str) -> list[str]:
-        env = dict(system["env"], CONTROLPLANE_URL=system["url"], CONTROLPLANE_TOKEN=worker_secret,
-                   AGENT_WORLD_TIMEOUT_S="8", CHILD_TIMEOUT_S="60")
+        env = dict(
+            system["env"],
+            CONTROLPLANE_URL=system["url"],
+            CONTROLPLANE_TOKEN=worker_secret,
+            AGENT_WORLD_TIMEOUT_S="8",
+            CHILD_TIMEOUT_S="60",
+        )
         env.update(extra_env)
         names = []
         for _ in range(n):
             name = f"acc-worker-{len(started) + 1}"
-            _, log = procs.start(name, [sys.executable, "-m", "agents.worker", "--name", name, "--poll", "0.3",
-                                        "--grace", "2", "--agents", "purchasing:2,address-verifier:1"], env)
-            wait_for(f"{name} to start", lambda log=log: "started" in log.read_text(), 20, logs=(log,))
+            _, log = procs.start(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "agents.worker",
+                    "--name",
+                    name,
+                    "--poll",
+                    "0.3",
+                    "--grace",
+                    "2",
+                    "--agents",
+                    "purchasing:2,address-verifier:1",
+                ],
+                env,
+            )
+            wait_for(
+                f"{name} to start", lambda log=log: "started" in log.read_text(), 20, logs=(log,)
+            )
             started.append(name)
             names.append(name)
         return names
 
     worker = Api(system["url"], worker_secret)
     try:
-        yield {"worker": worker, "world": world, "people": people, "start_workers": start_workers, "procs": procs}
+        yield {
+            "worker": worker,
+            "world": world,
+            "people": people,
+            "start_workers": start_workers,
+            "procs": procs,
+        }
     except BaseException:
         print(procs.logs())
         raise

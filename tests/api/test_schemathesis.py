@@ -6,9 +6,11 @@ and effect are committed (``transaction=True``) for them to see.
 
 Two callers, each with the path ids pinned to a real run, lease and effect (so generated bodies reach
 the services, not just the 404 at the door): a worker token, and an admin's operator token (the audit
-and run-control endpoints). Each operation gets schema-conforming and schema-violating inputs. (schemathesis's own pytest plugin does not run on
-pytest 9, so the operations are driven here with its strategies and its ``not_a_server_error`` check.)
+and run-control endpoints). Each operation gets schema-conforming and schema-violating inputs.
+(schemathesis's own pytest plugin does not run on pytest 9, so the operations are driven here with
+its strategies and its ``not_a_server_error`` check.)
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +21,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from audit.actors import Actor
+from core.actors import Actor
 from runs import services
 from runs.models import Agent, ApiToken
 from tests.conftest import PURCHASING_SCOPES
@@ -30,11 +32,23 @@ EXAMPLES_PER_OPERATION = 10
 
 def _seed() -> dict[str, str]:
     Agent.objects.create(name="purchasing", allowed_scopes=PURCHASING_SCOPES)
-    run = services.create_run(actor=WORKER, agent="purchasing", goal="fuzz target",
-                              authority=[{"scope": "payments:charge", "ttl_s": 3600}])
+    run = services.create_run(
+        actor=WORKER,
+        agent="purchasing",
+        goal="fuzz target",
+        authority=[{"scope": "payments:charge", "ttl_s": 3600}],
+    )
     claim = services.claim_run(actor=WORKER, run_id=run.pk, worker="fuzz-worker")
-    effect = services.declare_effect(actor=WORKER, run_id=run.pk, fencing_token=1, step="charge", tool="payments",
-                                     action="charge", idempotency_key="fuzz-1", args={"amount": 1}).effect
+    effect = services.declare_effect(
+        actor=WORKER,
+        run_id=run.pk,
+        fencing_token=1,
+        step="charge",
+        tool="payments",
+        action="charge",
+        idempotency_key="fuzz-1",
+        args={"amount": 1},
+    ).effect
     return {"run_id": str(run.pk), "lease_id": str(claim.lease.pk), "effect_id": str(effect.pk)}
 
 
@@ -61,17 +75,25 @@ def _fuzz(operation, mode: GenerationMode, headers: dict, pinned: dict | None) -
     """Run one operation in one mode; the failure (with a curl reproduction) or None."""
     strategy = operation.as_strategy(mode, path_parameters=pinned or None)
 
-    @hypothesis_settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
-              phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
+    @hypothesis_settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def check(case):
         case.call_and_validate(headers=headers, checks=[not_a_server_error])
 
     try:
         check()
-    except Unsatisfiable:  # nothing in this operation can be made invalid (e.g. no parameters at all)
+    except (
+        Unsatisfiable
+    ):  # nothing in this operation can be made invalid (e.g. no parameters at all)
         return None
-    except Exception as exc:  # noqa: BLE001 -- collected so every operation is tried, then reported together
+    except Exception as exc:
         return f"{operation.label} [{mode.value}]: {exc}"
     return None
 
@@ -82,7 +104,9 @@ def _fuzz(operation, mode: GenerationMode, headers: dict, pinned: dict | None) -
 def test_no_generated_request_yields_a_server_error(postgres_only, caller, settings):
     from controlplane.asgi import application
 
-    settings.HEARTBEAT_MAX_WAIT_S = 0.2  # a generated long-poll on the live lease must not stall the run
+    settings.HEARTBEAT_MAX_WAIT_S = (
+        0.2  # a generated long-poll on the live lease must not stall the run
+    )
 
     ids = _seed()
     headers = {"Authorization": f"Bearer {_token(caller)}"}

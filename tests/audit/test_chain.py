@@ -1,6 +1,7 @@
 """The audit chain (DESIGN §6): written with the change, append-only in the database, verified link by
 link, exported as JSON Lines. Tampering is done the way an attacker with database access would: with
 the append-only trigger switched off for the session."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ import pytest
 from django.core.management import ManagementUtility, call_command
 from django.db import DatabaseError, connection, transaction
 
-from audit.actors import system_actor
 from audit.chain import GENESIS, link_hash
 from audit.models import AuditChainHead, AuditEvent
 from audit.services import record_audit, verify_chain
+from core.actors import system_actor
 from runs import services
 from runs.models import Attempt, ExecutionLease, HistoryEvent, Run
 from runs.services import common
@@ -25,8 +26,17 @@ ACTOR = system_actor("test")
 
 
 def _write(n: int) -> list[AuditEvent]:
-    return [record_audit(actor=ACTOR, action="test.event", object_type="run", object_id=f"obj-{i}",
-                         reason=f"reason {i}", context={"i": i}) for i in range(1, n + 1)]
+    return [
+        record_audit(
+            actor=ACTOR,
+            action="test.event",
+            object_type="run",
+            object_id=f"obj-{i}",
+            reason=f"reason {i}",
+            context={"i": i},
+        )
+        for i in range(1, n + 1)
+    ]
 
 
 @contextmanager
@@ -47,8 +57,18 @@ def _row(seq: int) -> AuditEvent:
 
 def _forge(seq: int, prev_hash: str, **fields) -> AuditEvent:
     """A well-formed row an attacker builds: the chain's hash is not keyed, so anyone can compute it."""
-    event = AuditEvent(seq=seq, actor_kind="user", actor="mallory", action="test.forged", object_type="run",
-                       object_id="forged", outcome="allowed", component="psql", prev_hash=prev_hash, **fields)
+    event = AuditEvent(
+        seq=seq,
+        actor_kind="user",
+        actor="mallory",
+        action="test.forged",
+        object_type="run",
+        object_id="forged",
+        outcome="allowed",
+        component="psql",
+        prev_hash=prev_hash,
+        **fields,
+    )
     event.hash = link_hash(prev_hash, event.hashed_fields())
     event.save(force_insert=True)
     return event
@@ -61,6 +81,7 @@ def _renumber(from_seq: int, by: int) -> None:
 
 
 # --- written in the same transaction as the change ------------------------------------------------
+
 
 def test_if_the_audit_write_fails_the_change_does_not_happen(worker):
     run = start_run(worker)
@@ -77,7 +98,9 @@ def test_if_the_audit_write_fails_the_change_does_not_happen(worker):
     with pytest.raises(DatabaseError, match="audit store unavailable"):
         services.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")
     with connection.cursor() as cur:
-        cur.execute("DROP TRIGGER test_refuse_audit ON audit_auditevent; DROP FUNCTION test_refuse_audit();")
+        cur.execute(
+            "DROP TRIGGER test_refuse_audit ON audit_auditevent; DROP FUNCTION test_refuse_audit();"
+        )
     stored = Run.objects.get(pk=run["id"])
     assert stored.state == "queued" and stored.fencing_token == 0 and stored.attempt_count == 0
     assert not ExecutionLease.objects.filter(run_id=run["id"]).exists()
@@ -113,6 +136,7 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
 
 # --- append-only, enforced by PostgreSQL ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("table", ["audit_auditevent", "runs_historyevent"])
 @pytest.mark.parametrize("statement", ["UPDATE {table} SET hash = 'x'", "DELETE FROM {table}"])
 def test_update_and_delete_are_refused_by_the_database(worker, table, statement):
@@ -136,10 +160,16 @@ def test_orm_update_and_delete_of_audit_rows_are_refused(worker):
 
 # --- verification names the first broken link -------------------------------------------------------
 
+
 def test_an_untouched_chain_verifies():
     _write(6)
     report = verify_chain()
-    assert report.ok and report.checked == 6 and report.head_seq == 6 and report.first_broken_seq is None
+    assert (
+        report.ok
+        and report.checked == 6
+        and report.head_seq == 6
+        and report.first_broken_seq is None
+    )
 
 
 def test_an_empty_chain_verifies():
@@ -159,7 +189,9 @@ def test_verify_names_an_edited_row_even_when_its_hash_was_recomputed():
     row = _row(3)
     row.reason = "approved by the CFO"
     with tampering():
-        AuditEvent.objects.filter(seq=3).update(reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields()))
+        AuditEvent.objects.filter(seq=3).update(
+            reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields())
+        )
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "edited")
 
@@ -169,7 +201,9 @@ def test_verify_names_the_last_row_edited_and_rehashed():
     row = _row(6)
     row.reason = "nothing happened"
     with tampering():
-        AuditEvent.objects.filter(seq=6).update(reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields()))
+        AuditEvent.objects.filter(seq=6).update(
+            reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields())
+        )
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 6, "edited")
 
@@ -247,6 +281,7 @@ def test_tampering_with_run_history_is_caught_by_its_own_chain(worker):
 
 # --- the management commands ------------------------------------------------------------------------
 
+
 def _manage(*argv: str) -> int:
     """Run a command the way ``manage.py`` does, exit status included."""
     try:
@@ -280,12 +315,21 @@ def test_audit_export_writes_json_lines_with_hash_and_prev_hash(tmp_path, worker
     assert len(rows) == AuditEvent.objects.count() >= 2
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
     assert rows[0]["prev_hash"] == GENESIS
-    for before, row in zip(rows, rows[1:]):
+    for before, row in zip(rows, rows[1:], strict=False):
         assert row["prev_hash"] == before["hash"]
     for row in rows:  # each line carries everything needed to re-check its own link
         fields = {k: v for k, v in row.items() if k not in ("hash", "prev_hash")}
         assert link_hash(row["prev_hash"], fields) == row["hash"]
-    assert {"actor", "action", "object_type", "object_id", "outcome", "reason", "created_at", "context"} <= set(rows[0])
+    assert {
+        "actor",
+        "action",
+        "object_type",
+        "object_id",
+        "outcome",
+        "reason",
+        "created_at",
+        "context",
+    } <= set(rows[0])
 
 
 def test_audit_export_to_stdout_and_since_seq(capsys):
@@ -297,6 +341,7 @@ def test_audit_export_to_stdout_and_since_seq(capsys):
 
 # --- denied calls are audited with the reason --------------------------------------------------------
 
+
 def test_denied_calls_are_audited_with_the_reason(worker, client):
     from runs.models import ApiToken
     from tests.conftest import Api
@@ -306,13 +351,17 @@ def test_denied_calls_are_audited_with_the_reason(worker, client):
     worker.post(f"/runs/{run['id']}/claim", {"worker": "w-2"})  # lease held
     declare(worker, run["id"], 1, key="ship", tool="shipping", action="create_label")  # no grant
     worker.post(f"/leases/{c['lease']['id']}/heartbeat", {"fencing_token": 0})  # stale token
-    worker.post("/runs", {"agent": "purchasing", "goal": "g", "authority": [{"scope": "bank:wire"}]})
+    worker.post(
+        "/runs", {"agent": "purchasing", "goal": "g", "authority": [{"scope": "bank:wire"}]}
+    )
     _, other_secret = ApiToken.issue(kind=ApiToken.WORKER, name="other", agents=["support"])
     from runs.models import Agent
 
     Agent.objects.create(name="support", allowed_scopes=[])
     Api(client, other_secret).post("/runs", {"agent": "purchasing", "goal": "g"})  # wrong agent
-    denied = {(e.action, e.reason.split(":")[0]) for e in AuditEvent.objects.filter(outcome="denied")}
+    denied = {
+        (e.action, e.reason.split(":")[0]) for e in AuditEvent.objects.filter(outcome="denied")
+    }
     assert ("run.claim", "lease_held") in denied
     assert ("effect.declare", "authority_missing") in denied
     assert ("lease.heartbeat", "lease_lost") in denied

@@ -1,4 +1,5 @@
 """Verification reads the chain while writers keep appending: it must judge one snapshot."""
+
 from __future__ import annotations
 
 import threading
@@ -6,8 +7,8 @@ import threading
 import pytest
 from django.db import connection
 
-from audit.actors import system_actor
 from audit.services import record_audit, verify_chain
+from core.actors import system_actor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

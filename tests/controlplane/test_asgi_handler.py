@@ -1,5 +1,6 @@
 """controlplane.handler: sync views run the sync middleware chain in one thread hop; coroutine views
 (the long-polling heartbeat) keep Django's async chain. Exercised through the real ASGI application."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _get(path: str, method: str = "GET", body: bytes = b"", headers=None):
-    comm = HttpCommunicator(django_asgi_app, method, path, body=body,
-                            headers=[(b"host", b"localhost"), *(headers or [])])
+    comm = HttpCommunicator(
+        django_asgi_app,
+        method,
+        path,
+        body=body,
+        headers=[(b"host", b"localhost"), *(headers or [])],
+    )
     return async_to_sync(comm.get_response)(timeout=10)
 
 
@@ -38,8 +44,12 @@ def test_sync_view_runs_the_whole_middleware_chain_without_the_async_chain(monke
     assert headers[b"x-frame-options"] == b"DENY"  # XFrameOptionsMiddleware
     assert b"csrftoken" in headers.get(b"set-cookie", b"")  # CsrfViewMiddleware
     # CSRF still refuses a cookie-less form post.
-    post = _get("/accounts/login/", "POST", b"username=a&password=b",
-                [(b"content-type", b"application/x-www-form-urlencoded")])
+    post = _get(
+        "/accounts/login/",
+        "POST",
+        b"username=a&password=b",
+        [(b"content-type", b"application/x-www-form-urlencoded")],
+    )
     assert post["status"] == 403
 
 
@@ -53,15 +63,21 @@ def test_async_view_still_served_by_the_async_chain(monkeypatch):
 
     monkeypatch.setattr(BaseHandler, "get_response_async", spy)
     lease = "00000000-0000-0000-0000-000000000001"
-    resp = _get(f"/api/v1/leases/{lease}/heartbeat", "POST", b'{"fencing_token": 1}',
-                [(b"content-type", b"application/json")])
+    resp = _get(
+        f"/api/v1/leases/{lease}/heartbeat",
+        "POST",
+        b'{"fencing_token": 1}',
+        [(b"content-type", b"application/json")],
+    )
     assert calls == [f"/api/v1/leases/{lease}/heartbeat"]
     # No bearer token: the session fallback wants a CSRF token, as on the sync chain.
     assert resp["status"] == 403 and b"CSRF" in resp["body"], resp["body"]
 
 
 @pytest.mark.parametrize("limit, expected_peak", [(2, 2), (0, 6)])
-def test_sync_views_run_at_most_sync_view_concurrency_at_once(settings, monkeypatch, limit, expected_peak):
+def test_sync_views_run_at_most_sync_view_concurrency_at_once(
+    settings, monkeypatch, limit, expected_peak
+):
     import asyncio
     import threading
     import time
@@ -85,8 +101,10 @@ def test_sync_views_run_at_most_sync_view_concurrency_at_once(settings, monkeypa
     monkeypatch.setattr(handler._sync_handler, "get_response", slow)
 
     async def six():
-        comms = [HttpCommunicator(handler, "GET", "/accounts/login/", headers=[(b"host", b"localhost")])
-                 for _ in range(6)]
+        comms = [
+            HttpCommunicator(handler, "GET", "/accounts/login/", headers=[(b"host", b"localhost")])
+            for _ in range(6)
+        ]
         return await asyncio.gather(*(c.get_response(timeout=10) for c in comms))
 
     responses = async_to_sync(six)()

@@ -1,5 +1,6 @@
 """demo.supervisor (`make run`): on Ctrl-C the agents and the traffic stop first, while the control plane
 and the world are still up to hear their last calls; the services stop after them. Real processes."""
+
 from __future__ import annotations
 
 import os
@@ -70,10 +71,17 @@ def test_wait_ready_waits_for_an_answer_and_gives_up_at_its_timeout():
 
     from demo.supervisor import wait_ready
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), http.server.BaseHTTPRequestHandler
+    )  # answers 501
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        assert wait_ready([f"http://127.0.0.1:{server.server_address[1]}/accounts/login/"], timeout_s=5) is True
+        assert (
+            wait_ready(
+                [f"http://127.0.0.1:{server.server_address[1]}/accounts/login/"], timeout_s=5
+            )
+            is True
+        )
     finally:
         server.shutdown()
     with socket.socket() as s:
@@ -88,9 +96,13 @@ def test_wait_ready_waits_for_an_answer_and_gives_up_at_its_timeout():
 def test_services_start_first_and_ctrl_c_stops_agents_before_the_services(tmp_path):
     child, log = tmp_path / "child.py", tmp_path / "events.log"
     child.write_text(CHILD)
-    proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(child), str(log)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, str(child), str(log)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while sum(kind == "up" for kind, _, _ in _events(log)) < 4:

@@ -1,4 +1,5 @@
 """Helpers for intervention tests: a running run with effects, and issuing through the API."""
+
 from __future__ import annotations
 
 from tests.conftest import Api, claim, declare, start_run
@@ -13,7 +14,10 @@ def commit(worker: Api, run_id: str, token: int, key: str, **overrides) -> dict:
     resp = declare(worker, run_id, token, key=key, **overrides)
     assert resp.status_code == 201, resp.content
     effect = resp.json()
-    out = worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": token, "status": "committed", "external_ref": f"ref-{key}"})
+    out = worker.post(
+        f"/effects/{effect['id']}/outcome",
+        {"fencing_token": token, "status": "committed", "external_ref": f"ref-{key}"},
+    )
     assert out.status_code == 200, out.content
     return effect
 

@@ -1,5 +1,6 @@
 """Approve / reject: the planned boundary. Decided by a permitted role, never by whoever asked; bound
 to the exact action by digest and single-use; a passed deadline is timed_out, never a rejection."""
+
 from __future__ import annotations
 
 import threading
@@ -21,14 +22,22 @@ BIG = {"amount": 5000, "currency": "EUR"}
 
 
 def _ask(worker: Api, run_id: str, token: int = 1, **overrides) -> dict:
-    body = {"fencing_token": token, "tool": "payments", "action": "charge", "args": BIG, "reason": "over the limit"}
+    body = {
+        "fencing_token": token,
+        "tool": "payments",
+        "action": "charge",
+        "args": BIG,
+        "reason": "over the limit",
+    }
     body.update(overrides)
     resp = worker.post(f"/runs/{run_id}/approvals", body)
     assert resp.status_code == 201, resp.content
     return resp.json()
 
 
-def _decide(api: Api, run_id: str, kind: str, approval_id: str, reason: str = "checked with the customer"):
+def _decide(
+    api: Api, run_id: str, kind: str, approval_id: str, reason: str = "checked with the customer"
+):
     return intervene(api, run_id, kind, reason, options={"approval_id": approval_id})
 
 
@@ -42,10 +51,19 @@ def test_approval_is_bound_to_the_digest_and_single_use(worker, as_user):
     receipt = resp.json()["receipt"]
     assert receipt["state"] == "running" and receipt["approval"]["decided_by"] == "april"
     row = Approval.objects.select_related("decided_by").get(pk=approval["id"])
-    assert row.status == "approved" and row.decided_by.username == "april" and row.decided_at is not None
+    assert (
+        row.status == "approved"
+        and row.decided_by.username == "april"
+        and row.decided_at is not None
+    )
     assert row.decision_reason == "checked with the customer"
     assert {k: row.shown[k] for k in ("tool", "action", "args", "digest", "run_goal")} == {
-        "tool": "payments", "action": "charge", "args": BIG, "digest": approval["digest"], "run_goal": "buy 2 of sku-1"}
+        "tool": "payments",
+        "action": "charge",
+        "args": BIG,
+        "digest": approval["digest"],
+        "run_goal": "buy 2 of sku-1",
+    }
     # The worker learns the decision on its next heartbeat.
     beat = worker.post(f"/leases/{c['lease']['id']}/heartbeat", {"fencing_token": 1}).json()
     assert beat["directive"] == "continue" and beat["approval"]["status"] == "approved"
@@ -53,14 +71,18 @@ def test_approval_is_bound_to_the_digest_and_single_use(worker, as_user):
 
     uncited = declare(worker, rid, 1, key="big-0", args=BIG)
     assert uncited.status_code == 409 and uncited.json()["reason"] == "approval_required"
-    other = declare(worker, rid, 1, key="big-1", args={**BIG, "amount": 9000}, approval_id=approval["id"])
+    other = declare(
+        worker, rid, 1, key="big-1", args={**BIG, "amount": 9000}, approval_id=approval["id"]
+    )
     assert other.status_code == 409 and other.json()["reason"] == "approval_mismatch"
     exact = declare(worker, rid, 1, key="big-2", args=BIG, approval_id=approval["id"])
     assert exact.status_code == 201 and exact.json()["decision"] == "authorized", exact.content
     reuse = declare(worker, rid, 1, key="big-3", args=BIG, approval_id=approval["id"])
     assert reuse.status_code == 409 and reuse.json()["reason"] == "approval_already_used"
     assert str(Approval.objects.get(pk=approval["id"]).consumed_by_id) == exact.json()["id"]
-    assert HistoryEvent.objects.filter(run_id=rid, kind="approval_decided", data__decision="approved").exists()
+    assert HistoryEvent.objects.filter(
+        run_id=rid, kind="approval_decided", data__decision="approved"
+    ).exists()
 
 
 def test_reject_reaches_the_worker_and_the_approval_cannot_be_used(worker, as_user):
@@ -70,7 +92,10 @@ def test_reject_reaches_the_worker_and_the_approval_cannot_be_used(worker, as_us
     assert resp.status_code == 202, resp.content
     assert Approval.objects.get(pk=approval["id"]).status == "rejected"
     beat = worker.post(f"/leases/{c['lease']['id']}/heartbeat", {"fencing_token": 1}).json()
-    assert beat["approval"]["status"] == "rejected" and beat["approval"]["decision_reason"] == "amount is wrong"
+    assert (
+        beat["approval"]["status"] == "rejected"
+        and beat["approval"]["decision_reason"] == "amount is wrong"
+    )
     cited = declare(worker, run["id"], 1, key="big-1", args=BIG, approval_id=approval["id"])
     assert cited.status_code == 409 and cited.json()["reason"] == "approval_not_granted"
     assert AuditEvent.objects.filter(action="run.reject", run_id=run["id"], actor="april").exists()
@@ -83,7 +108,9 @@ def test_the_requester_can_never_approve_their_own_request(worker, as_user, cast
     approval = _ask(worker, run["id"])
     mine = _decide(ian, run["id"], "approve", approval["id"])
     assert mine.status_code == 403 and mine.json()["error"] == "separation_of_duties", mine.content
-    assert AuditEvent.objects.filter(action="intervention.approve", actor="ian", outcome="denied").exists()
+    assert AuditEvent.objects.filter(
+        action="intervention.approve", actor="ian", outcome="denied"
+    ).exists()
     assert Approval.objects.get(pk=approval["id"]).status == "pending"
     assert _decide(as_user("april"), run["id"], "approve", approval["id"]).status_code == 202
 
@@ -119,7 +146,9 @@ def test_an_unknown_or_foreign_approval_is_refused(worker, as_user):
 def test_timed_out_is_not_rejected_and_escalates(worker, as_user):
     run, c = running_run(worker)
     approval = _ask(worker, run["id"], deadline_s=60)
-    Approval.objects.filter(pk=approval["id"]).update(deadline=timezone.now() - timedelta(seconds=1))
+    Approval.objects.filter(pk=approval["id"]).update(
+        deadline=timezone.now() - timedelta(seconds=1)
+    )
     assert expire_approvals() == [approval["id"]]
     row = Approval.objects.get(pk=approval["id"])
     assert row.status == "timed_out" and row.decided_by_id is None
@@ -127,7 +156,11 @@ def test_timed_out_is_not_rejected_and_escalates(worker, as_user):
     esc = AuditEvent.objects.get(action="approval.escalated", object_id=approval["id"])
     assert esc.actor_kind == "system" and esc.context["escalated_to"] == "incident_commander"
     kinds = list(HistoryEvent.objects.filter(run_id=run["id"]).values_list("kind", flat=True))
-    assert "approval_timed_out" in kinds and "approval_escalated" in kinds and "approval_decided" not in kinds
+    assert (
+        "approval_timed_out" in kinds
+        and "approval_escalated" in kinds
+        and "approval_decided" not in kinds
+    )
     assert not AuditEvent.objects.filter(action__in=["run.reject", "intervention.reject"]).exists()
     beat = worker.post(f"/leases/{c['lease']['id']}/heartbeat", {"fencing_token": 1}).json()
     assert beat["approval"]["status"] == "timed_out"
@@ -146,11 +179,18 @@ def test_a_pending_approval_before_its_deadline_is_left_alone(worker):
 def test_preview_shows_the_approver_exactly_what_they_decide(worker, as_user):
     run, _ = running_run(worker)
     approval = _ask(worker, run["id"])
-    resp = as_user("april").post(f"/runs/{run['id']}/interventions/preview",
-                                 {"kind": "approve", "reason": "x", "options": {"approval_id": approval["id"]}})
+    resp = as_user("april").post(
+        f"/runs/{run['id']}/interventions/preview",
+        {"kind": "approve", "reason": "x", "options": {"approval_id": approval["id"]}},
+    )
     assert resp.status_code == 200, resp.content
     shown = resp.json()["shown"]
-    assert (shown["tool"], shown["action"], shown["args"], shown["digest"]) == ("payments", "charge", BIG, approval["digest"])
+    assert (shown["tool"], shown["action"], shown["args"], shown["digest"]) == (
+        "payments",
+        "charge",
+        BIG,
+        approval["digest"],
+    )
     assert resp.json()["next_state"] == "running"
     assert Approval.objects.get(pk=approval["id"]).status == "pending"
 
@@ -174,8 +214,18 @@ def test_two_deciders_at_once_exactly_one_decision_is_recorded(postgres_only, wo
         t.start()
     for t in threads:
         t.join()
-    assert sorted(r.status_code for r in results.values()) == [202, 409], {k: r.content for k, r in results.items()}
+    assert sorted(r.status_code for r in results.values()) == [202, 409], {
+        k: r.content for k, r in results.items()
+    }
     winner = next(k for k, r in results.items() if r.status_code == 202)
-    assert Approval.objects.get(pk=approval["id"]).status == {"approve": "approved", "reject": "rejected"}[winner]
+    assert (
+        Approval.objects.get(pk=approval["id"]).status
+        == {"approve": "approved", "reject": "rejected"}[winner]
+    )
     assert HistoryEvent.objects.filter(run_id=run["id"], kind="approval_decided").count() == 1
-    assert AuditEvent.objects.filter(action__in=["intervention.approve", "intervention.reject"], outcome="denied").count() == 1
+    assert (
+        AuditEvent.objects.filter(
+            action__in=["intervention.approve", "intervention.reject"], outcome="denied"
+        ).count()
+        == 1
+    )

@@ -4,6 +4,7 @@ Compensators are fakes registered through interventions.registry (restored after
 driven by calling its service directly, which is what the Celery task does. The real worker, the real
 world and a SIGKILL are in tests/e2e/test_celery_worker.py.
 """
+
 from __future__ import annotations
 
 import threading
@@ -14,11 +15,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from audit.actors import system_actor
 from audit.models import AuditEvent
+from core.actors import system_actor
 from interventions import registry
-from interventions.compensate import (_claim_next_step, execute_compensation_plan, run_compensation_plan,
-                                      stalled_plans)
+from interventions.compensate import (
+    _claim_next_step,
+    execute_compensation_plan,
+    run_compensation_plan,
+    stalled_plans,
+)
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.registry import CompensationResult, EffectInfo
 from runs.models import Effect, Run
@@ -27,7 +32,10 @@ from tests.conftest import claim, declare, start_run
 
 pytestmark = pytest.mark.django_db
 
-AUTHORITY = [{"scope": s, "ttl_s": 3600} for s in ("inventory:*", "shipping:*", "payments:charge", "notifications:*")]
+AUTHORITY = [
+    {"scope": s, "ttl_s": 3600}
+    for s in ("inventory:*", "shipping:*", "payments:charge", "notifications:*")
+]
 SAGA = [  # step, tool, action, compensation
     ("reserve", "inventory", "reserve", {"tool": "inventory", "action": "release"}),
     ("label", "shipping", "create_label", {"tool": "shipping", "action": "void_label"}),
@@ -59,7 +67,9 @@ class FakeWorld:
         with self.lock:
             replayed = key in self.applied
             self.applied.setdefault(key, effect.idempotency_key)
-        return CompensationResult(ok=True, external_ref=f"undo-{effect.idempotency_key}", detail={"replayed": replayed})
+        return CompensationResult(
+            ok=True, external_ref=f"undo-{effect.idempotency_key}", detail={"replayed": replayed}
+        )
 
     def undo_count(self, original_key: str) -> int:
         return sum(1 for orig in self.applied.values() if orig == original_key)
@@ -70,8 +80,12 @@ def world():
     registry.load_adapters()  # first, so the real adapters cannot overwrite the fakes later
     saved = dict(registry._compensators)
     fake = FakeWorld()
-    for tool, action in [("inventory", "reserve"), ("shipping", "create_label"), ("payments", "charge"),
-                         ("notifications", "enqueue")]:
+    for tool, action in [
+        ("inventory", "reserve"),
+        ("shipping", "create_label"),
+        ("payments", "charge"),
+        ("notifications", "enqueue"),
+    ]:
         registry.compensator(tool, action)(fake.compensate)
     yield fake
     registry._compensators.clear()
@@ -92,8 +106,10 @@ def saga_run(worker, *, extra=(), finish="succeeded") -> dict:
             body["compensation"] = None
         resp = declare(worker, run["id"], token, key=f"order-1-{step}", **body)
         assert resp.status_code == 201, resp.content
-        out = worker.post(f"/effects/{resp.json()['id']}/outcome",
-                          {"fencing_token": token, "status": "committed", "external_ref": f"ref-{step}"})
+        out = worker.post(
+            f"/effects/{resp.json()['id']}/outcome",
+            {"fencing_token": token, "status": "committed", "external_ref": f"ref-{step}"},
+        )
         assert out.status_code == 200, out.content
     fin = worker.post(f"/runs/{run['id']}/finish", {"fencing_token": token, "outcome": finish})
     assert fin.status_code == 200, fin.content
@@ -101,11 +117,15 @@ def saga_run(worker, *, extra=(), finish="succeeded") -> dict:
 
 
 def compensate(api, run_id: str, **options):
-    return api.post(f"/runs/{run_id}/interventions", {"kind": "compensate", "reason": "order cancelled by customer",
-                                                       "options": options})
+    return api.post(
+        f"/runs/{run_id}/interventions",
+        {"kind": "compensate", "reason": "order cancelled by customer", "options": options},
+    )
 
 
-def issued_plan(api, run_id: str, django_capture_on_commit_callbacks, **options) -> tuple[dict, CompensationPlan]:
+def issued_plan(
+    api, run_id: str, django_capture_on_commit_callbacks, **options
+) -> tuple[dict, CompensationPlan]:
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         resp = compensate(api, run_id, **options)
     assert resp.status_code == 202, resp.content
@@ -114,78 +134,133 @@ def issued_plan(api, run_id: str, django_capture_on_commit_callbacks, **options)
     return receipt, CompensationPlan.objects.get(pk=receipt["receipt"]["plan_id"])
 
 
-def test_it_plans_in_reverse_order_calls_out_irreversible_and_uncompensable(worker, as_user, world,
-                                                                           django_capture_on_commit_callbacks):
-    run = saga_run(worker, extra=[("notify", "notifications", "enqueue", "irreversible"),
-                                  ("audit-note", "notifications", "enqueue", None)])
+def test_it_plans_in_reverse_order_calls_out_irreversible_and_uncompensable(
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
+    run = saga_run(
+        worker,
+        extra=[
+            ("notify", "notifications", "enqueue", "irreversible"),
+            ("audit-note", "notifications", "enqueue", None),
+        ],
+    )
     ian = as_user("ian")
-    shown = ian.post(f"/runs/{run['id']}/interventions/preview", {"kind": "compensate", "reason": "r"}).json()
+    shown = ian.post(
+        f"/runs/{run['id']}/interventions/preview", {"kind": "compensate", "reason": "r"}
+    ).json()
     assert [s["step"] for s in shown["plan"]["steps"]] == ["charge", "label", "reserve"]
     assert {c["step"]: c["why"].split(":")[0] for c in shown["plan"]["called_out"]} == {
-        "notify": "irreversible", "audit-note": "no compensation was declared with this effect"}
+        "notify": "irreversible",
+        "audit-note": "no compensation was declared with this effect",
+    }
     assert Run.objects.get(pk=run["id"]).state == "succeeded"  # the preview changed nothing
 
     receipt, plan = issued_plan(ian, run["id"], django_capture_on_commit_callbacks)
     assert receipt["status"] == "pending" and receipt["receipt"]["state"] == "compensating"
     steps = receipt["receipt"]["plan"]["steps"]
     assert [(s["position"], s["compensation"]["action"], s["compensation_key"]) for s in steps] == [
-        (1, "refund", "compensate:order-1-charge"), (2, "void_label", "compensate:order-1-label"),
-        (3, "release", "compensate:order-1-reserve")]
+        (1, "refund", "compensate:order-1-charge"),
+        (2, "void_label", "compensate:order-1-label"),
+        (3, "release", "compensate:order-1-reserve"),
+    ]
     assert len(receipt["receipt"]["plan"]["called_out"]) == 2
-    assert set(Effect.objects.filter(run_id=run["id"], step__in=["reserve", "label", "charge"])
-               .values_list("compensation_status", flat=True)) == {"pending"}
+    assert set(
+        Effect.objects.filter(
+            run_id=run["id"], step__in=["reserve", "label", "charge"]
+        ).values_list("compensation_status", flat=True)
+    ) == {"pending"}
 
     assert run_compensation_plan(str(plan.pk))["status"] == "completed"
-    assert [c[1] for c in world.calls] == ["charge", "create_label", "reserve"]  # strictly in plan order
+    assert [c[1] for c in world.calls] == [
+        "charge",
+        "create_label",
+        "reserve",
+    ]  # strictly in plan order
     run_row = Run.objects.get(pk=run["id"])
     assert run_row.state == "compensated"
     comps = Effect.objects.filter(run_id=run["id"], kind="compensation").order_by("declared_at")
     assert [(c.action, c.status, c.compensates.step) for c in comps] == [
-        ("refund", "committed", "charge"), ("void_label", "committed", "label"), ("release", "committed", "reserve")]
+        ("refund", "committed", "charge"),
+        ("void_label", "committed", "label"),
+        ("release", "committed", "reserve"),
+    ]
     notify = Effect.objects.get(run_id=run["id"], step="notify")
-    assert notify.status == "committed" and notify.compensation_status == ""  # called out, never touched
+    assert (
+        notify.status == "committed" and notify.compensation_status == ""
+    )  # called out, never touched
     intervention = Intervention.objects.get(pk=receipt["id"])
-    assert intervention.status == "completed" and intervention.receipt["job"]["plan_status"] == "completed"
+    assert (
+        intervention.status == "completed"
+        and intervention.receipt["job"]["plan_status"] == "completed"
+    )
     assert "2 called out" in intervention.receipt["job"]["summary"]
     assert AuditEvent.objects.filter(run_id=run["id"], action="compensation.plan_finished").exists()
-    assert AuditEvent.objects.filter(run_id=run["id"], action="run.compensation_completed", actor_kind="system").exists()
+    assert AuditEvent.objects.filter(
+        run_id=run["id"], action="run.compensation_completed", actor_kind="system"
+    ).exists()
     assert verify_history(run_row)["ok"]
 
 
-def test_a_failure_is_recorded_and_retried_with_backoff_then_succeeds(worker, as_user, world,
-                                                                    django_capture_on_commit_callbacks, monkeypatch):
+def test_a_failure_is_recorded_and_retried_with_backoff_then_succeeds(
+    worker, as_user, world, django_capture_on_commit_callbacks, monkeypatch
+):
     run = saga_run(worker)
-    world.fail("payments", "charge", CompensationResult(ok=False, detail={"error": "card_network_down"}))
+    world.fail(
+        "payments", "charge", CompensationResult(ok=False, detail={"error": "card_network_down"})
+    )
     _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     enqueued = []
-    monkeypatch.setattr(execute_compensation_plan, "apply_async", lambda args, countdown: enqueued.append((args, countdown)))
+    monkeypatch.setattr(
+        execute_compensation_plan,
+        "apply_async",
+        lambda args, countdown: enqueued.append((args, countdown)),
+    )
 
     first = execute_compensation_plan.apply(args=(str(plan.pk),)).get()
     assert first["status"] == "retry_scheduled" and first["countdown"] == 1.0
     assert enqueued == [((str(plan.pk),), 1.0)]  # the task came back later, as a new message
     step = CompensationStep.objects.get(plan=plan, position=1)
-    assert step.status == "pending" and step.failures == 1 and step.last_error["error"] == "card_network_down"
+    assert (
+        step.status == "pending"
+        and step.failures == 1
+        and step.last_error["error"] == "card_network_down"
+    )
     assert timezone.now() < step.next_attempt_at <= timezone.now() + timedelta(seconds=1)
-    assert CompensationStep.objects.get(plan=plan, position=2).attempts == 0  # later steps wait their turn
-    assert AuditEvent.objects.filter(run_id=run["id"], action="compensation.attempt_failed", outcome="error").exists()
+    assert (
+        CompensationStep.objects.get(plan=plan, position=2).attempts == 0
+    )  # later steps wait their turn
+    assert AuditEvent.objects.filter(
+        run_id=run["id"], action="compensation.attempt_failed", outcome="error"
+    ).exists()
 
     assert run_compensation_plan(str(plan.pk))["status"] == "waiting"  # too early: backoff holds
     CompensationStep.objects.filter(pk=step.pk).update(next_attempt_at=timezone.now())
     assert run_compensation_plan(str(plan.pk))["status"] == "completed"
     refunds = [c for c in world.calls if c[1] == "charge"]
-    assert refunds == [("payments", "charge", "compensate:order-1-charge")] * 2  # same key both times
+    assert (
+        refunds == [("payments", "charge", "compensate:order-1-charge")] * 2
+    )  # same key both times
     assert world.undo_count("order-1-charge") == 1
     step.refresh_from_db()
     assert step.status == "done" and step.attempts == 2 and len(step.errors) == 1
     assert Run.objects.get(pk=run["id"]).state == "compensated"
 
 
-def test_a_step_that_cannot_succeed_fails_and_the_plan_goes_on_partially_failed(worker, as_user, world,
-                                                                              django_capture_on_commit_callbacks):
+def test_a_step_that_cannot_succeed_fails_and_the_plan_goes_on_partially_failed(
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
     run = saga_run(worker)
-    world.fail("shipping", "create_label", CompensationResult(ok=False, retryable=False, detail={"error": "unknown_label"}))
-    world.fail("inventory", "reserve", *[CompensationResult(ok=False, detail={"error": "down"})] * 2)
-    receipt, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks, backoff_s=0)
+    world.fail(
+        "shipping",
+        "create_label",
+        CompensationResult(ok=False, retryable=False, detail={"error": "unknown_label"}),
+    )
+    world.fail(
+        "inventory", "reserve", *[CompensationResult(ok=False, detail={"error": "down"})] * 2
+    )
+    receipt, plan = issued_plan(
+        as_user("ian"), run["id"], django_capture_on_commit_callbacks, backoff_s=0
+    )
 
     assert run_compensation_plan(str(plan.pk))["status"] == "partially_failed"
     steps = {s.position: s for s in plan.steps.all()}
@@ -194,29 +269,58 @@ def test_a_step_that_cannot_succeed_fails_and_the_plan_goes_on_partially_failed(
     label = Effect.objects.get(run_id=run["id"], step="label")
     assert label.compensation_status == "failed"
     assert Effect.objects.get(compensates=label).status == "failed"
-    assert Run.objects.get(pk=run["id"]).state == "compensation_failed"  # never silently "compensated"
+    assert (
+        Run.objects.get(pk=run["id"]).state == "compensation_failed"
+    )  # never silently "compensated"
     intervention = Intervention.objects.get(pk=receipt["id"])
-    assert intervention.status == "failed" and intervention.receipt["job"]["plan_status"] == "partially_failed"
-    assert [s["step"] for s in intervention.receipt["job"]["plan"]["result"]["failed_steps"]] == ["label"]
-    assert AuditEvent.objects.filter(run_id=run["id"], action="compensation.step_failed").count() == 1
+    assert (
+        intervention.status == "failed"
+        and intervention.receipt["job"]["plan_status"] == "partially_failed"
+    )
+    assert [s["step"] for s in intervention.receipt["job"]["plan"]["result"]["failed_steps"]] == [
+        "label"
+    ]
+    assert (
+        AuditEvent.objects.filter(run_id=run["id"], action="compensation.step_failed").count() == 1
+    )
 
 
 def test_a_second_plan_skips_what_was_compensated_and_retries_a_failure_under_a_fresh_key(
-        worker, as_user, world, django_capture_on_commit_callbacks):
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
     run = saga_run(worker)
-    world.fail("payments", "charge", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
-    world.fail("shipping", "create_label", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
-    world.fail("inventory", "reserve", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
+    world.fail(
+        "payments",
+        "charge",
+        CompensationResult(ok=False, retryable=False, detail={"error": "declined"}),
+    )
+    world.fail(
+        "shipping",
+        "create_label",
+        CompensationResult(ok=False, retryable=False, detail={"error": "declined"}),
+    )
+    world.fail(
+        "inventory",
+        "reserve",
+        CompensationResult(ok=False, retryable=False, detail={"error": "declined"}),
+    )
     _, first = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert run_compensation_plan(str(first.pk))["status"] == "failed"  # all failed
     assert Run.objects.get(pk=run["id"]).state == "compensation_failed"
 
-    world.fail("shipping", "create_label", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
+    world.fail(
+        "shipping",
+        "create_label",
+        CompensationResult(ok=False, retryable=False, detail={"error": "declined"}),
+    )
     _, second = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert run_compensation_plan(str(second.pk))["status"] == "partially_failed"
     _, third = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert [s.effect.step for s in third.steps.all()] == ["label"]
-    assert {s["step"] for s in third.skipped} == {"charge", "reserve"}  # already compensated: skipped
+    assert {s["step"] for s in third.skipped} == {
+        "charge",
+        "reserve",
+    }  # already compensated: skipped
     assert third.steps.get().idempotency_key == "compensate:order-1-label:3"
     assert run_compensation_plan(str(third.pk))["status"] == "completed"
     assert Run.objects.get(pk=run["id"]).state == "compensated"
@@ -224,21 +328,36 @@ def test_a_second_plan_skips_what_was_compensated_and_retries_a_failure_under_a_
 
 
 def test_after_a_failed_plan_forward_retry_is_refused_and_compensate_or_close_remain(
-        worker, as_user, world, django_capture_on_commit_callbacks):
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
     run = saga_run(worker)
-    world.fail("shipping", "create_label", CompensationResult(ok=False, retryable=False, detail={"error": "declined"}))
+    world.fail(
+        "shipping",
+        "create_label",
+        CompensationResult(ok=False, retryable=False, detail={"error": "declined"}),
+    )
     _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert run_compensation_plan(str(plan.pk))["status"] == "partially_failed"
     assert Run.objects.get(pk=run["id"]).state == "compensation_failed"
     # A forward retry would replay the reservation and the charge that were just undone.
-    retry = as_user("ian").post(f"/runs/{run['id']}/interventions", {"kind": "retry", "reason": "try again"})
-    assert retry.status_code == 409 and retry.json()["state"] == "compensation_failed", retry.content
+    retry = as_user("ian").post(
+        f"/runs/{run['id']}/interventions", {"kind": "retry", "reason": "try again"}
+    )
+    assert retry.status_code == 409 and retry.json()["state"] == "compensation_failed", (
+        retry.content
+    )
     assert retry.json()["detail"] == "retry is not allowed while the run is compensation_failed"
-    assert AuditEvent.objects.filter(run_id=run["id"], action="intervention.retry", outcome="denied").exists()
+    assert AuditEvent.objects.filter(
+        run_id=run["id"], action="intervention.retry", outcome="denied"
+    ).exists()
     assert Run.objects.get(pk=run["id"]).state == "compensation_failed"
     # The worker is told to stop; the contracts document lists only compensate and close from here.
     contracts = as_user("ian").get("/contracts").json()
-    edges = {(row["event"], row["to"]) for row in contracts["state_machine"] if row["from"] == "compensation_failed"}
+    edges = {
+        (row["event"], row["to"])
+        for row in contracts["state_machine"]
+        if row["from"] == "compensation_failed"
+    }
     assert edges == {("compensate", "compensating"), ("close", "closed")}, edges
     # Compensating again finishes the job: only the label is left, under a fresh key.
     _, again = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
@@ -252,7 +371,10 @@ def test_compensate_is_refused_while_an_effect_is_unresolved_naming_it(worker, a
     claim(worker, run["id"])
     effect = declare(worker, run["id"], 1, key="order-2-charge").json()
     worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": 1, "status": "unknown"})
-    worker.post(f"/runs/{run['id']}/finish", {"fencing_token": 1, "outcome": "failed", "failure_class": "timeout"})
+    worker.post(
+        f"/runs/{run['id']}/finish",
+        {"fencing_token": 1, "outcome": "failed", "failure_class": "timeout"},
+    )
     resp = compensate(as_user("ian"), run["id"])
     assert resp.status_code == 409 and resp.json()["error"] == "effects_unresolved"
     assert "order-2-charge" in resp.json()["detail"] and resp.json()["state"] == "failed"
@@ -266,46 +388,67 @@ def test_only_incident_commanders_and_admins_may_compensate(worker, as_user, wor
     assert compensate(as_user("ian"), run["id"], max_attempts=0).status_code == 422
 
 
-def test_running_the_job_twice_compensates_once(worker, as_user, world, django_capture_on_commit_callbacks):
+def test_running_the_job_twice_compensates_once(
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
     run = saga_run(worker)
     _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert run_compensation_plan(str(plan.pk))["status"] == "completed"
     assert run_compensation_plan(str(plan.pk)) == {"status": "completed", "finished": True}
     assert len(world.calls) == 3
     assert Effect.objects.filter(run_id=run["id"], kind="compensation").count() == 3
-    assert AuditEvent.objects.filter(run_id=run["id"], action="compensation.plan_finished").count() == 1
+    assert (
+        AuditEvent.objects.filter(run_id=run["id"], action="compensation.plan_finished").count()
+        == 1
+    )
 
 
-def test_a_crash_between_call_and_record_recalls_with_the_same_key(worker, as_user, world,
-                                                                  django_capture_on_commit_callbacks):
+def test_a_crash_between_call_and_record_recalls_with_the_same_key(
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
     """The dead delivery declared, claimed and called the world, then died before recording."""
     run = saga_run(worker)
-    _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks, claim_ttl_s=30)
+    _, plan = issued_plan(
+        as_user("ian"), run["id"], django_capture_on_commit_callbacks, claim_ttl_s=30
+    )
     dead = _claim_next_step(str(plan.pk), "task-dead", system_actor("test"))
     world.compensate(dead.info, dead.key)  # reached the world; the answer was lost with the worker
-    assert run_compensation_plan(str(plan.pk), task_id="task-other")["status"] == "busy"  # its claim is live
-    assert run_compensation_plan(str(plan.pk), task_id="task-dead")["status"] == "completed"  # redelivery takes over
+    assert (
+        run_compensation_plan(str(plan.pk), task_id="task-other")["status"] == "busy"
+    )  # its claim is live
+    assert (
+        run_compensation_plan(str(plan.pk), task_id="task-dead")["status"] == "completed"
+    )  # redelivery takes over
     assert [c[2] for c in world.calls].count("compensate:order-1-charge") == 2
     assert world.undo_count("order-1-charge") == 1
-    assert Effect.objects.filter(run_id=run["id"], kind="compensation", action="refund").count() == 1
+    assert (
+        Effect.objects.filter(run_id=run["id"], kind="compensation", action="refund").count() == 1
+    )
     assert CompensationStep.objects.get(plan=plan, position=1).attempts == 2
 
 
-def test_an_expired_claim_is_a_stalled_plan_and_is_taken_over(worker, as_user, world,
-                                                             django_capture_on_commit_callbacks):
+def test_an_expired_claim_is_a_stalled_plan_and_is_taken_over(
+    worker, as_user, world, django_capture_on_commit_callbacks
+):
     run = saga_run(worker)
     _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
     assert stalled_plans() == []  # just enqueued: not stalled
     _claim_next_step(str(plan.pk), "task-dead", system_actor("test"))
-    CompensationStep.objects.filter(plan=plan, position=1).update(claimed_until=timezone.now() - timedelta(seconds=1))
+    CompensationStep.objects.filter(plan=plan, position=1).update(
+        claimed_until=timezone.now() - timedelta(seconds=1)
+    )
     assert stalled_plans() == [str(plan.pk)]
     assert run_compensation_plan(str(plan.pk), task_id="sweep-1")["status"] == "completed"
     assert stalled_plans() == []
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_deliveries_at_once_compensate_each_effect_once(postgres_only, worker, as_user, world, monkeypatch):
-    monkeypatch.setattr(execute_compensation_plan, "delay", lambda plan_id: None)  # the threads below deliver it
+def test_two_deliveries_at_once_compensate_each_effect_once(
+    postgres_only, worker, as_user, world, monkeypatch
+):
+    monkeypatch.setattr(
+        execute_compensation_plan, "delay", lambda plan_id: None
+    )  # the threads below deliver it
     run = saga_run(worker)
     resp = compensate(as_user("ian"), run["id"])
     plan_id = resp.json()["receipt"]["plan_id"]
@@ -326,6 +469,8 @@ def test_two_deliveries_at_once_compensate_each_effect_once(postgres_only, worke
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     assert run_compensation_plan(plan_id)["status"] == "completed"
-    assert sorted(c[2] for c in world.calls) == sorted(f"compensate:order-1-{s}" for s in ("charge", "label", "reserve"))
+    assert sorted(c[2] for c in world.calls) == sorted(
+        f"compensate:order-1-{s}" for s in ("charge", "label", "reserve")
+    )
     assert Effect.objects.filter(run_id=run["id"], kind="compensation").count() == 3
     assert Run.objects.get(pk=run["id"]).state == "compensated"

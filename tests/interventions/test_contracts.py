@@ -1,4 +1,5 @@
 """Contract claims checked against behaviour (the claims are listed in interventions/contracts.py)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -6,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from audit.actors import system_actor
+from core.actors import system_actor
 from interventions.contracts import CONTRACTS, contracts_document
 from interventions.resume import revalidate_run
 from runs.models import Timer
@@ -20,8 +21,13 @@ pytestmark = pytest.mark.django_db
 def test_timers_continue_during_pause_and_are_delivered_on_resume(worker, as_user):
     otto = as_user("otto")
     run, c = running_run(worker)
-    worker.post(f"/runs/{run['id']}/events", {"fencing_token": 1, "events": [
-        {"kind": "timer_set", "data": {"name": "reminder", "in_s": 3600}}]})
+    worker.post(
+        f"/runs/{run['id']}/events",
+        {
+            "fencing_token": 1,
+            "events": [{"kind": "timer_set", "data": {"name": "reminder", "in_s": 3600}}],
+        },
+    )
     intervene(otto, run["id"], "pause", "investigating")
     Timer.objects.filter(run_id=run["id"]).update(fire_at=timezone.now() - timedelta(seconds=1))
     assert fire_due_timers(actor=system_actor("timers")) == 1
@@ -32,8 +38,12 @@ def test_timers_continue_during_pause_and_are_delivered_on_resume(worker, as_use
     resume = intervene(otto, run["id"], "resume", "all clear")
     revalidate_run(resume.json()["id"])
     c2 = worker.post(f"/runs/{run['id']}/claim", {"worker": "w2"}).json()
-    beat = worker.post(f"/leases/{c2['lease']['id']}/heartbeat", {"fencing_token": c2["lease"]["fencing_token"]}).json()
-    assert [t["name"] for t in beat["timers_fired"]] == ["reminder"] and beat["timers_fired"][0]["fired_while"] == "paused"
+    beat = worker.post(
+        f"/leases/{c2['lease']['id']}/heartbeat", {"fencing_token": c2["lease"]["fencing_token"]}
+    ).json()
+    assert [t["name"] for t in beat["timers_fired"]] == ["reminder"] and beat["timers_fired"][0][
+        "fired_while"
+    ] == "paused"
     assert Timer.objects.get(run_id=run["id"]).status == "delivered"
 
 
@@ -44,12 +54,15 @@ def test_every_contract_names_its_roles_states_and_a_reason_requirement(as_user)
         assert spec["reason_required"] is True
         assert spec["may_issue"], kind
         if spec["event"]:
-            assert spec["from_states"] == sorted(s.value for s, e in TRANSITIONS.items() if spec["event"] in e), kind
+            assert spec["from_states"] == sorted(
+                s.value for s, e in TRANSITIONS.items() if spec["event"] in e
+            ), kind
     assert contracts_document()["state_machine"]
 
 
 def test_every_registered_contract_has_a_published_contract():
-    from interventions.base import CONTRACTS as REGISTERED, _load
+    from interventions.base import CONTRACTS as REGISTERED
+    from interventions.base import _load
 
     _load()
     assert set(REGISTERED) <= set(CONTRACTS)

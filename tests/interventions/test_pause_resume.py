@@ -1,4 +1,5 @@
 """Pause, resume with revalidation, cancel, retry and reconcile through the API."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,13 +25,20 @@ def test_pause_denies_new_effects_but_records_inflight_outcome(worker, as_user):
     assert [e["idempotency_key"] for e in receipt["in_flight_effects"]] == ["order-42-charge"]
     assert "may still complete" in receipt["in_flight_effects"][0]["note"]
     assert {g["scope"] for g in receipt["authority"]} == {"inventory:*", "payments:charge"}
-    denied = declare(worker, run["id"], 1, key="order-42-reserve", tool="inventory", action="reserve")
+    denied = declare(
+        worker, run["id"], 1, key="order-42-reserve", tool="inventory", action="reserve"
+    )
     assert denied.status_code == 409 and denied.json()["reason"] == "run_paused"
-    late = worker.post(f"/effects/{charge['id']}/outcome", {"fencing_token": 1, "status": "committed", "external_ref": "ch_1"})
+    late = worker.post(
+        f"/effects/{charge['id']}/outcome",
+        {"fencing_token": 1, "status": "committed", "external_ref": "ch_1"},
+    )
     assert late.status_code == 200 and late.json()["late"] is True
     beat = worker.post(f"/leases/{c['lease']['id']}/heartbeat", {"fencing_token": 1})
     assert beat.json()["directive"] == "pause"
-    rel = worker.post(f"/leases/{c['lease']['id']}/release", {"fencing_token": 1, "reason": "paused at boundary"})
+    rel = worker.post(
+        f"/leases/{c['lease']['id']}/release", {"fencing_token": 1, "reason": "paused at boundary"}
+    )
     assert rel.json()["state"] == "paused"
     audit = AuditEvent.objects.get(action="intervention.pause")
     assert audit.actor == "otto" and audit.reason == "assumptions stale"
@@ -41,15 +49,26 @@ def test_pause_with_nothing_in_flight_is_immediate_and_releases_the_lease(worker
     resp = intervene(as_user("otto"), run["id"], "pause")
     assert resp.json()["receipt"]["state"] == "paused"
     beat = worker.post(f"/leases/{c['lease']['id']}/heartbeat", {"fencing_token": 1})
-    assert beat.status_code == 200 and beat.json()["directive"] == "pause" and beat.json()["lease_status"] == "released"
+    assert (
+        beat.status_code == 200
+        and beat.json()["directive"] == "pause"
+        and beat.json()["lease_status"] == "released"
+    )
 
 
 def test_pause_lists_children_with_scope_both_ways(worker, as_user):
     otto = as_user("otto")
     parent, _ = running_run(worker)
-    child = start_run(worker, parent_run_id=parent["id"], authority=[{"scope": "payments:charge", "ttl_s": 60}])
-    preview = otto.post(f"/runs/{parent['id']}/interventions/preview", {"kind": "pause", "reason": "x", "scope": "run"}).json()
-    assert preview["children"][0]["id"] == child["id"] and preview["children"][0]["in_scope"] is False
+    child = start_run(
+        worker, parent_run_id=parent["id"], authority=[{"scope": "payments:charge", "ttl_s": 60}]
+    )
+    preview = otto.post(
+        f"/runs/{parent['id']}/interventions/preview",
+        {"kind": "pause", "reason": "x", "scope": "run"},
+    ).json()
+    assert (
+        preview["children"][0]["id"] == child["id"] and preview["children"][0]["in_scope"] is False
+    )
     resp = intervene(otto, parent["id"], "pause", scope="tree")
     assert resp.status_code == 202
     assert Run.objects.get(pk=child["id"]).state == "paused"
@@ -58,11 +77,22 @@ def test_pause_lists_children_with_scope_both_ways(worker, as_user):
 def test_resume_is_blocked_by_a_version_change_until_overridden(worker, as_user):
     otto, ian = as_user("otto"), as_user("ian")
     run, _ = running_run(worker)
-    commit(worker, run["id"], 1, "order-42-reserve", tool="inventory", action="reserve", step="reserve")
-    worker.post(f"/runs/{run['id']}/checkpoints", {"fencing_token": 1, "step": "reserve", "state": {"reserved": True}})
+    commit(
+        worker, run["id"], 1, "order-42-reserve", tool="inventory", action="reserve", step="reserve"
+    )
+    worker.post(
+        f"/runs/{run['id']}/checkpoints",
+        {"fencing_token": 1, "step": "reserve", "state": {"reserved": True}},
+    )
     intervene(otto, run["id"], "pause")
-    Agent.objects.filter(name="purchasing").update(current_versions={"code": "1.0.0", "model": "m-1",
-                                                                     "tools": {"payments": "3.2"}, "config_hash": "abc"})
+    Agent.objects.filter(name="purchasing").update(
+        current_versions={
+            "code": "1.0.0",
+            "model": "m-1",
+            "tools": {"payments": "3.2"},
+            "config_hash": "abc",
+        }
+    )
     resp = intervene(otto, run["id"], "resume", "world checked")
     assert resp.status_code == 202 and resp.json()["status"] == "pending"
     revalidate_run(resp.json()["id"])
@@ -77,21 +107,47 @@ def test_resume_is_blocked_by_a_version_change_until_overridden(worker, as_user)
     # An operator may not override; an incident commander may, with a reason.
     denied = intervene(otto, run["id"], "resume", override_reason="ship it")
     assert denied.status_code == 403
-    ok = intervene(ian, run["id"], "resume", "tool bump is compatible", override_reason="payments 3.2 is backwards compatible")
+    ok = intervene(
+        ian,
+        run["id"],
+        "resume",
+        "tool bump is compatible",
+        override_reason="payments 3.2 is backwards compatible",
+    )
     revalidate_run(ok.json()["id"])
     assert Run.objects.get(pk=run["id"]).state == "queued"
     again = worker.post(f"/runs/{run['id']}/claim", {"worker": "w2"}).json()
     assert again["attempt"]["number"] == 2 and again["checkpoint"]["seq"] == 1
-    replay = declare(worker, run["id"], again["lease"]["fencing_token"], key="order-42-reserve", tool="inventory",
-                     action="reserve", step="reserve")
+    replay = declare(
+        worker,
+        run["id"],
+        again["lease"]["fencing_token"],
+        key="order-42-reserve",
+        tool="inventory",
+        action="reserve",
+        step="reserve",
+    )
     assert replay.json()["decision"] == "replayed"
-    assert Effect.objects.filter(run_id=run["id"], idempotency_key="order-42-reserve", decision="authorized").count() == 1
+    assert (
+        Effect.objects.filter(
+            run_id=run["id"], idempotency_key="order-42-reserve", decision="authorized"
+        ).count()
+        == 1
+    )
 
 
 def test_cancel_keeps_committed_effects_committed(worker, as_user):
     run, c = running_run(worker)
-    commit(worker, run["id"], 1, "order-42-reserve", tool="inventory", action="reserve", step="reserve",
-           compensation={"tool": "inventory", "action": "release"})
+    commit(
+        worker,
+        run["id"],
+        1,
+        "order-42-reserve",
+        tool="inventory",
+        action="reserve",
+        step="reserve",
+        compensation={"tool": "inventory", "action": "release"},
+    )
     resp = intervene(as_user("otto"), run["id"], "cancel", "customer withdrew")
     receipt = resp.json()["receipt"]
     assert receipt["state"] == "cancelling"
@@ -109,12 +165,22 @@ def test_retry_is_refused_until_the_unknown_effect_is_reconciled(worker, as_user
     run, _ = running_run(worker, retry_policy={"backoff_s": 0})
     effect = declare(worker, run["id"], 1).json()
     worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": 1, "status": "unknown"})
-    worker.post(f"/runs/{run['id']}/finish", {"fencing_token": 1, "outcome": "failed", "failure_class": "timeout"})
+    worker.post(
+        f"/runs/{run['id']}/finish",
+        {"fencing_token": 1, "outcome": "failed", "failure_class": "timeout"},
+    )
     refused = intervene(otto, run["id"], "retry")
     assert refused.status_code == 409 and refused.json()["error"] == "effects_unresolved"
     assert AuditEvent.objects.filter(action="intervention.retry", outcome="denied").exists()
-    rec = otto.post(f"/effects/{effect['id']}/reconcile", {"outcome": "committed", "evidence": "payments console shows ch_7",
-                                                           "external_ref": "ch_7", "reason": "checked by hand"})
+    rec = otto.post(
+        f"/effects/{effect['id']}/reconcile",
+        {
+            "outcome": "committed",
+            "evidence": "payments console shows ch_7",
+            "external_ref": "ch_7",
+            "reason": "checked by hand",
+        },
+    )
     assert rec.status_code == 200 and rec.json()["reconciled"] is True
     ok = intervene(otto, run["id"], "retry")
     assert ok.status_code == 202 and ok.json()["receipt"]["next_attempt"] == 2
@@ -140,9 +206,19 @@ def test_contracts_document_reads_the_state_table_and_matrix(worker, as_user):
 
 def test_a_rejected_action_cannot_slip_through_without_an_approval(worker, as_user):
     run, c = running_run(worker)
-    req = worker.post(f"/runs/{run['id']}/approvals", {"fencing_token": 1, "tool": "payments", "action": "charge",
-                                                         "args": {"amount": 100}, "reason": "big order"}).json()
-    rejected = intervene(as_user("april"), run["id"], "reject", "too expensive", options={"approval_id": req["id"]})
+    req = worker.post(
+        f"/runs/{run['id']}/approvals",
+        {
+            "fencing_token": 1,
+            "tool": "payments",
+            "action": "charge",
+            "args": {"amount": 100},
+            "reason": "big order",
+        },
+    ).json()
+    rejected = intervene(
+        as_user("april"), run["id"], "reject", "too expensive", options={"approval_id": req["id"]}
+    )
     assert rejected.status_code == 202, rejected.content
     sneaky = declare(worker, run["id"], 1)
     assert sneaky.status_code == 409 and sneaky.json()["reason"] == "approval_rejected"
@@ -154,5 +230,7 @@ def test_worker_tokens_and_unknown_kinds_are_refused_and_audited(worker, as_user
     assert resp.status_code == 403
     unknown = intervene(as_user("otto"), run["id"], "explode")
     assert unknown.status_code == 422 and unknown.json()["field"] == "kind"
-    assert AuditEvent.objects.filter(action="intervention.pause", outcome="denied", actor="worker-1").exists()
+    assert AuditEvent.objects.filter(
+        action="intervention.pause", outcome="denied", actor="worker-1"
+    ).exists()
     assert AuditEvent.objects.filter(action="intervention.explode", outcome="denied").exists()

@@ -1,4 +1,5 @@
 """Real races on PostgreSQL: interventions against each other and against effect declarations."""
+
 from __future__ import annotations
 
 import threading
@@ -6,12 +7,12 @@ import threading
 import pytest
 from django.db import connection
 
-from audit.actors import Actor
 from audit.models import AuditEvent
 from audit.services import verify_chain
-from controlplane.auth import actor_for_user
+from core.actors import Actor
+from core.auth import actor_for_user
+from core.errors import DomainError
 from interventions.base import Request, issue
-from runs.errors import DomainError
 from runs.models import Effect, Run
 from runs.services import claim_run, create_run, declare_effect, finish_attempt
 
@@ -42,8 +43,12 @@ def _run_in_threads(jobs):
 
 
 def _running_run(agent):
-    run = create_run(actor=WORKER, agent="purchasing", goal="g",
-                     authority=[{"scope": "payments:charge"}, {"scope": "inventory:*"}])
+    run = create_run(
+        actor=WORKER,
+        agent="purchasing",
+        goal="g",
+        authority=[{"scope": "payments:charge"}, {"scope": "inventory:*"}],
+    )
     claim = claim_run(actor=WORKER, run_id=run.pk, worker="w")
     return run, claim
 
@@ -51,8 +56,12 @@ def _running_run(agent):
 def test_two_operators_pausing_at_once_exactly_one_applies(agent, cast, postgres_only):
     run, _ = _running_run(agent)
     otto, olga = (actor_for_user(cast[n][0]) for n in ("otto", "olga"))
-    results = _run_in_threads([lambda a=a: issue(actor=a, run_id=run.pk, req=Request("pause", f"{a.name} saw smoke"))
-                               for a in (otto, olga)])
+    results = _run_in_threads(
+        [
+            lambda a=a: issue(actor=a, run_id=run.pk, req=Request("pause", f"{a.name} saw smoke"))
+            for a in (otto, olga)
+        ]
+    )
     codes = sorted(r[0] for r in results)
     assert codes == ["conflict", "ok"]
     loser = next(r for r in results if r[0] == "conflict")[1]
@@ -63,24 +72,53 @@ def test_two_operators_pausing_at_once_exactly_one_applies(agent, cast, postgres
 
 def test_retry_racing_close_on_a_failed_run_exactly_one_applies(agent, cast, postgres_only):
     run, claim = _running_run(agent)
-    finish_attempt(actor=WORKER, run_id=run.pk, fencing_token=claim.lease.fencing_token, outcome="failed",
-                   failure_class="timeout")
+    finish_attempt(
+        actor=WORKER,
+        run_id=run.pk,
+        fencing_token=claim.lease.fencing_token,
+        outcome="failed",
+        failure_class="timeout",
+    )
     otto, olga = (actor_for_user(cast[n][0]) for n in ("otto", "olga"))
-    results = _run_in_threads([lambda: issue(actor=otto, run_id=run.pk, req=Request("retry", "transient")),
-                               lambda: issue(actor=olga, run_id=run.pk, req=Request("close", "give up"))])
+    results = _run_in_threads(
+        [
+            lambda: issue(actor=otto, run_id=run.pk, req=Request("retry", "transient")),
+            lambda: issue(actor=olga, run_id=run.pk, req=Request("close", "give up")),
+        ]
+    )
     assert sorted(r[0] for r in results) == ["conflict", "ok"]
     assert Run.objects.get(pk=run.pk).state in ("queued", "closed")
-    assert AuditEvent.objects.filter(action__in=["intervention.retry", "intervention.close"], outcome="denied").count() == 1
+    assert (
+        AuditEvent.objects.filter(
+            action__in=["intervention.retry", "intervention.close"], outcome="denied"
+        ).count()
+        == 1
+    )
     assert verify_chain().ok
 
 
-def test_pause_racing_twenty_declarations_denies_every_one_committed_after_it(agent, cast, postgres_only):
+def test_pause_racing_twenty_declarations_denies_every_one_committed_after_it(
+    agent, cast, postgres_only
+):
     run, claim = _running_run(agent)
     token = claim.lease.fencing_token
     otto = actor_for_user(cast["otto"][0])
-    jobs = [lambda i=i: declare_effect(actor=WORKER, run_id=run.pk, fencing_token=token, step="charge", tool="payments",
-                                       action="charge", idempotency_key=f"k-{i}", args={"i": i}) for i in range(20)]
-    jobs.insert(10, lambda: issue(actor=otto, run_id=run.pk, req=Request("pause", "stop the spend")))
+    jobs = [
+        lambda i=i: declare_effect(
+            actor=WORKER,
+            run_id=run.pk,
+            fencing_token=token,
+            step="charge",
+            tool="payments",
+            action="charge",
+            idempotency_key=f"k-{i}",
+            args={"i": i},
+        )
+        for i in range(20)
+    ]
+    jobs.insert(
+        10, lambda: issue(actor=otto, run_id=run.pk, req=Request("pause", "stop the spend"))
+    )
     results = _run_in_threads(jobs)
     assert all(r[0] == "ok" for r in results)
     # Audit rows are appended under the chain lock, held to commit: seq order is commit order.

@@ -1,24 +1,24 @@
 """Recover: an orphaned run is rebuilt from checkpoint + history, verified, reconciled with the world,
 and sent on by an explicit rule whose reason is recorded. Reconcilers and compensators are fakes
 registered through interventions.registry (restored afterwards)."""
+
 from __future__ import annotations
 
-import pytest
 from datetime import timedelta
 
+import pytest
 from django.db import connection
 from django.utils import timezone
 
-from audit.actors import system_actor
 from audit.models import AuditEvent
+from core.actors import system_actor
 from interventions import registry
 from interventions.compensate import run_compensation_plan
 from interventions.models import CompensationPlan, Intervention
-from interventions.recover import on_orphaned, run_recovery, sweep_recoveries
+from interventions.recover import on_orphaned, run_recovery, scan_expired_leases, sweep_recoveries
 from interventions.registry import CompensationResult, ReconcileResult
 from runs.models import Agent, Effect, ExecutionLease, HistoryEvent, Run
 from runs.services import expire_leases
-from runs.tasks import scan_expired_leases
 from tests.conftest import declare, start_run
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +39,9 @@ class FakeWorld:
         if self.answer_unknown:
             return ReconcileResult("unknown", evidence={"error": "unavailable"})
         if key in self.committed:
-            return ReconcileResult("committed", external_ref=self.committed[key], evidence={"found": True, "key": key})
+            return ReconcileResult(
+                "committed", external_ref=self.committed[key], evidence={"found": True, "key": key}
+            )
         return ReconcileResult("not_found", evidence={"found": False, "key": key})
 
     def compensate(self, effect, key: str) -> CompensationResult:
@@ -57,7 +59,7 @@ def world():
     registry.compensator("inventory", "reserve")(fake.compensate)
     registry.compensator("payments", "charge")(fake.compensate)
     yield fake
-    for live, old in zip((registry._reconcilers, registry._compensators), saved):
+    for live, old in zip((registry._reconcilers, registry._compensators), saved, strict=False):
         live.clear()
         live.update(old)
 
@@ -67,11 +69,28 @@ def orphaned_run(worker, world, *, versions=VERSIONS, charge_reached_world=True)
     run = start_run(worker, authority=AUTHORITY, versions=VERSIONS)
     c = worker.post(f"/runs/{run['id']}/claim", {"worker": "worker-7", "versions": versions}).json()
     token = c["lease"]["fencing_token"]
-    reserve = declare(worker, run["id"], token, key="order-9-reserve", step="reserve", tool="inventory",
-                      action="reserve", compensation={"tool": "inventory", "action": "release"}).json()
-    worker.post(f"/effects/{reserve['id']}/outcome", {"fencing_token": token, "status": "committed", "external_ref": "res-1"})
-    worker.post(f"/runs/{run['id']}/checkpoints", {"fencing_token": token, "step": "reserve", "state": {"reserved": "res-1"}})
-    worker.post(f"/runs/{run['id']}/events", {"fencing_token": token, "events": [{"kind": "step_started", "data": {"step": "charge"}}]})
+    reserve = declare(
+        worker,
+        run["id"],
+        token,
+        key="order-9-reserve",
+        step="reserve",
+        tool="inventory",
+        action="reserve",
+        compensation={"tool": "inventory", "action": "release"},
+    ).json()
+    worker.post(
+        f"/effects/{reserve['id']}/outcome",
+        {"fencing_token": token, "status": "committed", "external_ref": "res-1"},
+    )
+    worker.post(
+        f"/runs/{run['id']}/checkpoints",
+        {"fencing_token": token, "step": "reserve", "state": {"reserved": "res-1"}},
+    )
+    worker.post(
+        f"/runs/{run['id']}/events",
+        {"fencing_token": token, "events": [{"kind": "step_started", "data": {"step": "charge"}}]},
+    )
     assert declare(worker, run["id"], token, key="order-9-charge").status_code == 201
     if charge_reached_world:
         world.committed["order-9-charge"] = "ch_1"
@@ -94,23 +113,33 @@ def recover_now(run_id: str, django_capture_on_commit_callbacks) -> Intervention
     return intervention
 
 
-def test_an_orphan_is_redriven_from_its_checkpoint_with_the_reason_it_is_safe(worker, world,
-                                                                             django_capture_on_commit_callbacks):
+def test_an_orphan_is_redriven_from_its_checkpoint_with_the_reason_it_is_safe(
+    worker, world, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world)
     intervention = recover_now(run["id"], django_capture_on_commit_callbacks)
     assert intervention.actor_label == "system:controlplane" and intervention.role == "system"
     assert intervention.receipt["policy"] == "automatic on lease expiry"
     job = intervention.receipt["job"]
-    assert intervention.status == "completed" and job["action"] == "redrive" and job["state"] == "queued"
+    assert (
+        intervention.status == "completed"
+        and job["action"] == "redrive"
+        and job["state"] == "queued"
+    )
     report = job["report"]
     assert report["trigger"] == "lease_expired" and report["dead_lease"]["worker"] == "worker-7"
-    assert report["rebuilt"]["checkpoint"]["seq"] == 1 and report["rebuilt"]["checkpoint"]["step"] == "reserve"
+    assert (
+        report["rebuilt"]["checkpoint"]["seq"] == 1
+        and report["rebuilt"]["checkpoint"]["step"] == "reserve"
+    )
     assert report["rebuilt"]["steps_to_rerun"] == ["charge"]
     [charge] = report["rebuilt"]["effects_after_checkpoint"]
     assert charge["idempotency_key"] == "order-9-charge" and charge["status"] == "committed"
     assert charge["on_redrive"].startswith("replays")
     assert report["history"]["ok"] and report["checkpoint"]["ok"] and report["versions"]["runnable"]
-    assert [(r["idempotency_key"], r["outcome"]) for r in report["reconciliation"]] == [("order-9-charge", "committed")]
+    assert [(r["idempotency_key"], r["outcome"]) for r in report["reconciliation"]] == [
+        ("order-9-charge", "committed")
+    ]
     why = job["why"]
     assert "1 reconciled" in why and "checkpoint 1" in why and "same idempotency keys" in why
     assert f"fencing token {run['token']} is refused" in why
@@ -124,31 +153,54 @@ def test_an_orphan_is_redriven_from_its_checkpoint_with_the_reason_it_is_safe(wo
     assert HistoryEvent.objects.filter(run_id=run["id"], kind="recovery_report").exists()
 
 
-def test_the_dead_workers_token_is_refused_and_the_redrive_duplicates_nothing(worker, world,
-                                                                              django_capture_on_commit_callbacks):
+def test_the_dead_workers_token_is_refused_and_the_redrive_duplicates_nothing(
+    worker, world, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world)
     recover_now(run["id"], django_capture_on_commit_callbacks)
-    zombie = declare(worker, run["id"], run["token"], key="order-9-notify", tool="inventory", action="reserve")
+    zombie = declare(
+        worker, run["id"], run["token"], key="order-9-notify", tool="inventory", action="reserve"
+    )
     assert zombie.status_code == 409 and zombie.json()["reason"] == "lease_lost"
     beat = worker.post(f"/leases/{run['lease']['id']}/heartbeat", {"fencing_token": run["token"]})
     assert beat.status_code == 409 and beat.json()["error"] == "lease_lost"
 
-    again = worker.post(f"/runs/{run['id']}/claim", {"worker": "worker-8", "versions": VERSIONS}).json()
+    again = worker.post(
+        f"/runs/{run['id']}/claim", {"worker": "worker-8", "versions": VERSIONS}
+    ).json()
     token = again["lease"]["fencing_token"]
-    assert token == run["token"] + 1 and again["checkpoint"]["seq"] == 1 and again["attempt"]["number"] == 2
+    assert (
+        token == run["token"] + 1
+        and again["checkpoint"]["seq"] == 1
+        and again["attempt"]["number"] == 2
+    )
     replay = declare(worker, run["id"], token, key="order-9-charge")
-    assert replay.status_code == 200 and replay.json()["decision"] == "replayed" and replay.json()["external_ref"] == "ch_1"
-    done = worker.post(f"/runs/{run['id']}/finish", {"fencing_token": token, "outcome": "succeeded"})
+    assert (
+        replay.status_code == 200
+        and replay.json()["decision"] == "replayed"
+        and replay.json()["external_ref"] == "ch_1"
+    )
+    done = worker.post(
+        f"/runs/{run['id']}/finish", {"fencing_token": token, "outcome": "succeeded"}
+    )
     assert done.json()["state"] == "succeeded"
-    assert Effect.objects.filter(run_id=run["id"], idempotency_key="order-9-charge", decision="authorized").count() == 1
+    assert (
+        Effect.objects.filter(
+            run_id=run["id"], idempotency_key="order-9-charge", decision="authorized"
+        ).count()
+        == 1
+    )
 
 
-def test_a_charge_the_world_never_saw_is_reconciled_failed_and_runs_again(worker, world,
-                                                                          django_capture_on_commit_callbacks):
+def test_a_charge_the_world_never_saw_is_reconciled_failed_and_runs_again(
+    worker, world, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world, charge_reached_world=False)
     job = recover_now(run["id"], django_capture_on_commit_callbacks).receipt["job"]
     assert job["action"] == "redrive"
-    assert job["report"]["rebuilt"]["effects_after_checkpoint"][0]["on_redrive"].startswith("runs again")
+    assert job["report"]["rebuilt"]["effects_after_checkpoint"][0]["on_redrive"].startswith(
+        "runs again"
+    )
     assert Effect.objects.get(run_id=run["id"], idempotency_key="order-9-charge").status == "failed"
 
 
@@ -158,46 +210,73 @@ def test_tampered_history_escalates_to_a_human(worker, world, django_capture_on_
     with connection.cursor() as cur:
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no pending FK checks may block the ALTER
         cur.execute("ALTER TABLE runs_historyevent DISABLE TRIGGER USER")
-        cur.execute("UPDATE runs_historyevent SET data = %s WHERE id = %s", ['{"effect": "forged"}', victim.pk])
+        cur.execute(
+            "UPDATE runs_historyevent SET data = %s WHERE id = %s",
+            ['{"effect": "forged"}', victim.pk],
+        )
         cur.execute("ALTER TABLE runs_historyevent ENABLE TRIGGER USER")
         cur.execute("SET CONSTRAINTS ALL DEFERRED")
     intervention = recover_now(run["id"], django_capture_on_commit_callbacks)
     job = intervention.receipt["job"]
     assert job["action"] == "escalate" and job["state"] == "paused"
     assert f"history chain broken at seq {victim.seq} (edited)" in job["why"]
-    assert job["report"]["history"] == {"ok": False, "first_broken_seq": victim.seq, "problem": "edited"}
+    assert job["report"]["history"] == {
+        "ok": False,
+        "first_broken_seq": victim.seq,
+        "problem": "edited",
+    }
     assert Run.objects.get(pk=run["id"]).state == "paused"
     assert AuditEvent.objects.filter(run_id=run["id"], action="run.recovery_escalate").exists()
 
 
-def test_an_effect_the_world_cannot_answer_for_escalates(worker, world, django_capture_on_commit_callbacks):
+def test_an_effect_the_world_cannot_answer_for_escalates(
+    worker, world, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world)
     world.answer_unknown = True
     job = recover_now(run["id"], django_capture_on_commit_callbacks).receipt["job"]
-    assert job["action"] == "escalate" and "still of unknown outcome" in job["why"] and "order-9-charge" in job["why"]
+    assert (
+        job["action"] == "escalate"
+        and "still of unknown outcome" in job["why"]
+        and "order-9-charge" in job["why"]
+    )
     assert [e["idempotency_key"] for e in job["report"]["unresolved_after"]] == ["order-9-charge"]
-    assert Effect.objects.get(run_id=run["id"], idempotency_key="order-9-charge").status == "in_flight"
+    assert (
+        Effect.objects.get(run_id=run["id"], idempotency_key="order-9-charge").status == "in_flight"
+    )
     assert Run.objects.get(pk=run["id"]).state == "paused"
 
 
 def test_versions_no_worker_runs_escalate(worker, world, django_capture_on_commit_callbacks):
     run = orphaned_run(worker, world)
-    Agent.objects.filter(name="purchasing").update(current_versions={**VERSIONS, "tools": {"payments": "4.0"}})
+    Agent.objects.filter(name="purchasing").update(
+        current_versions={**VERSIONS, "tools": {"payments": "4.0"}}
+    )
     job = recover_now(run["id"], django_capture_on_commit_callbacks).receipt["job"]
     assert job["action"] == "escalate" and job["why"].startswith("versions not runnable")
-    assert job["report"]["versions"]["differences"] == [{"key": "tools.payments", "then": "3.1", "now": "4.0"}]
+    assert job["report"]["versions"]["differences"] == [
+        {"key": "tools.payments", "then": "3.1", "now": "4.0"}
+    ]
 
 
-def test_unreported_versions_are_unknown_and_not_runnable(worker, world, django_capture_on_commit_callbacks):
+def test_unreported_versions_are_unknown_and_not_runnable(
+    worker, world, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world, versions={})
     job = recover_now(run["id"], django_capture_on_commit_callbacks).receipt["job"]
     assert job["action"] == "escalate" and job["report"]["versions"]["unknown"] is True
 
 
-def test_an_operator_may_recover_preferring_compensation(worker, world, as_user, django_capture_on_commit_callbacks):
+def test_an_operator_may_recover_preferring_compensation(
+    worker, world, as_user, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world)
     assert expire_leases(actor=system_actor("test")) == [run["id"]]
-    body = {"kind": "recover", "reason": "customer cancelled meanwhile", "options": {"prefer": "compensate"}}
+    body = {
+        "kind": "recover",
+        "reason": "customer cancelled meanwhile",
+        "options": {"prefer": "compensate"},
+    }
     assert as_user("vera").post(f"/runs/{run['id']}/interventions", body).status_code == 403
     with django_capture_on_commit_callbacks(execute=False):
         resp = as_user("otto").post(f"/runs/{run['id']}/interventions", body)
@@ -206,10 +285,16 @@ def test_an_operator_may_recover_preferring_compensation(worker, world, as_user,
         run_recovery(resp.json()["id"])
     assert len(jobs(callbacks)) == 1  # the compensation plan's job
     intervention = Intervention.objects.get(pk=resp.json()["id"])
-    assert intervention.receipt["job"]["action"] == "compensate" and Run.objects.get(pk=run["id"]).state == "compensating"
+    assert (
+        intervention.receipt["job"]["action"] == "compensate"
+        and Run.objects.get(pk=run["id"]).state == "compensating"
+    )
     plan = CompensationPlan.objects.get(run_id=run["id"])
     assert plan.intervention_id == intervention.pk
-    assert [s.effect.idempotency_key for s in plan.steps.order_by("position")] == ["order-9-charge", "order-9-reserve"]
+    assert [s.effect.idempotency_key for s in plan.steps.order_by("position")] == [
+        "order-9-charge",
+        "order-9-reserve",
+    ]
     assert run_compensation_plan(str(plan.pk))["status"] == "completed"
     assert world.compensated == ["compensate:order-9-charge", "compensate:order-9-reserve"]
     intervention.refresh_from_db()
@@ -218,21 +303,31 @@ def test_an_operator_may_recover_preferring_compensation(worker, world, as_user,
     assert Run.objects.get(pk=run["id"]).state == "compensated"
 
 
-def test_recovery_runs_once_however_often_it_is_delivered(worker, world, django_capture_on_commit_callbacks):
+def test_recovery_runs_once_however_often_it_is_delivered(
+    worker, world, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world)
     intervention = recover_now(run["id"], django_capture_on_commit_callbacks)
     assert run_recovery(str(intervention.pk)) == {"skipped": "already concluded"}
-    assert on_orphaned(run["id"]) is None  # the run moved on: a second scan cannot start another recovery
+    assert (
+        on_orphaned(run["id"]) is None
+    )  # the run moved on: a second scan cannot start another recovery
     assert Intervention.objects.filter(run_id=run["id"], kind="recover").count() == 1
     assert AuditEvent.objects.filter(run_id=run["id"], action="recovery.decided").count() == 1
     assert world.asked == ["order-9-charge"]
 
 
-def test_the_sweep_starts_forgotten_recoveries_and_requeues_lost_jobs(worker, world, monkeypatch,
-                                                                     django_capture_on_commit_callbacks):
+def test_the_sweep_starts_forgotten_recoveries_and_requeues_lost_jobs(
+    worker, world, monkeypatch, django_capture_on_commit_callbacks
+):
     run = orphaned_run(worker, world)
-    assert expire_leases(actor=system_actor("test")) == [run["id"]]  # orphaned, but on_orphaned never ran
-    assert sweep_recoveries() == {"started": [], "requeued": []}  # within the grace period: leave it
+    assert expire_leases(actor=system_actor("test")) == [
+        run["id"]
+    ]  # orphaned, but on_orphaned never ran
+    assert sweep_recoveries() == {
+        "started": [],
+        "requeued": [],
+    }  # within the grace period: leave it
     long_ago = timezone.now() - timedelta(minutes=5)
     Run.objects.filter(pk=run["id"]).update(state_changed_at=long_ago)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
@@ -240,7 +335,9 @@ def test_the_sweep_starts_forgotten_recoveries_and_requeues_lost_jobs(worker, wo
     assert len(jobs(callbacks)) == 1 and Run.objects.get(pk=run["id"]).state == "recovering"
 
     intervention = Intervention.objects.get(run_id=run["id"], kind="recover")
-    Intervention.objects.filter(pk=intervention.pk).update(created_at=long_ago)  # its message was lost
+    Intervention.objects.filter(pk=intervention.pk).update(
+        created_at=long_ago
+    )  # its message was lost
     requeued = []
     monkeypatch.setattr(run_recovery, "delay", requeued.append)
     assert sweep_recoveries() == {"started": [], "requeued": [str(intervention.pk)]}

@@ -6,6 +6,7 @@ small pool of idempotency keys and arguments, lease expiry, and operator events 
 they are ``DomainError``s -- anything else fails the test. After every step the invariants of the
 issue are checked against the database, not against the machine's own bookkeeping.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -16,27 +17,56 @@ from django.db import connection, transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from audit.actors import Actor, system_actor
 from audit.models import AuditEvent
 from audit.services import verify_chain
+from core.actors import Actor, system_actor
+from core.errors import Conflict, DomainError
 from runs import services
-from runs.errors import Conflict, DomainError
 from runs.models import Agent, Attempt, Effect, ExecutionLease, HistoryEvent, Run
 from runs.services.common import apply_transition, lock_run, verify_history
 from runs.states import LEASED_STATES, TRANSITIONS, Event, State, directive_for, transition
 
-WORKERS = {name: Actor(kind="worker", name=name, role="worker", component="test") for name in ("w-a", "w-b")}
+WORKERS = {
+    name: Actor(kind="worker", name=name, role="worker", component="test")
+    for name in ("w-a", "w-b")
+}
 SYSTEM = system_actor("test")
 KEYS = ["charge-1", "charge-2", "reserve-1"]
-TOOLS = [("payments", "charge"), ("inventory", "reserve"), ("shipping", "create_label")]  # shipping: no grant
+TOOLS = [
+    ("payments", "charge"),
+    ("inventory", "reserve"),
+    ("shipping", "create_label"),
+]  # shipping: no grant
 # Operator interventions and job outcomes; worker-protocol facts (claim, finish, lease expiry, ...)
 # only ever happen through their services.
-OPERATOR_EVENTS = [Event.PAUSE, Event.RESUME, Event.CANCEL, Event.RETRY, Event.COMPENSATE, Event.RECOVER,
-                   Event.APPROVE, Event.REJECT, Event.APPROVAL_TIMED_OUT, Event.CLOSE, Event.REVALIDATION_PASSED,
-                   Event.REVALIDATION_BLOCKED, Event.RECOVERY_REDRIVE, Event.RECOVERY_ESCALATE,
-                   Event.RECOVERY_COMPENSATE, Event.COMPENSATION_COMPLETED, Event.COMPENSATION_FAILED]
+OPERATOR_EVENTS = [
+    Event.PAUSE,
+    Event.RESUME,
+    Event.CANCEL,
+    Event.RETRY,
+    Event.COMPENSATE,
+    Event.RECOVER,
+    Event.APPROVE,
+    Event.REJECT,
+    Event.APPROVAL_TIMED_OUT,
+    Event.CLOSE,
+    Event.REVALIDATION_PASSED,
+    Event.REVALIDATION_BLOCKED,
+    Event.RECOVERY_REDRIVE,
+    Event.RECOVERY_ESCALATE,
+    Event.RECOVERY_COMPENSATE,
+    Event.COMPENSATION_COMPLETED,
+    Event.COMPENSATION_FAILED,
+]
 
 run_index = st.integers(min_value=0, max_value=1)
 # "holder": whoever holds the run's lease now, with the current token; w-a / w-b: that worker with the
@@ -54,7 +84,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         _truncate()
-        Agent.objects.get_or_create(name="purchasing", defaults={"allowed_scopes": ["payments:*", "inventory:*", "shipping:*"]})
+        Agent.objects.get_or_create(
+            name="purchasing",
+            defaults={"allowed_scopes": ["payments:*", "inventory:*", "shipping:*"]},
+        )
         self.runs: list = []
         self.leases: dict[tuple, tuple] = {}  # (run pk, worker) -> (lease id, fencing token)
         self.effects: list[tuple] = []  # (run pk, effect pk)
@@ -70,11 +103,15 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _as(self, run_pk, who: str) -> tuple[Actor, object, int]:
         """(actor, lease id or None, fencing token) for a caller."""
         if who == "holder":
-            live = ExecutionLease.objects.filter(run_id=run_pk, status=ExecutionLease.ACTIVE).first()
+            live = ExecutionLease.objects.filter(
+                run_id=run_pk, status=ExecutionLease.ACTIVE
+            ).first()
             if live is not None:
                 return WORKERS[live.worker], live.pk, live.fencing_token
             who = "w-a"
-        lease_id, token = self.leases.get((run_pk, who), (None, Run.objects.get(pk=run_pk).fencing_token))
+        lease_id, token = self.leases.get(
+            (run_pk, who), (None, Run.objects.get(pk=run_pk).fencing_token)
+        )
         return WORKERS[who], lease_id, token
 
     # --- rules ----------------------------------------------------------------------------------
@@ -86,9 +123,15 @@ class ProtocolMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.runs) < 2)
     @rule()
     def create_run(self):
-        run = services.create_run(actor=WORKERS["w-a"], agent="purchasing", goal="property",
-                                  authority=[{"scope": "payments:charge", "ttl_s": 3600},
-                                             {"scope": "inventory:*", "ttl_s": 3600}])
+        run = services.create_run(
+            actor=WORKERS["w-a"],
+            agent="purchasing",
+            goal="property",
+            authority=[
+                {"scope": "payments:charge", "ttl_s": 3600},
+                {"scope": "inventory:*", "ttl_s": 3600},
+            ],
+        )
         self.runs.append(run.pk)
 
     @rule(i=run_index, worker=st.sampled_from(sorted(WORKERS)))
@@ -116,15 +159,28 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         assert beat.directive == directive_for(self._state(run_pk))
 
-    @rule(i=run_index, who=caller, key=st.sampled_from(KEYS), amount=st.sampled_from([1, 2]),
-          tool=st.sampled_from(TOOLS))
+    @rule(
+        i=run_index,
+        who=caller,
+        key=st.sampled_from(KEYS),
+        amount=st.sampled_from([1, 2]),
+        tool=st.sampled_from(TOOLS),
+    )
     def declare(self, i, who, key, amount, tool):
         run_pk = self._run(i)
         before = self._state(run_pk)
         actor, _, token = self._as(run_pk, who)
         try:
-            result = services.declare_effect(actor=actor, run_id=run_pk, fencing_token=token, step="s",
-                                             tool=tool[0], action=tool[1], idempotency_key=key, args={"amount": amount})
+            result = services.declare_effect(
+                actor=actor,
+                run_id=run_pk,
+                fencing_token=token,
+                step="s",
+                tool=tool[0],
+                action=tool[1],
+                idempotency_key=key,
+                args={"amount": amount},
+            )
         except DomainError as err:
             assert err.code in ("effect_unresolved", "idempotency_key_reused")
             return
@@ -134,27 +190,39 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.effects.append((run_pk, result.effect.pk))
 
     @precondition(lambda self: self.effects)
-    @rule(n=st.integers(min_value=0, max_value=50), who=caller, status=st.sampled_from(["committed", "failed", "unknown"]))
+    @rule(
+        n=st.integers(min_value=0, max_value=50),
+        who=caller,
+        status=st.sampled_from(["committed", "failed", "unknown"]),
+    )
     def outcome(self, n, who, status):
         run_pk, effect_pk = self.effects[n % len(self.effects)]
         actor, _, token = self._as(run_pk, who)
         run = Run.objects.get(pk=run_pk)
         previous = Effect.objects.get(pk=effect_pk).status
         try:
-            effect = services.record_outcome(actor=actor, effect_id=effect_pk, fencing_token=token, status=status)
+            effect = services.record_outcome(
+                actor=actor, effect_id=effect_pk, fencing_token=token, status=status
+            )
         except Conflict:  # already committed/failed with another status: facts are not rewritten
             assert previous in ("committed", "failed") and previous != status
             return
         assert effect.status == status  # always accepted...
-        if previous in Effect.UNRESOLVED and (token != run.fencing_token or run.state not in LEASED_STATES):
-            assert effect.stale_lease  # ...but flagged when it comes from a fenced-out or finished lease
+        if previous in Effect.UNRESOLVED and (
+            token != run.fencing_token or run.state not in LEASED_STATES
+        ):
+            assert (
+                effect.stale_lease
+            )  # ...but flagged when it comes from a fenced-out or finished lease
 
     @rule(i=run_index, who=caller)
     def checkpoint(self, i, who):
         run_pk = self._run(i)
         actor, _, token = self._as(run_pk, who)
         try:
-            services.write_checkpoint(actor=actor, run_id=run_pk, fencing_token=token, step="s", state={"by": actor.name})
+            services.write_checkpoint(
+                actor=actor, run_id=run_pk, fencing_token=token, step="s", state={"by": actor.name}
+            )
         except DomainError as err:
             assert err.code == "lease_lost"
 
@@ -163,8 +231,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         run_pk = self._run(i)
         actor, _, token = self._as(run_pk, who)
         try:
-            services.finish_attempt(actor=actor, run_id=run_pk, fencing_token=token,
-                                    outcome="succeeded" if succeeded else "failed", failure_class="test")
+            services.finish_attempt(
+                actor=actor,
+                run_id=run_pk,
+                fencing_token=token,
+                outcome="succeeded" if succeeded else "failed",
+                failure_class="test",
+            )
         except DomainError as err:
             assert err.code in ("lease_lost", "effects_unresolved", "conflict")
 
@@ -173,7 +246,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         run_pk = self._run(i)
         actor, _, token = self._as(run_pk, who)
         try:
-            services.request_approval(actor=actor, run_id=run_pk, fencing_token=token, tool="payments", action="charge")
+            services.request_approval(
+                actor=actor, run_id=run_pk, fencing_token=token, tool="payments", action="charge"
+            )
         except DomainError as err:
             assert err.code in ("lease_lost", "conflict")
 
@@ -192,12 +267,19 @@ class ProtocolMachine(RuleBasedStateMachine):
     def expire_lease(self, i):
         run_pk = self._run(i)
         ExecutionLease.objects.filter(run_id=run_pk, status=ExecutionLease.ACTIVE).update(
-            expires_at=timezone.now() - timedelta(seconds=1))
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
         services.expire_leases(actor=SYSTEM)
-        assert not ExecutionLease.objects.filter(run_id=run_pk, status=ExecutionLease.ACTIVE).exists()
+        assert not ExecutionLease.objects.filter(
+            run_id=run_pk, status=ExecutionLease.ACTIVE
+        ).exists()
 
-    @rule(i=run_index, event=st.sampled_from(OPERATOR_EVENTS), any_event=st.booleans(),
-          pick=st.integers(min_value=0, max_value=20))
+    @rule(
+        i=run_index,
+        event=st.sampled_from(OPERATOR_EVENTS),
+        any_event=st.booleans(),
+        pick=st.integers(min_value=0, max_value=20),
+    )
     def operator(self, i, event, any_event, pick):
         """An operator move: either one the table allows from the current state (drives runs around
         the graph), or any event at all, refused with Conflict exactly when the table has no edge."""
@@ -222,18 +304,31 @@ class ProtocolMachine(RuleBasedStateMachine):
     def run_invariants_hold(self):
         runs = {r.pk: r for r in Run.objects.filter(pk__in=self.runs)}
         leases, attempts, keys = defaultdict(list), Counter(), defaultdict(list)
-        for run_id, status, token in ExecutionLease.objects.filter(run_id__in=self.runs).values_list("run_id", "status", "fencing_token"):
+        for run_id, status, token in ExecutionLease.objects.filter(
+            run_id__in=self.runs
+        ).values_list("run_id", "status", "fencing_token"):
             leases[run_id].append((status, token))
         for run_id in Attempt.objects.filter(run_id__in=self.runs).values_list("run_id", flat=True):
             attempts[run_id] += 1
-        for run_id, key in Effect.objects.filter(run_id__in=self.runs, decision="authorized").values_list("run_id", "idempotency_key"):
+        for run_id, key in Effect.objects.filter(
+            run_id__in=self.runs, decision="authorized"
+        ).values_list("run_id", "idempotency_key"):
             keys[run_id].append(key)
         changes = defaultdict(list)
-        for run_id, data in HistoryEvent.objects.filter(run_id__in=self.runs, kind="state_changed").order_by("seq").values_list("run_id", "data"):
+        for run_id, data in (
+            HistoryEvent.objects.filter(run_id__in=self.runs, kind="state_changed")
+            .order_by("seq")
+            .values_list("run_id", "data")
+        ):
             changes[run_id].append(data)
         audited = defaultdict(list)
-        for run_id, ctx in AuditEvent.objects.filter(run_id__in=self.runs, object_type="run",
-                                                     context__has_key="from_state").order_by("seq").values_list("run_id", "context"):
+        for run_id, ctx in (
+            AuditEvent.objects.filter(
+                run_id__in=self.runs, object_type="run", context__has_key="from_state"
+            )
+            .order_by("seq")
+            .values_list("run_id", "context")
+        ):
             audited[run_id].append((ctx["from_state"], ctx["to_state"], ctx["event"]))
 
         for run_pk, run in runs.items():
@@ -283,15 +378,27 @@ def test_random_protocol_sequences_keep_the_run_invariants(postgres_only):
         ProtocolMachine,
         # derandomize: the same sequences on every run and machine (a deterministic suite); no
         # example database written into the checkout.
-        settings=settings(max_examples=30, stateful_step_count=25, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]),
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=25,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
     )
     _truncate()
 
 
 def test_operator_events_are_not_protocol_facts():
     """The machine drives protocol facts only through their services; the rest of the table is operator moves."""
-    protocol = {Event.CLAIM, Event.REQUEST_APPROVAL, Event.FINISH_SUCCEEDED, Event.FINISH_FAILED,
-                Event.WORKER_STOPPED, Event.LEASE_EXPIRED}
+    protocol = {
+        Event.CLAIM,
+        Event.REQUEST_APPROVAL,
+        Event.FINISH_SUCCEEDED,
+        Event.FINISH_FAILED,
+        Event.WORKER_STOPPED,
+        Event.LEASE_EXPIRED,
+    }
     assert set(OPERATOR_EVENTS) | protocol == set(Event)
     assert not set(OPERATOR_EVENTS) & protocol

@@ -4,20 +4,22 @@ Each compare-and-swap in the protocol (claim, declare, the audit chain head) get
 threads call the services directly, the way the API edge does; each closes its connection at the end
 so the pool gets it back and the test database can be flushed.
 """
+
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import connection
 
-from audit.actors import Actor, system_actor
 from audit.models import AuditEvent
 from audit.services import record_audit, verify_chain
+from core.actors import Actor, system_actor
+from core.errors import DomainError
 from runs import services
-from runs.errors import DomainError
 from runs.models import Agent, Attempt, Effect, ExecutionLease, Run
 from runs.services.common import verify_history
 
@@ -35,7 +37,7 @@ def run_together(n: int, work: Callable[[int], Any]) -> list[tuple[str, Any]]:
         try:
             barrier.wait(timeout=30)
             results[i] = ("ok", work(i))
-        except BaseException as exc:  # noqa: BLE001 -- everything is reported to the asserting thread
+        except BaseException as exc:
             results[i] = ("err", exc)
         finally:
             connection.close()
@@ -50,19 +52,31 @@ def run_together(n: int, work: Callable[[int], Any]) -> list[tuple[str, Any]]:
 
 
 def _queued_run() -> Run:
-    Agent.objects.get_or_create(name="purchasing", defaults={"allowed_scopes": ["payments:charge", "inventory:*"]})
-    return services.create_run(actor=WORKER, agent="purchasing", goal="race",
-                               authority=[{"scope": "payments:charge", "ttl_s": 3600}])
+    Agent.objects.get_or_create(
+        name="purchasing", defaults={"allowed_scopes": ["payments:charge", "inventory:*"]}
+    )
+    return services.create_run(
+        actor=WORKER,
+        agent="purchasing",
+        goal="race",
+        authority=[{"scope": "payments:charge", "ttl_s": 3600}],
+    )
 
 
 def _codes(results) -> Counter:
-    return Counter(value.code if kind == "err" and isinstance(value, DomainError) else
-                   (kind if kind == "ok" else f"unexpected:{value!r}") for kind, value in results)
+    return Counter(
+        value.code
+        if kind == "err" and isinstance(value, DomainError)
+        else (kind if kind == "ok" else f"unexpected:{value!r}")
+        for kind, value in results
+    )
 
 
 def test_fifty_concurrent_claimers_get_exactly_one_lease():
     run = _queued_run()
-    results = run_together(50, lambda i: services.claim_run(actor=WORKER, run_id=run.pk, worker=f"w-{i}"))
+    results = run_together(
+        50, lambda i: services.claim_run(actor=WORKER, run_id=run.pk, worker=f"w-{i}")
+    )
     codes = _codes(results)
     assert codes["ok"] == 1, codes
     assert codes["lease_held"] + codes["not_claimable"] == 49, codes
@@ -74,8 +88,12 @@ def test_fifty_concurrent_claimers_get_exactly_one_lease():
     winner = next(v for k, v in results if k == "ok")
     assert winner.lease.fencing_token == 1 and run.current_attempt_id == winner.attempt.pk
     # every loser was audited as denied; the winner's transition once
-    assert AuditEvent.objects.filter(run_id=run.pk, action="run.claim", outcome="denied").count() == 49
-    assert AuditEvent.objects.filter(run_id=run.pk, action="run.claim", outcome="allowed").count() == 1
+    assert (
+        AuditEvent.objects.filter(run_id=run.pk, action="run.claim", outcome="denied").count() == 49
+    )
+    assert (
+        AuditEvent.objects.filter(run_id=run.pk, action="run.claim", outcome="allowed").count() == 1
+    )
     assert verify_history(run)["ok"] and verify_chain().ok
 
 
@@ -84,9 +102,16 @@ def test_fifty_concurrent_declarations_of_one_key_make_exactly_one_effect():
     token = services.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
 
     def declare(i: int):
-        return services.declare_effect(actor=WORKER, run_id=run.pk, fencing_token=token, step="charge",
-                                       tool="payments", action="charge", idempotency_key="order-42-charge",
-                                       args={"amount": 100, "currency": "EUR"})
+        return services.declare_effect(
+            actor=WORKER,
+            run_id=run.pk,
+            fencing_token=token,
+            step="charge",
+            tool="payments",
+            action="charge",
+            idempotency_key="order-42-charge",
+            args={"amount": 100, "currency": "EUR"},
+        )
 
     results = run_together(50, declare)
     oks = [v for k, v in results if k == "ok"]
@@ -94,7 +119,12 @@ def test_fifty_concurrent_declarations_of_one_key_make_exactly_one_effect():
     assert [d.decision for d in oks] == ["authorized"], codes
     # the other 49 were told not to dispatch: the first is still in flight
     assert codes["effect_unresolved"] == 49, codes
-    assert Effect.objects.filter(run=run, idempotency_key="order-42-charge", decision="authorized").count() == 1
+    assert (
+        Effect.objects.filter(
+            run=run, idempotency_key="order-42-charge", decision="authorized"
+        ).count()
+        == 1
+    )
     assert not Effect.objects.filter(run=run, decision="denied").exists()
     run.refresh_from_db()
     assert verify_history(run)["ok"] and verify_chain().ok
@@ -103,13 +133,29 @@ def test_fifty_concurrent_declarations_of_one_key_make_exactly_one_effect():
 def test_fifty_concurrent_declarations_after_the_outcome_all_replay_the_same_effect():
     run = _queued_run()
     token = services.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
-    kwargs = dict(actor=WORKER, run_id=run.pk, fencing_token=token, step="charge", tool="payments",
-                  action="charge", idempotency_key="k", args={"amount": 1})
+    kwargs = dict(
+        actor=WORKER,
+        run_id=run.pk,
+        fencing_token=token,
+        step="charge",
+        tool="payments",
+        action="charge",
+        idempotency_key="k",
+        args={"amount": 1},
+    )
     first = services.declare_effect(**kwargs).effect
-    services.record_outcome(actor=WORKER, effect_id=first.pk, fencing_token=token, status="committed", external_ref="ch_1")
+    services.record_outcome(
+        actor=WORKER,
+        effect_id=first.pk,
+        fencing_token=token,
+        status="committed",
+        external_ref="ch_1",
+    )
     results = run_together(50, lambda i: services.declare_effect(**kwargs))
     assert _codes(results) == Counter(ok=50)
-    assert {(v.decision, v.effect.pk, v.effect.external_ref) for _, v in results} == {("replayed", first.pk, "ch_1")}
+    assert {(v.decision, v.effect.pk, v.effect.external_ref) for _, v in results} == {
+        ("replayed", first.pk, "ch_1")
+    }
     assert Effect.objects.filter(run=run).count() == 1
 
 
@@ -118,8 +164,16 @@ def test_sixteen_concurrent_audit_writers_never_fork_the_chain():
 
     def write(i: int) -> list[int]:
         actor = system_actor(f"writer-{i}")
-        return [record_audit(actor=actor, action="test.write", object_type="run", object_id=f"{i}-{j}",
-                             context={"writer": i, "n": j}).seq for j in range(per_writer)]
+        return [
+            record_audit(
+                actor=actor,
+                action="test.write",
+                object_type="run",
+                object_id=f"{i}-{j}",
+                context={"writer": i, "n": j},
+            ).seq
+            for j in range(per_writer)
+        ]
 
     results = run_together(writers, write)
     assert all(kind == "ok" for kind, _ in results), [v for k, v in results if k == "err"]
@@ -128,7 +182,9 @@ def test_sixteen_concurrent_audit_writers_never_fork_the_chain():
     assert seqs == list(range(1, total + 1))  # no gaps, no duplicates
     rows = list(AuditEvent.objects.order_by("seq").values_list("seq", "prev_hash", "hash"))
     assert [r[0] for r in rows] == list(range(1, total + 1))
-    assert all(rows[i][1] == rows[i - 1][2] for i in range(1, len(rows)))  # each links to the one before
+    assert all(
+        rows[i][1] == rows[i - 1][2] for i in range(1, len(rows))
+    )  # each links to the one before
     assert len({r[2] for r in rows}) == total  # no two rows claim the same position
     report = verify_chain()
     assert report.ok and report.checked == total and report.head_seq == total

@@ -3,18 +3,33 @@
 The table (runs/states.py) is the single source of truth: these tests are generated from it, so a
 new state or event is walked automatically.
 """
+
 from __future__ import annotations
 
 import pytest
 from django.db import transaction
 
-from audit.actors import system_actor
 from audit.models import AuditEvent
-from runs.errors import Conflict
+from core.actors import system_actor
+from core.errors import Conflict
 from runs.models import Approval, ExecutionLease, HistoryEvent, Run
 from runs.services.common import apply_transition, lock_run
-from runs.states import (DENIAL_BY_STATE, DIRECTIVES, EFFECT_STATES, FINISHED_STATES, LEASED_STATES, TERMINAL_STATES,
-                         TRANSITIONS, Event, State, allowed_events, as_table, denial_reason, directive_for, transition)
+from runs.states import (
+    DENIAL_BY_STATE,
+    DIRECTIVES,
+    EFFECT_STATES,
+    FINISHED_STATES,
+    LEASED_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Event,
+    State,
+    allowed_events,
+    as_table,
+    denial_reason,
+    directive_for,
+    transition,
+)
 from tests.conftest import claim, declare, start_run
 
 ALLOWED = [(s, e, t.target) for s, edges in TRANSITIONS.items() for e, t in edges.items()]
@@ -24,10 +39,15 @@ DIRECTIVE_WORDS = {"continue", "pause", "cancel", "wait", "stop"}
 
 # --- the table as data --------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("state", "event", "target"), ALLOWED, ids=[f"{s}-{e}" for s, e, _ in ALLOWED])
+
+@pytest.mark.parametrize(
+    ("state", "event", "target"), ALLOWED, ids=[f"{s}-{e}" for s, e, _ in ALLOWED]
+)
 def test_allowed_edge_leads_to_the_tables_target(state, event, target):
     assert transition(state, event).target == target
-    assert transition(state.value, event.value).target == target  # plain strings from the database work too
+    assert (
+        transition(state.value, event.value).target == target
+    )  # plain strings from the database work too
     assert event in allowed_events(state)
 
 
@@ -96,10 +116,13 @@ def test_state_sets_are_consistent_with_the_table():
 def test_as_table_lists_exactly_the_allowed_edges():
     rows = as_table()
     assert len(rows) == len(ALLOWED)
-    assert {(r["from"], r["event"], r["to"]) for r in rows} == {(s.value, e.value, t.value) for s, e, t in ALLOWED}
+    assert {(r["from"], r["event"], r["to"]) for r in rows} == {
+        (s.value, e.value, t.value) for s, e, t in ALLOWED
+    }
 
 
 # --- the services refuse forbidden transitions, with 409 and an audit row -------------------------
+
 
 def _force(run_id: str, *events: Event) -> None:
     """Move a run along the table the way an operator service would (interventions are built elsewhere)."""
@@ -124,8 +147,13 @@ def test_apply_transition_refuses_an_edge_not_in_the_table_and_changes_nothing(w
 def test_claim_on_a_succeeded_run_is_409_not_claimable_and_audited(worker):
     run = start_run(worker)
     c = claim(worker, run["id"])
-    assert worker.post(f"/runs/{run['id']}/finish", {"fencing_token": c["lease"]["fencing_token"],
-                                                      "outcome": "succeeded"}).json()["state"] == "succeeded"
+    assert (
+        worker.post(
+            f"/runs/{run['id']}/finish",
+            {"fencing_token": c["lease"]["fencing_token"], "outcome": "succeeded"},
+        ).json()["state"]
+        == "succeeded"
+    )
     resp = worker.post(f"/runs/{run['id']}/claim", {"worker": "worker-8"})
     assert resp.status_code == 409 and resp.json()["error"] == "not_claimable"
     denied = AuditEvent.objects.get(run_id=run["id"], action="run.claim", outcome="denied")
@@ -138,24 +166,35 @@ def test_finish_on_a_paused_run_is_409_lease_lost_and_audited(worker):
     run = start_run(worker)
     c = claim(worker, run["id"])
     _force(run["id"], Event.PAUSE)  # running -> pausing
-    rel = worker.post(f"/leases/{c['lease']['id']}/release", {"fencing_token": 1, "reason": "paused at boundary"})
+    rel = worker.post(
+        f"/leases/{c['lease']['id']}/release", {"fencing_token": 1, "reason": "paused at boundary"}
+    )
     assert rel.status_code == 200 and rel.json()["state"] == "paused"
     resp = worker.post(f"/runs/{run['id']}/finish", {"fencing_token": 1, "outcome": "succeeded"})
     assert resp.status_code == 409 and resp.json()["error"] in ("lease_lost", "conflict")
     assert Run.objects.get(pk=run["id"]).state == "paused"
-    assert AuditEvent.objects.filter(run_id=run["id"], action="run.finish", outcome="denied").count() == 1
+    assert (
+        AuditEvent.objects.filter(run_id=run["id"], action="run.finish", outcome="denied").count()
+        == 1
+    )
 
 
 @pytest.mark.django_db
 def test_second_approval_request_while_awaiting_approval_is_409_and_leaves_no_trace(worker):
     run = start_run(worker)
     claim(worker, run["id"])
-    first = worker.post(f"/runs/{run['id']}/approvals", {"fencing_token": 1, "tool": "payments", "action": "charge"})
+    first = worker.post(
+        f"/runs/{run['id']}/approvals", {"fencing_token": 1, "tool": "payments", "action": "charge"}
+    )
     assert first.status_code == 201
     history = HistoryEvent.objects.filter(run_id=run["id"]).count()
-    again = worker.post(f"/runs/{run['id']}/approvals", {"fencing_token": 1, "tool": "payments", "action": "charge"})
+    again = worker.post(
+        f"/runs/{run['id']}/approvals", {"fencing_token": 1, "tool": "payments", "action": "charge"}
+    )
     assert again.status_code == 409 and again.json()["error"] == "conflict"
-    assert again.json()["state"] == "awaiting_approval" and again.json()["event"] == "request_approval"
+    assert (
+        again.json()["state"] == "awaiting_approval" and again.json()["event"] == "request_approval"
+    )
     # the refused decision rolled back whole: no second approval row, no history appended
     assert Approval.objects.filter(run_id=run["id"]).count() == 1
     assert HistoryEvent.objects.filter(run_id=run["id"]).count() == history
@@ -177,11 +216,19 @@ def test_release_outside_pause_or_cancel_ends_the_lease_without_a_transition(wor
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("stopping", [Event.PAUSE, Event.CANCEL])
-def test_declaration_after_pause_or_cancel_commits_is_denied_with_the_states_reason(worker, stopping):
+def test_declaration_after_pause_or_cancel_commits_is_denied_with_the_states_reason(
+    worker, stopping
+):
     run = start_run(worker)
     claim(worker, run["id"])
     _force(run["id"], stopping)
     resp = declare(worker, run["id"], 1)
     expected = {Event.PAUSE: "run_paused", Event.CANCEL: "run_cancelled"}[stopping]
-    assert resp.status_code == 409 and resp.json()["decision"] == "denied" and resp.json()["reason"] == expected
-    assert AuditEvent.objects.filter(run_id=run["id"], action="effect.declare", outcome="denied", reason=expected).exists()
+    assert (
+        resp.status_code == 409
+        and resp.json()["decision"] == "denied"
+        and resp.json()["reason"] == expected
+    )
+    assert AuditEvent.objects.filter(
+        run_id=run["id"], action="effect.declare", outcome="denied", reason=expected
+    ).exists()

@@ -86,17 +86,37 @@ class FakeServer:
     def default(self, req: Req) -> tuple[int, Any]:
         m, p, b = req.method, req.path, req.body or {}
         if m == "POST" and re.fullmatch(r"/runs/[^/]+/claim", p):
-            return 200, {"attempt": {"id": "a1", "number": 1},
-                         "lease": {"id": LEASE, "fencing_token": TOKEN, "expires_at": "2030-01-01T00:00:00Z",
-                                   "ttl_s": self.ttl_s},
-                         "checkpoint": self.checkpoint, "directive": "continue"}
+            return 200, {
+                "attempt": {"id": "a1", "number": 1},
+                "lease": {
+                    "id": LEASE,
+                    "fencing_token": TOKEN,
+                    "expires_at": "2030-01-01T00:00:00Z",
+                    "ttl_s": self.ttl_s,
+                },
+                "checkpoint": self.checkpoint,
+                "directive": "continue",
+            }
         if m == "POST" and re.fullmatch(r"/leases/[^/]+/heartbeat", p):
-            return 200, {"directive": "continue", "reason": "", "expires_at": "2030-01-01T00:00:00Z"}
+            return 200, {
+                "directive": "continue",
+                "reason": "",
+                "expires_at": "2030-01-01T00:00:00Z",
+            }
         if m == "POST" and re.fullmatch(r"/runs/[^/]+/effects", p):
-            return 201, {"id": f"e{next(self._ids)}", "decision": "authorized", "status": "in_flight",
-                         "idempotency_key": b.get("idempotency_key")}
+            return 201, {
+                "id": f"e{next(self._ids)}",
+                "decision": "authorized",
+                "status": "in_flight",
+                "idempotency_key": b.get("idempotency_key"),
+            }
         if m == "POST" and (mo := re.fullmatch(r"/effects/([^/]+)/outcome", p)):
-            return 200, {"id": mo.group(1), "status": b.get("status"), "late": False, "stale_lease": False}
+            return 200, {
+                "id": mo.group(1),
+                "status": b.get("status"),
+                "late": False,
+                "stale_lease": False,
+            }
         if m == "POST" and re.fullmatch(r"/runs/[^/]+/checkpoints", p):
             return 201, {"seq": next(self._seq), "step": b.get("step")}
         if m == "POST" and re.fullmatch(r"/runs/[^/]+/events", p):
@@ -125,8 +145,15 @@ def server() -> FakeServer:
 
 @pytest.fixture
 def client(server: FakeServer):
-    c = Client("http://cp.test", "tok-123", timeout=2.0, retries=3, backoff=0,
-               transport=httpx.MockTransport(server.handler), sleep=lambda s: None)
+    c = Client(
+        "http://cp.test",
+        "tok-123",
+        timeout=2.0,
+        retries=3,
+        backoff=0,
+        transport=httpx.MockTransport(server.handler),
+        sleep=lambda s: None,
+    )
     yield c
     c.close()
 

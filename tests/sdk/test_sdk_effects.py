@@ -7,8 +7,15 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from sdk.controlplane_sdk import (EffectAlreadyFailed, EffectDenied, EffectUnresolved, IdempotencyKeyReused,
-                                  LeaseLost, OutcomeNotRecorded, RunContext)
+from sdk.controlplane_sdk import (
+    EffectAlreadyFailed,
+    EffectDenied,
+    EffectUnresolved,
+    IdempotencyKeyReused,
+    LeaseLost,
+    OutcomeNotRecorded,
+    RunContext,
+)
 
 if TYPE_CHECKING:
     from tests.sdk.conftest import FakeServer
@@ -27,19 +34,42 @@ class WorldDown(Exception):
 
 def test_committed_with_external_ref(server: FakeServer, ctx: RunContext) -> None:
     world_calls = []
-    with ctx.effect("payments", "charge", key="order-42-charge", args={"amount": 42}, step="charge",
-                    compensate={"tool": "payments", "action": "refund"}) as fx:
+    with ctx.effect(
+        "payments",
+        "charge",
+        key="order-42-charge",
+        args={"amount": 42},
+        step="charge",
+        compensate={"tool": "payments", "action": "refund"},
+    ) as fx:
         assert (fx.decision, fx.replayed, fx.already_done) == ("authorized", False, False)
         world_calls.append(fx.idempotency_key)
         fx.committed(external_ref="ch_123", detail={"amount": 42})
     assert world_calls == ["order-42-charge"]
     (decl,) = server.bodies("POST", EFFECTS)
     assert decl["fencing_token"] == TOKEN and decl["idempotency_key"] == "order-42-charge"
-    assert decl["compensation"] == {"tool": "payments", "action": "refund"} and decl["irreversible"] is False
-    assert outcomes(server) == [(f"/effects/{fx.effect_id}/outcome", {
-        "fencing_token": TOKEN, "status": "committed", "external_ref": "ch_123", "detail": {"amount": 42}})]
+    assert (
+        decl["compensation"] == {"tool": "payments", "action": "refund"}
+        and decl["irreversible"] is False
+    )
+    assert outcomes(server) == [
+        (
+            f"/effects/{fx.effect_id}/outcome",
+            {
+                "fencing_token": TOKEN,
+                "status": "committed",
+                "external_ref": "ch_123",
+                "detail": {"amount": 42},
+            },
+        )
+    ]
     assert (fx.status, fx.external_ref, fx.result) == ("committed", "ch_123", {"amount": 42})
-    assert fx.outcome_response == {"id": fx.effect_id, "status": "committed", "late": False, "stale_lease": False}
+    assert fx.outcome_response == {
+        "id": fx.effect_id,
+        "status": "committed",
+        "late": False,
+        "stale_lease": False,
+    }
 
 
 def test_normal_exit_without_verdict_records_committed(server: FakeServer, ctx: RunContext) -> None:
@@ -66,9 +96,18 @@ def test_explicit_failed(server: FakeServer, ctx: RunContext) -> None:
     assert [b["status"] for _, b in outcomes(server)] == ["failed"]
 
 
-@pytest.mark.parametrize("exc", [httpx.ReadTimeout("read timed out"), httpx.ConnectError("reset"),
-                                 TimeoutError("deadline"), ConnectionResetError("peer reset")])
-def test_timeout_like_exception_records_unknown(server: FakeServer, ctx: RunContext, exc: Exception) -> None:
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.ReadTimeout("read timed out"),
+        httpx.ConnectError("reset"),
+        TimeoutError("deadline"),
+        ConnectionResetError("peer reset"),
+    ],
+)
+def test_timeout_like_exception_records_unknown(
+    server: FakeServer, ctx: RunContext, exc: Exception
+) -> None:
     with pytest.raises(type(exc)):
         with ctx.effect("payments", "charge", step="charge"):
             raise exc
@@ -94,7 +133,9 @@ def test_verdict_set_before_exception_wins(server: FakeServer, ctx: RunContext) 
 
 
 def test_denied_raises_before_the_body_runs(server: FakeServer, ctx: RunContext) -> None:
-    server.on("POST", EFFECTS, (409, {"error": "denied", "decision": "denied", "reason": "run_paused"}))
+    server.on(
+        "POST", EFFECTS, (409, {"error": "denied", "decision": "denied", "reason": "run_paused"})
+    )
     dispatched = []
     with pytest.raises(EffectDenied) as ei:
         with ctx.effect("payments", "charge", step="charge"):
@@ -104,7 +145,9 @@ def test_denied_raises_before_the_body_runs(server: FakeServer, ctx: RunContext)
 
 
 def test_denied_for_lease_lost_marks_the_context(server: FakeServer, ctx: RunContext) -> None:
-    server.on("POST", EFFECTS, (409, {"error": "denied", "decision": "denied", "reason": "lease_lost"}))
+    server.on(
+        "POST", EFFECTS, (409, {"error": "denied", "decision": "denied", "reason": "lease_lost"})
+    )
     with pytest.raises(EffectDenied):
         with ctx.effect("payments", "charge", step="charge"):
             pass
@@ -114,9 +157,21 @@ def test_denied_for_lease_lost_marks_the_context(server: FakeServer, ctx: RunCon
 
 
 def test_replayed_committed_skips_the_world(server: FakeServer, ctx: RunContext) -> None:
-    server.on("POST", EFFECTS, (200, {
-        "id": "e0", "decision": "replayed", "status": "committed", "idempotency_key": "order-42-charge",
-        "external_ref": "ch_123", "outcome_detail": {"amount": 42}}))
+    server.on(
+        "POST",
+        EFFECTS,
+        (
+            200,
+            {
+                "id": "e0",
+                "decision": "replayed",
+                "status": "committed",
+                "idempotency_key": "order-42-charge",
+                "external_ref": "ch_123",
+                "outcome_detail": {"amount": 42},
+            },
+        ),
+    )
     world_calls = []
     with ctx.effect("payments", "charge", key="order-42-charge", step="charge") as fx:
         if fx.already_done:
@@ -129,10 +184,16 @@ def test_replayed_committed_skips_the_world(server: FakeServer, ctx: RunContext)
     assert (fx.external_ref, fx.result) == ("ch_123", {"amount": 42})
 
 
-def test_key_reused_unresolved_and_failed_raise_before_the_body(server: FakeServer, ctx: RunContext) -> None:
-    server.on("POST", EFFECTS, (422, {"error": "idempotency_key_reused", "detail": "other args"}),
-              (409, {"error": "effect_unresolved", "effect_id": "e0", "status": "unknown"}),
-              (200, {"id": "e0", "decision": "replayed", "status": "failed", "idempotency_key": "k"}))
+def test_key_reused_unresolved_and_failed_raise_before_the_body(
+    server: FakeServer, ctx: RunContext
+) -> None:
+    server.on(
+        "POST",
+        EFFECTS,
+        (422, {"error": "idempotency_key_reused", "detail": "other args"}),
+        (409, {"error": "effect_unresolved", "effect_id": "e0", "status": "unknown"}),
+        (200, {"id": "e0", "decision": "replayed", "status": "failed", "idempotency_key": "k"}),
+    )
     for cls in (IdempotencyKeyReused, EffectUnresolved, EffectAlreadyFailed):
         with pytest.raises(cls):
             with ctx.effect("payments", "charge", step="charge"):
@@ -145,7 +206,9 @@ def test_effect_needs_a_step(ctx: RunContext) -> None:
         ctx.effect("payments", "charge")
 
 
-def test_outcome_not_recorded_is_raised_after_a_clean_body(server: FakeServer, ctx: RunContext) -> None:
+def test_outcome_not_recorded_is_raised_after_a_clean_body(
+    server: FakeServer, ctx: RunContext
+) -> None:
     server.on("POST", "/effects/e1/outcome", httpx.ConnectError("down"))
     with pytest.raises(OutcomeNotRecorded) as ei:
         with ctx.effect("payments", "charge", step="charge") as fx:
@@ -154,7 +217,9 @@ def test_outcome_not_recorded_is_raised_after_a_clean_body(server: FakeServer, c
     assert len(server.calls("POST", "/effects/e1/outcome")) == 4  # retried, then given up
 
 
-def test_body_exception_survives_a_failed_outcome_write(server: FakeServer, ctx: RunContext) -> None:
+def test_body_exception_survives_a_failed_outcome_write(
+    server: FakeServer, ctx: RunContext
+) -> None:
     server.on("POST", "/effects/e1/outcome", httpx.ConnectError("down"))
     with pytest.raises(httpx.ReadTimeout) as ei:
         with ctx.effect("payments", "charge", step="charge"):
@@ -163,8 +228,11 @@ def test_body_exception_survives_a_failed_outcome_write(server: FakeServer, ctx:
 
 
 def test_late_outcome_flags_are_exposed(server: FakeServer, ctx: RunContext) -> None:
-    server.on("POST", "/effects/e1/outcome",
-              (200, {"id": "e1", "status": "committed", "late": True, "stale_lease": False}))
+    server.on(
+        "POST",
+        "/effects/e1/outcome",
+        (200, {"id": "e1", "status": "committed", "late": True, "stale_lease": False}),
+    )
     with ctx.effect("payments", "charge", step="charge") as fx:
         pass
     assert fx.outcome_response and fx.outcome_response["late"] is True
@@ -178,7 +246,11 @@ def test_approval_id_is_cited_on_declaration(server: FakeServer, ctx: RunContext
 
 def test_outcome_body_matches_the_server_schema(server: FakeServer, ctx: RunContext) -> None:
     with ctx.effect("payments", "charge", step="charge") as fx:
-        fx.committed(detail="plain string")   # not an object: wrapped
+        fx.committed(detail="plain string")  # not an object: wrapped
     ((_, body),) = outcomes(server)
-    assert body == {"fencing_token": TOKEN, "status": "committed", "external_ref": "",
-                    "detail": {"value": "plain string"}}
+    assert body == {
+        "fencing_token": TOKEN,
+        "status": "committed",
+        "external_ref": "",
+        "detail": {"value": "plain string"},
+    }

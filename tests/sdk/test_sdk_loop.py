@@ -41,7 +41,8 @@ def test_lists_claims_runs_and_finishes_succeeded(server: FakeServer, client) ->
     assert [(s.run_id, s.attempt_id, s.outcome) for s in out] == [("r1", "a1", "succeeded")]
     assert server.calls("GET", "/runs")[0].params == {"agent": "purchasing", "state": "queued"}
     assert server.bodies("POST", "/runs/r1/finish") == [
-        {"fencing_token": TOKEN, "outcome": "succeeded", "failure_class": "", "error": ""}]
+        {"fencing_token": TOKEN, "outcome": "succeeded", "failure_class": "", "error": ""}
+    ]
 
 
 def test_skips_runs_it_cannot_claim(server: FakeServer, client) -> None:
@@ -50,7 +51,10 @@ def test_skips_runs_it_cannot_claim(server: FakeServer, client) -> None:
     server.on("POST", "/runs/r2/claim", (409, {"error": "not_claimable", "detail": "paused"}))
     out = loop(client, lambda ctx: None)
     assert [s.run_id for s in out] == ["r1"]
-    assert server.calls("POST", "/runs/r0/finish") == [] and server.calls("POST", "/runs/r2/finish") == []
+    assert (
+        server.calls("POST", "/runs/r0/finish") == []
+        and server.calls("POST", "/runs/r2/finish") == []
+    )
 
 
 def test_agent_exception_finishes_failed_with_class(server: FakeServer, client) -> None:
@@ -66,7 +70,9 @@ def test_agent_exception_finishes_failed_with_class(server: FakeServer, client) 
     assert "ReadTimeout" in body["error"]
 
 
-def test_declared_failures_log_one_line_others_a_traceback(server: FakeServer, client, caplog) -> None:
+def test_declared_failures_log_one_line_others_a_traceback(
+    server: FakeServer, client, caplog
+) -> None:
     class Declared(Exception):
         failure_class = "address_invalid"
 
@@ -81,20 +87,31 @@ def test_declared_failures_log_one_line_others_a_traceback(server: FakeServer, c
             queue_runs(server, run_id)
             out += loop(client, agent)
     assert [s.outcome for s in out] == ["failed", "failed"]
-    records = [r for r in caplog.records if "failed" in r.getMessage() and r.name.startswith("controlplane_sdk")]
+    records = [
+        r
+        for r in caplog.records
+        if "failed" in r.getMessage() and r.name.startswith("controlplane_sdk")
+    ]
     declared, bug = records
     assert declared.levelname == "WARNING" and declared.exc_info is None
     assert "(address_invalid): address rejected" in declared.getMessage()
     assert bug.levelname == "ERROR" and bug.exc_info is not None
-    assert [b["failure_class"] for b in server.bodies("POST", "/runs/r1/finish") + server.bodies("POST", "/runs/r2/finish")] \
-        == ["address_invalid", "error"]
+    assert [
+        b["failure_class"]
+        for b in server.bodies("POST", "/runs/r1/finish") + server.bodies("POST", "/runs/r2/finish")
+    ] == ["address_invalid", "error"]
 
 
 def test_pause_at_boundary_releases_without_finishing(server: FakeServer, client) -> None:
     queue_runs(server, "r1")
     # run_one checks once before run_fn, then each step boundary checks again
-    server.on("POST", HB, (200, {"directive": "continue"}), (200, {"directive": "continue"}),
-              (200, {"directive": "pause", "reason": "ops"}))
+    server.on(
+        "POST",
+        HB,
+        (200, {"directive": "continue"}),
+        (200, {"directive": "continue"}),
+        (200, {"directive": "pause", "reason": "ops"}),
+    )
     steps = []
 
     def agent(ctx: RunContext) -> None:
@@ -107,7 +124,8 @@ def test_pause_at_boundary_releases_without_finishing(server: FakeServer, client
     assert steps == ["reserve"]
     assert server.calls("POST", "/runs/r1/finish") == []
     assert server.bodies("POST", f"/leases/{LEASE}/release") == [
-        {"fencing_token": TOKEN, "reason": "worker stopped at a boundary on pause"}]
+        {"fencing_token": TOKEN, "reason": "worker stopped at a boundary on pause"}
+    ]
 
 
 def test_pause_tolerates_a_server_without_release(server: FakeServer, client) -> None:
@@ -124,11 +142,14 @@ def test_cancel_is_acknowledged_by_releasing(server: FakeServer, client) -> None
     (s,) = loop(client, lambda ctx: None)
     assert (s.outcome, s.detail) == ("cancelled", "customer withdrew")
     assert server.bodies("POST", f"/leases/{LEASE}/release") == [
-        {"fencing_token": TOKEN, "reason": "worker stopped at a boundary on cancel"}]
+        {"fencing_token": TOKEN, "reason": "worker stopped at a boundary on cancel"}
+    ]
     assert server.calls("POST", "/runs/r1/finish") == []
 
 
-def test_cancel_falls_back_to_finish_failed_when_release_is_refused(server: FakeServer, client) -> None:
+def test_cancel_falls_back_to_finish_failed_when_release_is_refused(
+    server: FakeServer, client
+) -> None:
     queue_runs(server, "r1")
     server.on("POST", HB, (200, {"directive": "cancel"}))
     server.on("POST", f"/leases/{LEASE}/release", (404, {"error": "not_found"}))
@@ -139,20 +160,32 @@ def test_cancel_falls_back_to_finish_failed_when_release_is_refused(server: Fake
     assert (body["outcome"], body["failure_class"]) == ("failed", "cancelled")
 
 
-def test_refused_success_with_unresolved_effects_finishes_failed(server: FakeServer, client) -> None:
+def test_refused_success_with_unresolved_effects_finishes_failed(
+    server: FakeServer, client
+) -> None:
     queue_runs(server, "r1")
-    server.on("POST", "/runs/r1/finish",
-              (409, {"error": "effects_unresolved", "detail": "in flight", "effects": ["e1"]}), server.default)
+    server.on(
+        "POST",
+        "/runs/r1/finish",
+        (409, {"error": "effects_unresolved", "detail": "in flight", "effects": ["e1"]}),
+        server.default,
+    )
     (s,) = loop(client, lambda ctx: None)
     assert s.outcome == "failed"
     bodies = server.bodies("POST", "/runs/r1/finish")
     assert [(b["outcome"], b["failure_class"]) for b in bodies] == [
-        ("succeeded", ""), ("failed", "effects_unresolved")]
+        ("succeeded", ""),
+        ("failed", "effects_unresolved"),
+    ]
 
 
 def test_denied_run_paused_is_handled_as_pause(server: FakeServer, client) -> None:
     queue_runs(server, "r1")
-    server.on("POST", "/runs/r1/effects", (409, {"error": "denied", "decision": "denied", "reason": "run_paused"}))
+    server.on(
+        "POST",
+        "/runs/r1/effects",
+        (409, {"error": "denied", "decision": "denied", "reason": "run_paused"}),
+    )
     dispatched = []
 
     def agent(ctx: RunContext) -> None:
@@ -166,8 +199,11 @@ def test_denied_run_paused_is_handled_as_pause(server: FakeServer, client) -> No
 
 def test_denied_other_reason_fails_the_attempt(server: FakeServer, client) -> None:
     queue_runs(server, "r1")
-    server.on("POST", "/runs/r1/effects",
-              (409, {"error": "denied", "decision": "denied", "reason": "authority_revoked"}))
+    server.on(
+        "POST",
+        "/runs/r1/effects",
+        (409, {"error": "denied", "decision": "denied", "reason": "authority_revoked"}),
+    )
 
     def agent(ctx: RunContext) -> None:
         with ctx.effect("payments", "charge", step="charge"):
@@ -189,7 +225,9 @@ def test_lease_lost_stops_without_writing(server: FakeServer, client) -> None:
 
 def test_agent_may_finish_itself(server: FakeServer, client) -> None:
     queue_runs(server, "r1")
-    (s,) = loop(client, lambda ctx: ctx.finish("failed", failure_class="business_rule", error="no stock"))
+    (s,) = loop(
+        client, lambda ctx: ctx.finish("failed", failure_class="business_rule", error="no stock")
+    )
     assert s.outcome == "succeeded"  # run_fn returned normally; the loop does not finish twice
     assert len(server.calls("POST", "/runs/r1/finish")) == 1
 
@@ -199,7 +237,9 @@ def test_loop_survives_an_unreachable_server_and_stops_on_event(server: FakeServ
     stop = threading.Event()
     timer = threading.Timer(0.1, stop.set)
     timer.start()
-    out = run_agent_loop(client, "purchasing", "w", lambda ctx: None, poll_interval=0.01, stop_event=stop)
+    out = run_agent_loop(
+        client, "purchasing", "w", lambda ctx: None, poll_interval=0.01, stop_event=stop
+    )
     timer.join()
     assert out == [] and len(server.calls("GET", "/runs")) >= 2
 

@@ -7,8 +7,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sdk.controlplane_sdk import (CancelRequested, DirectiveInterrupt, LeaseLost, PauseRequested, RunContext,
-                                  StopRequested, Worker)
+from sdk.controlplane_sdk import (
+    CancelRequested,
+    DirectiveInterrupt,
+    LeaseLost,
+    PauseRequested,
+    RunContext,
+    StopRequested,
+    Worker,
+)
 
 if TYPE_CHECKING:
     from tests.sdk.conftest import FakeServer
@@ -19,7 +26,12 @@ EVENTS = f"/runs/{RUN}/events"
 
 
 def hb(directive: str, reason: str = "", **extra) -> tuple[int, dict]:
-    return 200, {"directive": directive, "reason": reason, "expires_at": "2030-01-01T00:00:00Z", **extra}
+    return 200, {
+        "directive": directive,
+        "reason": reason,
+        "expires_at": "2030-01-01T00:00:00Z",
+        **extra,
+    }
 
 
 def until(pred, timeout: float = 3.0) -> bool:
@@ -38,7 +50,9 @@ def test_claim_exposes_attempt_lease_and_checkpoint(server: FakeServer, worker: 
         assert ctx.start_checkpoint and ctx.start_checkpoint.step == "reserve"
         assert ctx.state == {"reservation": "rs_1"} and ctx.last_checkpoint_seq == 3
         assert ctx.directive == "continue"
-    assert server.bodies("POST", f"/runs/{RUN}/claim") == [{"worker": "worker-7", "versions": {"code": "1.0"}}]
+    assert server.bodies("POST", f"/runs/{RUN}/claim") == [
+        {"worker": "worker-7", "versions": {"code": "1.0"}}
+    ]
 
 
 def test_default_heartbeat_interval_is_a_third_of_ttl(server: FakeServer, client) -> None:
@@ -47,14 +61,20 @@ def test_default_heartbeat_interval_is_a_third_of_ttl(server: FakeServer, client
         assert ctx.heartbeat_interval == pytest.approx(10)
 
 
-@pytest.mark.parametrize(("directive", "exc"),
-                         [("pause", PauseRequested), ("cancel", CancelRequested), ("stop", StopRequested)])
-def test_check_directive_raises_at_a_boundary(server: FakeServer, ctx: RunContext, directive, exc) -> None:
+@pytest.mark.parametrize(
+    ("directive", "exc"),
+    [("pause", PauseRequested), ("cancel", CancelRequested), ("stop", StopRequested)],
+)
+def test_check_directive_raises_at_a_boundary(
+    server: FakeServer, ctx: RunContext, directive, exc
+) -> None:
     server.on("POST", HB, hb(directive, "operator alice: assumptions stale"))
     with pytest.raises(exc) as ei:
         ctx.check_directive()
     assert isinstance(ei.value, DirectiveInterrupt)
-    assert ei.value.directive == directive and ei.value.reason == "operator alice: assumptions stale"
+    assert (
+        ei.value.directive == directive and ei.value.reason == "operator alice: assumptions stale"
+    )
 
 
 def test_continue_passes(server: FakeServer, ctx: RunContext) -> None:
@@ -72,7 +92,9 @@ def test_step_checks_directive_and_records_events(server: FakeServer, ctx: RunCo
         with ctx.step("label"):
             ran.append("label")
     assert ran == ["reserve"]
-    kinds = [(e["kind"], e["data"]["step"]) for b in server.bodies("POST", EVENTS) for e in b["events"]]
+    kinds = [
+        (e["kind"], e["data"]["step"]) for b in server.bodies("POST", EVENTS) for e in b["events"]
+    ]
     assert kinds == [("step_started", "reserve"), ("step_completed", "reserve")]
     assert all(b["fencing_token"] == TOKEN for b in server.bodies("POST", EVENTS))
 
@@ -109,8 +131,15 @@ def test_heartbeat_thread_stops_on_lease_lost(server: FakeServer, client) -> Non
 
 
 def test_heartbeat_thread_survives_transient_errors(server: FakeServer, client) -> None:
-    server.on("POST", HB, (503, {"error": "busy"}), (503, {"error": "busy"}), (503, {"error": "busy"}),
-              (503, {"error": "busy"}), hb("cancel"))
+    server.on(
+        "POST",
+        HB,
+        (503, {"error": "busy"}),
+        (503, {"error": "busy"}),
+        (503, {"error": "busy"}),
+        (503, {"error": "busy"}),
+        hb("cancel"),
+    )
     with Worker(client, "w", "a", heartbeat_interval=0.01).claim(RUN) as ctx:
         assert until(lambda: ctx.directive == "cancel")
         assert not ctx.lease_lost
@@ -145,22 +174,43 @@ def test_check_directive_blocks_while_waiting(server: FakeServer, ctx: RunContex
 
 
 def test_approval_flow(server: FakeServer, ctx: RunContext) -> None:
-    ap_id = ctx.request_approval("payments", "charge", {"amount": 900}, "over limit", deadline_s=3600)
+    ap_id = ctx.request_approval(
+        "payments", "charge", {"amount": 900}, "over limit", deadline_s=3600
+    )
     assert ap_id == "ap1"
-    assert server.bodies("POST", f"/runs/{RUN}/approvals") == [{
-        "fencing_token": TOKEN, "tool": "payments", "action": "charge", "args": {"amount": 900},
-        "reason": "over limit", "deadline_s": 3600}]
-    server.on("POST", HB, hb("wait", approval={"id": "ap1", "status": "pending"}),
-              hb("continue", approval={"id": "ap1", "status": "approved", "decided_by": "bob"}))
+    assert server.bodies("POST", f"/runs/{RUN}/approvals") == [
+        {
+            "fencing_token": TOKEN,
+            "tool": "payments",
+            "action": "charge",
+            "args": {"amount": 900},
+            "reason": "over limit",
+            "deadline_s": 3600,
+        }
+    ]
+    server.on(
+        "POST",
+        HB,
+        hb("wait", approval={"id": "ap1", "status": "pending"}),
+        hb("continue", approval={"id": "ap1", "status": "approved", "decided_by": "bob"}),
+    )
     ctx.refresh()
     ap = ctx.await_approval(ap_id, timeout=5, wait_s=0.01)
     assert ap.approved and ap.decided_by == "bob"
 
 
-def test_approval_decision_read_from_run_when_heartbeat_lacks_it(server: FakeServer, ctx: RunContext) -> None:
+def test_approval_decision_read_from_run_when_heartbeat_lacks_it(
+    server: FakeServer, ctx: RunContext
+) -> None:
     server.on("POST", HB, hb("continue"))
-    server.on("GET", f"/runs/{RUN}", (200, {"id": RUN, "approvals": [
-        {"id": "ap1", "status": "rejected", "reason": "too pricey"}]}))
+    server.on(
+        "GET",
+        f"/runs/{RUN}",
+        (
+            200,
+            {"id": RUN, "approvals": [{"id": "ap1", "status": "rejected", "reason": "too pricey"}]},
+        ),
+    )
     ap = ctx.await_approval("ap1", timeout=5, wait_s=0.01)
     assert (ap.status, ap.approved, ap.reason) == ("rejected", False, "too pricey")
 
@@ -172,9 +222,13 @@ def test_await_approval_times_out_pending(server: FakeServer, ctx: RunContext) -
     assert ap.pending
 
 
-def test_await_approval_returns_on_cancel_and_next_boundary_raises(server: FakeServer, ctx: RunContext) -> None:
+def test_await_approval_returns_on_cancel_and_next_boundary_raises(
+    server: FakeServer, ctx: RunContext
+) -> None:
     server.on("POST", HB, hb("cancel", "operator cancelled"))
-    server.on("GET", f"/runs/{RUN}", (200, {"id": RUN, "approvals": [{"id": "ap1", "status": "pending"}]}))
+    server.on(
+        "GET", f"/runs/{RUN}", (200, {"id": RUN, "approvals": [{"id": "ap1", "status": "pending"}]})
+    )
     ctx.refresh()
     assert ctx.await_approval("ap1", timeout=5, wait_s=0.01).pending
     with pytest.raises(CancelRequested):
@@ -184,19 +238,29 @@ def test_await_approval_returns_on_cancel_and_next_boundary_raises(server: FakeS
 def test_checkpoint_assumption_timer_event_payloads(server: FakeServer, ctx: RunContext) -> None:
     assert ctx.checkpoint("reserve", {"reservation": "rs_1"}) == 1
     assert server.bodies("POST", f"/runs/{RUN}/checkpoints") == [
-        {"fencing_token": TOKEN, "step": "reserve", "state": {"reservation": "rs_1"}}]
+        {"fencing_token": TOKEN, "step": "reserve", "state": {"reservation": "rs_1"}}
+    ]
     assert ctx.state == {"reservation": "rs_1"} and ctx.last_checkpoint_seq == 1
-    ctx.record_assumption("price:sku-1", 19.99, max_age_s=600, checker="inventory.price", meta={"sku": "sku-1"})
+    ctx.record_assumption(
+        "price:sku-1", 19.99, max_age_s=600, checker="inventory.price", meta={"sku": "sku-1"}
+    )
     fire_at = ctx.set_timer("payment-deadline", in_s=60)
     ctx.set_timer("fixed", "2030-01-01T00:00:00+00:00")
     ctx.event("message", {"text": "hello"})
     evs = [e for b in server.bodies("POST", EVENTS) for e in b["events"]]
     assert evs[0]["kind"] == "assumption"
     assert {k: evs[0]["data"][k] for k in ("key", "value", "max_age_s", "checker", "meta")} == {
-        "key": "price:sku-1", "value": 19.99, "max_age_s": 600, "checker": "inventory.price",
-        "meta": {"sku": "sku-1"}}
+        "key": "price:sku-1",
+        "value": 19.99,
+        "max_age_s": 600,
+        "checker": "inventory.price",
+        "meta": {"sku": "sku-1"},
+    }
     assert evs[1] == {"kind": "timer_set", "data": {"name": "payment-deadline", "fire_at": fire_at}}
-    assert evs[2] == {"kind": "timer_set", "data": {"name": "fixed", "fire_at": "2030-01-01T00:00:00+00:00"}}
+    assert evs[2] == {
+        "kind": "timer_set",
+        "data": {"name": "fixed", "fire_at": "2030-01-01T00:00:00+00:00"},
+    }
     assert evs[3] == {"kind": "message", "data": {"text": "hello"}}
     with pytest.raises(ValueError):
         ctx.set_timer("neither")
@@ -206,13 +270,23 @@ def test_finish_stops_heartbeat(server: FakeServer, client) -> None:
     ctx = Worker(client, "w", "a", heartbeat_interval=0.01).claim(RUN)
     ctx.finish("failed", failure_class="timeout", error="world slow")
     assert server.bodies("POST", f"/runs/{RUN}/finish") == [
-        {"fencing_token": TOKEN, "outcome": "failed", "failure_class": "timeout", "error": "world slow"}]
+        {
+            "fencing_token": TOKEN,
+            "outcome": "failed",
+            "failure_class": "timeout",
+            "error": "world slow",
+        }
+    ]
     assert ctx.finished and ctx._thread is None
 
 
 def test_fired_timers_are_collected_from_heartbeats(server: FakeServer, ctx: RunContext) -> None:
-    server.on("POST", HB, hb("continue", timers_fired=[{"name": "payment-deadline", "fired_at": "t1"}]),
-              hb("continue", timers_fired=[]))
+    server.on(
+        "POST",
+        HB,
+        hb("continue", timers_fired=[{"name": "payment-deadline", "fired_at": "t1"}]),
+        hb("continue", timers_fired=[]),
+    )
     ctx.refresh()
     ctx.refresh()
     assert ctx.pop_fired_timers() == [{"name": "payment-deadline", "fired_at": "t1"}]

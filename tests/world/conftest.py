@@ -3,6 +3,7 @@
 No Django database is involved; only ``settings`` (pytest-django) is used, to point the adapters at
 the world under test.
 """
+
 from __future__ import annotations
 
 import re
@@ -41,9 +42,22 @@ def start_world(db: Path, log: Path, port: int = 0) -> RunningWorld:
     """Start ``python -m world``; port 0 lets the OS pick a free port, which the server prints."""
     out = log.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "world", "--host", "127.0.0.1", "--port", str(port), "--db", str(db),
-         "--send-delay", str(SEND_DELAY_S)],
-        cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "world",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--db",
+            str(db),
+            "--send-delay",
+            str(SEND_DELAY_S),
+        ],
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
     )
     out.close()
     deadline = time.monotonic() + 15

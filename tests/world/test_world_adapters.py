@@ -1,4 +1,5 @@
 """The control-plane adapters against a live world (no database: only settings.WORLD_URL is set)."""
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,12 @@ def effect(tool: str, action: str, key: str, **kw) -> EffectInfo:
 
 def test_registrations(settings):
     assert "world.adapters" in settings.CONTROLPLANE_ADAPTERS
-    for tool, action in [("inventory", "reserve"), ("shipping", "create_label"), ("payments", "charge"),
-                         ("notifications", "enqueue")]:
+    for tool, action in [
+        ("inventory", "reserve"),
+        ("shipping", "create_label"),
+        ("payments", "charge"),
+        ("notifications", "enqueue"),
+    ]:
         assert registry.get_compensator(tool, action) is adapters._compensate
     for tool in ("inventory", "shipping", "payments", "notifications"):
         assert registry.get_reconciler(tool) is adapters.reconcile
@@ -33,8 +38,13 @@ def _compensate(info: EffectInfo, key: str):
 
 def test_release_reservation_by_external_ref_is_idempotent(world: WorldClient):
     res = world.reserve("sku-2", 3, "eff-reserve", order="o1")
-    info = effect("inventory", "reserve", "eff-reserve", args={"sku": "sku-2", "qty": 3},
-                  external_ref=res["reservation_id"])
+    info = effect(
+        "inventory",
+        "reserve",
+        "eff-reserve",
+        args={"sku": "sku-2", "qty": 3},
+        external_ref=res["reservation_id"],
+    )
     first = _compensate(info, "eff-reserve:compensate")
     assert first.ok and first.external_ref == res["reservation_id"]
     assert first.detail["status"] == "released"
@@ -46,8 +56,10 @@ def test_release_reservation_by_external_ref_is_idempotent(world: WorldClient):
 
 def test_refund_from_outcome_detail_and_from_by_key(world: WorldClient):
     a = world.charge(20, "eff-charge-a")
-    ok = _compensate(effect("payments", "charge", "eff-charge-a", outcome_detail={"charge_id": a["charge_id"]}),
-                     "refund-a")
+    ok = _compensate(
+        effect("payments", "charge", "eff-charge-a", outcome_detail={"charge_id": a["charge_id"]}),
+        "refund-a",
+    )
     assert ok.ok and ok.external_ref.startswith("re_")
     # no reference recorded at all (e.g. reconciled as committed): the world's record under the key
     world.charge(30, "eff-charge-b")
@@ -65,19 +77,25 @@ def test_nothing_to_compensate_is_final(world: WorldClient):
 
 def test_void_label(world: WorldClient):
     label = world.create_label("o1", "1 Main St", "eff-label")
-    result = _compensate(effect("shipping", "create_label", "eff-label", external_ref=label["label_id"]), "void-1")
+    result = _compensate(
+        effect("shipping", "create_label", "eff-label", external_ref=label["label_id"]), "void-1"
+    )
     assert result.ok and result.detail["status"] == "voided"
 
 
 def test_cancel_notification_queued_then_sent(world: WorldClient, send_delay):
     queued = world.enqueue_notification("c@example.com", "shipped", "eff-n1")
-    result = _compensate(effect("notifications", "enqueue", "eff-n1", external_ref=queued["notification_id"]),
-                         "cancel-1")
+    result = _compensate(
+        effect("notifications", "enqueue", "eff-n1", external_ref=queued["notification_id"]),
+        "cancel-1",
+    )
     assert result.ok and result.detail["status"] == "cancelled"
     sent = world.enqueue_notification("c@example.com", "shipped", "eff-n2")
     time.sleep(send_delay + 0.1)
-    result = _compensate(effect("notifications", "enqueue", "eff-n2", external_ref=sent["notification_id"]),
-                         "cancel-2")
+    result = _compensate(
+        effect("notifications", "enqueue", "eff-n2", external_ref=sent["notification_id"]),
+        "cancel-2",
+    )
     assert not result.ok and result.retryable is False and result.detail["error"] == "already_sent"
 
 
@@ -93,7 +111,9 @@ def test_compensation_failures_that_may_be_retried(world: WorldClient):
     world.set_fault("payments", "timeout", action="refund", count=1, delay_ms=1500)
     timed_out = _compensate(info, "refund-c")  # WORLD_TIMEOUT_S is 0.5 in these tests
     assert not timed_out.ok and timed_out.retryable and timed_out.detail["ambiguous"] is True
-    retried = _compensate(info, "refund-c")  # the timed-out refund had committed: replayed, not doubled
+    retried = _compensate(
+        info, "refund-c"
+    )  # the timed-out refund had committed: replayed, not doubled
     assert retried.ok and retried.detail["replayed"] is True
     assert world.counts()["charges"]["amount_refunded"] == 10
 
@@ -104,11 +124,13 @@ def test_reconcile_outcomes(world: WorldClient):
     committed = reconcile("payments", "charge", "rc-1")
     assert committed.outcome == "committed" and committed.external_ref == charge["charge_id"]
     assert committed.evidence["status_code"] == 201
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 -- the world refuses; the reconciler is under test
         world.charge(9000, "rc-2")
     assert reconcile("payments", "charge", "rc-2").outcome == "failed"
     assert reconcile("payments", "charge", "rc-3").outcome == "not_found"
-    assert reconcile("payments", "refund", "rc-1").outcome == "unknown"  # key used by another action
+    assert (
+        reconcile("payments", "refund", "rc-1").outcome == "unknown"
+    )  # key used by another action
     world.set_fault("payments", "down", action="by_key", count=1)
     assert reconcile("payments", "charge", "rc-1").outcome == "unknown"
     world.set_fault("payments", "timeout", action="by_key", count=1, delay_ms=1500)
@@ -118,7 +140,7 @@ def test_reconcile_outcomes(world: WorldClient):
 
 def test_reconcile_ambiguous_charge(world: WorldClient):
     world.set_fault("inventory", "timeout", action="reserve", count=1, drop=True)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 -- the dropped answer; the reconciler is under test
         world.reserve("sku-1", 2, "amb-reserve")
     result = registry.get_reconciler("inventory")("inventory", "reserve", "amb-reserve")
     assert result.outcome == "committed" and result.external_ref.startswith("res_")

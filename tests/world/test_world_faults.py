@@ -1,4 +1,5 @@
 """Fault injection: each kind does exactly what it promises about commitment."""
+
 from __future__ import annotations
 
 import time
@@ -85,7 +86,9 @@ def test_down_commits_nothing_and_hits_reads(world: WorldClient):
     assert world.counts()["charges"]["total"] == 0
     recorded = world.requests(system="payments")
     assert [(r["action"], r["status"], r["fault"]) for r in recorded[:2]] == [
-        ("charge", 503, "down"), ("by_key", 503, "down")]
+        ("charge", 503, "down"),
+        ("by_key", 503, "down"),
+    ]
 
 
 def test_fault_scope_and_count(world: WorldClient):

@@ -1,4 +1,5 @@
 """The world is its own process with its own file: a restart forgets nothing."""
+
 from __future__ import annotations
 
 from world.client import WorldClient

@@ -1,4 +1,5 @@
 """The world's own contract: idempotency, by-key lookups, business rules, recording and counts."""
+
 from __future__ import annotations
 
 import threading
@@ -61,7 +62,9 @@ def test_key_is_required_and_body_key_accepted(world_server, world: WorldClient)
     assert via_body.status_code == 201
     # the body key is not part of the fingerprint: the header form of the same call replays
     assert world.charge(5, "body-key")["replayed"] is True
-    clash = httpx.post(url, json={"amount": 5, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"})
+    clash = httpx.post(
+        url, json={"amount": 5, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"}
+    )
     assert clash.status_code == 400
 
 
@@ -88,17 +91,25 @@ def test_concurrent_calls_with_one_key_commit_once(world: WorldClient):
 
 def test_by_key(world: WorldClient):
     assert world.by_key("payments", "never-used") == {
-        "found": False, "committed": False, "system": "payments", "key": "never-used"}
+        "found": False,
+        "committed": False,
+        "system": "payments",
+        "key": "never-used",
+    }
     charge = world.charge(10, "bk-1")
     found = world.by_key("payments", "bk-1")
-    assert found["committed"] is True and found["action"] == "charge" and found["status_code"] == 201
+    assert (
+        found["committed"] is True and found["action"] == "charge" and found["status_code"] == 201
+    )
     assert found["result"]["charge_id"] == charge["charge_id"]
     # a stored business refusal is known but not committed -> reconciliation says "failed"
     with pytest.raises(WorldError) as exc:
         world.charge(10_000, "bk-2")
     assert (exc.value.status, exc.value.error) == (402, "amount_over_limit")
     refused = world.by_key("payments", "bk-2")
-    assert refused["found"] is True and refused["committed"] is False and refused["status_code"] == 402
+    assert (
+        refused["found"] is True and refused["committed"] is False and refused["status_code"] == 402
+    )
     # keys with awkward characters survive the URL
     world.reserve("sku-2", 1, "order/7 reserve?x")
     assert world.by_key("inventory", "order/7 reserve?x")["committed"] is True
@@ -138,7 +149,11 @@ def test_shipping_and_payments_undo(world: WorldClient):
     assert world.void_label(label["label_id"], "l1-void")["status"] == "voided"
     charge = world.charge(40, "c1")
     refund = world.refund(charge["charge_id"], "c1-refund")
-    assert refund["status"] == "refunded" and refund["amount"] == 40 and refund["id"] == refund["refund_id"]
+    assert (
+        refund["status"] == "refunded"
+        and refund["amount"] == 40
+        and refund["id"] == refund["refund_id"]
+    )
     assert world.refund(charge["charge_id"], "c1-refund-2")["already_refunded"] is True
     counts = world.counts()
     assert counts["charges"]["refunded"] == 1 and counts["charges"]["amount_refunded"] == 40
@@ -186,7 +201,10 @@ def test_requests_are_recorded(world: WorldClient):
     world.get_item("sku-1")
     recorded = world.requests(system="payments", action="charge")
     assert [(r["status"], r["committed"], r["replayed"]) for r in recorded] == [
-        (201, True, False), (200, False, True), (422, False, False)]
+        (201, True, False),
+        (200, False, True),
+        (422, False, False),
+    ]
     assert all(r["idempotency_key"] == "rec-1" for r in recorded)
     assert recorded[0]["body"] == {"amount": 10} and recorded[0]["at"] > 0
     by_action = world.counts()["requests"]["by_action"]

@@ -12,4 +12,6 @@ class Command(BaseCommand):
         report = verify_chain()
         self.stdout.write(json.dumps(report.as_dict()))
         if not report.ok:
-            raise CommandError(f"audit chain broken at seq {report.first_broken_seq}: {report.problem} ({report.detail})")
+            raise CommandError(
+                f"audit chain broken at seq {report.first_broken_seq}: {report.problem} ({report.detail})"
+            )

@@ -15,6 +15,10 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user {username!r}")
-        token, secret = ApiToken.issue(kind=ApiToken.OPERATOR, name=name or f"{username}-token", user=user)
-        self.stdout.write(f"operator token {token.prefix}… for {username}; store it now, it is not shown again:")
+        token, secret = ApiToken.issue(
+            kind=ApiToken.OPERATOR, name=name or f"{username}-token", user=user
+        )
+        self.stdout.write(
+            f"operator token {token.prefix}… for {username}; store it now, it is not shown again:"
+        )
         self.stdout.write(secret)

@@ -15,5 +15,7 @@ class Command(BaseCommand):
         if missing:
             raise CommandError(f"unknown agent(s): {', '.join(missing)} (register_agent first)")
         token, secret = ApiToken.issue(kind=ApiToken.WORKER, name=name, agents=agent)
-        self.stdout.write(f"worker token {token.prefix}… for {', '.join(agent) or 'any agent'}; store it now, it is not shown again:")
+        self.stdout.write(
+            f"worker token {token.prefix}… for {', '.join(agent) or 'any agent'}; store it now, it is not shown again:"
+        )
         self.stdout.write(secret)

@@ -8,7 +8,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--scope", action="append", default=[], help="tool:action or tool:* (repeatable)")
+        parser.add_argument(
+            "--scope", action="append", default=[], help="tool:action or tool:* (repeatable)"
+        )
         parser.add_argument("--description", default="")
 
     def handle(self, *args, name, scope, description, **opts):
@@ -16,5 +18,9 @@ class Command(BaseCommand):
             tool, sep, action = s.partition(":")
             if not (tool and sep and action):
                 raise CommandError(f"scope {s!r} must look like tool:action or tool:*")
-        agent, created = Agent.objects.update_or_create(name=name, defaults={"allowed_scopes": scope, "description": description})
-        self.stdout.write(f"{'registered' if created else 'updated'} agent {agent.name} with scopes {', '.join(scope) or '(none)'}")
+        agent, created = Agent.objects.update_or_create(
+            name=name, defaults={"allowed_scopes": scope, "description": description}
+        )
+        self.stdout.write(
+            f"{'registered' if created else 'updated'} agent {agent.name} with scopes {', '.join(scope) or '(none)'}"
+        )

@@ -11,7 +11,9 @@ class Command(BaseCommand):
         parser.add_argument("prefix")
 
     def handle(self, *args, prefix, **opts):
-        n = ApiToken.objects.filter(prefix=prefix, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        n = ApiToken.objects.filter(prefix=prefix, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
         if not n:
             raise CommandError(f"no live token with prefix {prefix!r}")
         self.stdout.write(f"revoked {n} token(s)")

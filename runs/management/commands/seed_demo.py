@@ -1,5 +1,6 @@
 """Seed the demo: role users (logins printed), agents with their scopes, and a worker token for the
 demo agents (written to var/demo-worker-token, mode 600). Idempotent."""
+
 from __future__ import annotations
 
 import os
@@ -9,17 +10,33 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
-from controlplane.roles import ROLES
+from core.roles import ROLES
 from runs.models import Agent, ApiToken
 
 DEMO_AGENTS = {
-    "purchasing": (["inventory:*", "shipping:*", "payments:charge", "payments:refund", "notifications:*", "address:verify"],
-                   "reads price and stock, reserves, delegates address checks, buys a label, charges, notifies"),
+    "purchasing": (
+        [
+            "inventory:*",
+            "shipping:*",
+            "payments:charge",
+            "payments:refund",
+            "notifications:*",
+            "address:verify",
+        ],
+        "reads price and stock, reserves, delegates address checks, buys a label, charges, notifies",
+    ),
     "address-verifier": (["address:verify"], "child runs: verifies a shipping address"),
     "refunds": (["payments:refund", "notifications:*"], "refunds a charge and tells the customer"),
 }
-DEMO_USERS = {"admin": "admin", "vera": "viewer", "otto": "operator", "olga": "operator", "april": "approver",
-              "ian": "incident_commander", "sam": "security_responder"}
+DEMO_USERS = {
+    "admin": "admin",
+    "vera": "viewer",
+    "otto": "operator",
+    "olga": "operator",
+    "april": "approver",
+    "ian": "incident_commander",
+    "sam": "security_responder",
+}
 
 
 class Command(BaseCommand):
@@ -30,22 +47,33 @@ class Command(BaseCommand):
             Group.objects.get_or_create(name=name)
         password = os.environ.get("DEMO_PASSWORD", "controlplane-demo")
         for username, role in DEMO_USERS.items():
-            user, created = User.objects.get_or_create(username=username, defaults={"is_staff": role == "admin"})
+            user, created = User.objects.get_or_create(
+                username=username, defaults={"is_staff": role == "admin"}
+            )
             if created:
                 user.set_password(password)
                 user.is_superuser = user.is_staff = role == "admin"
                 user.save()
             user.groups.add(Group.objects.get(name=role))
         for name, (scopes, description) in DEMO_AGENTS.items():
-            Agent.objects.update_or_create(name=name, defaults={"allowed_scopes": scopes, "description": description})
+            Agent.objects.update_or_create(
+                name=name, defaults={"allowed_scopes": scopes, "description": description}
+            )
         token_file = Path(settings.VAR_DIR) / "demo-worker-token"
         token_file.parent.mkdir(parents=True, exist_ok=True)
         secret = token_file.read_text().strip() if token_file.exists() else ""
-        if not secret or not ApiToken.objects.filter(token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True).exists():
-            _, secret = ApiToken.issue(kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS))
+        if (
+            not secret
+            or not ApiToken.objects.filter(
+                token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
+            ).exists()
+        ):
+            _, secret = ApiToken.issue(
+                kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
+            )
             token_file.write_text(secret + "\n")
             token_file.chmod(0o600)
-        self.stdout.write("demo logins (password: %s):" % password)
+        self.stdout.write(f"demo logins (password: {password}):")
         for username, role in DEMO_USERS.items():
             self.stdout.write(f"  {username:6} {role}")
         self.stdout.write(f"demo worker token in {token_file}")

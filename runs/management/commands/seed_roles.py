@@ -1,7 +1,7 @@
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 
-from controlplane.roles import ROLES
+from core.roles import ROLES
 
 
 class Command(BaseCommand):

@@ -1,7 +1,8 @@
 """WebSocket routes: the console's live hints (runs/consumers.py)."""
+
 from django.urls import path
 
-from runs.consumers import RunConsumer, RunListConsumer
+from console.consumers import RunConsumer, RunListConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/", RunListConsumer.as_asgi()),

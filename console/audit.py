@@ -2,6 +2,7 @@
 
 Reads only. The Django admin serves the same rows read-only; this page adds verification and export.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -16,8 +17,8 @@ from django.views.decorators.http import require_GET
 
 from audit.models import AuditEvent
 from audit.services import export_jsonl, verify_chain
-from controlplane.roles import may
-from runs.views import console_view, is_fragment, present
+from console.runs import console_view, is_fragment, present
+from core.roles import may
 
 PAGE = 100
 FILTERS = ("action", "actor", "outcome", "object_type", "component", "run")
@@ -48,14 +49,19 @@ def audit_context(request: HttpRequest) -> dict:
     before = request.GET.get("before", "")
     if before.isdigit():
         qs = qs.filter(seq__lt=int(before))
-    rows = list(qs.order_by("-seq")[:PAGE + 1])
+    rows = list(qs.order_by("-seq")[: PAGE + 1])
     more = len(rows) > PAGE
     rows = rows[:PAGE]
     query = urlencode({k: v for k, v in filters.items() if v})
-    return {"events": [{"a": a, "context": present(a.context)} for a in rows], "filters": filters,
-            "next_before": rows[-1].seq if more and rows else None, "query": query,
-            "outcomes": [AuditEvent.ALLOWED, AuditEvent.DENIED, AuditEvent.ERROR],
-            "may_export": may(request.roles, "audit_export"), "nav": "audit"}
+    return {
+        "events": [{"a": a, "context": present(a.context)} for a in rows],
+        "filters": filters,
+        "next_before": rows[-1].seq if more and rows else None,
+        "query": query,
+        "outcomes": [AuditEvent.ALLOWED, AuditEvent.DENIED, AuditEvent.ERROR],
+        "may_export": may(request.roles, "audit_export"),
+        "nav": "audit",
+    }
 
 
 @console_view
@@ -64,7 +70,9 @@ def audit_page(request: HttpRequest) -> HttpResponse:
     ctx = audit_context(request)
     if is_fragment(request):
         return render(request, "audit/list.html#events", ctx)
-    ctx["object_types"] = AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
+    ctx["object_types"] = (
+        AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
+    )
     ctx["components"] = AuditEvent.objects.order_by().values_list("component", flat=True).distinct()
     return render(request, "audit/list.html", ctx)
 
@@ -74,8 +82,16 @@ def audit_page(request: HttpRequest) -> HttpResponse:
 def audit_verify(request: HttpRequest) -> HttpResponse:
     """Walk the whole chain now; name the first broken link."""
     report = verify_chain()
-    broken = AuditEvent.objects.filter(seq=report.first_broken_seq).first() if report.first_broken_seq else None
-    return render(request, "audit/list.html#verify", {"report": report, "broken": broken, "checked_at": timezone.now()})
+    broken = (
+        AuditEvent.objects.filter(seq=report.first_broken_seq).first()
+        if report.first_broken_seq
+        else None
+    )
+    return render(
+        request,
+        "audit/list.html#verify",
+        {"report": report, "broken": broken, "checked_at": timezone.now()},
+    )
 
 
 @console_view
@@ -91,7 +107,9 @@ def audit_export(request: HttpRequest) -> FileResponse:
     export_jsonl(writer, int(since) if since.isdigit() else 0)
     spool.seek(0)
     name = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}.jsonl"
-    return FileResponse(spool, as_attachment=True, filename=name, content_type="application/x-ndjson")
+    return FileResponse(
+        spool, as_attachment=True, filename=name, content_type="application/x-ndjson"
+    )
 
 
 class _Utf8Writer:

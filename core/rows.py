@@ -11,6 +11,7 @@ and builds instances with ``Model.from_db``, so they behave like any other insta
 
 Only for equality filters on concrete columns; anything richer stays with the ORM.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -42,8 +43,14 @@ def _shape(model: type[models.Model], alias: str) -> tuple[str, tuple[str, ...],
 
 
 @lru_cache(maxsize=256)
-def _statement(model: type[models.Model], columns: tuple[str, ...], order_by: tuple[str, ...], limit: int | None,
-               lock: bool, alias: str) -> str:
+def _statement(
+    model: type[models.Model],
+    columns: tuple[str, ...],
+    order_by: tuple[str, ...],
+    limit: int | None,
+    lock: bool,
+    alias: str,
+) -> str:
     conn = connections[alias]
     qn = conn.ops.quote_name
     meta = model._meta
@@ -52,16 +59,25 @@ def _statement(model: type[models.Model], columns: tuple[str, ...], order_by: tu
     if order_by:
         sql += " ORDER BY " + ", ".join(
             f"{qn(meta.get_field(name.lstrip('-')).column)} {'DESC' if name.startswith('-') else 'ASC'}"
-            for name in order_by)
+            for name in order_by
+        )
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
-    if lock and conn.features.has_select_for_update:  # SQLite has none: its writers are serialised anyway
+    if (
+        lock and conn.features.has_select_for_update
+    ):  # SQLite has none: its writers are serialised anyway
         sql += " FOR UPDATE"
     return sql
 
 
-def select_rows(model: type[M], *, order_by: tuple[str, ...] = (), limit: int | None = None, lock: bool = False,
-                **equals: Any) -> list[M]:
+def select_rows[M: models.Model](
+    model: type[M],
+    *,
+    order_by: tuple[str, ...] = (),
+    limit: int | None = None,
+    lock: bool = False,
+    **equals: Any,
+) -> list[M]:
     """``model.objects.filter(**equals).order_by(*order_by)[:limit]`` (``.select_for_update()`` with
     ``lock``), as cached hand-written SQL. Field names, not ``__`` lookups; ``pk`` means the primary key.
     A value its field cannot hold (a malformed UUID, say) matches no row, as it would in the database."""
@@ -70,7 +86,7 @@ def select_rows(model: type[M], *, order_by: tuple[str, ...] = (), limit: int | 
     meta = model._meta
     names = tuple(meta.pk.name if name == "pk" else name for name in equals)
     params = []
-    for name, value in zip(names, equals.values()):
+    for name, value in zip(names, equals.values(), strict=False):
         field = meta.get_field(name)
         target = field.target_field if field.is_relation else field
         if isinstance(value, models.Model):
@@ -96,7 +112,9 @@ def select_rows(model: type[M], *, order_by: tuple[str, ...] = (), limit: int | 
     return found
 
 
-def select_row(model: type[M], *, order_by: tuple[str, ...] = (), lock: bool = False, **equals: Any) -> M | None:
+def select_row[M: models.Model](
+    model: type[M], *, order_by: tuple[str, ...] = (), lock: bool = False, **equals: Any
+) -> M | None:
     """The first row of ``select_rows(…, limit=1)``, or None."""
     rows = select_rows(model, order_by=order_by, limit=1, lock=lock, **equals)
     return rows[0] if rows else None

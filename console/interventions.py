@@ -4,6 +4,7 @@
 The edge parses the form into a :class:`base.Request` and maps domain errors to the dialog with their
 HTTP status. The services decide and enforce everything again (role, decision authority, state table).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,22 +20,29 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from controlplane.auth import actor_for_user
-from controlplane.roles import PERMISSIONS, ROLES, may, roles_of
+from console.runs import (
+    console_view,
+    detail_context,
+    is_fragment,
+    kind_label,
+    present,
+    visible_run_or_404,
+)
+from core.auth import actor_for_user
+from core.errors import Conflict, DomainError, Forbidden, Invalid
+from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions import base
-from interventions.api import receipt_dict
 from interventions.approvals import SATISFIES
 from interventions.contracts import CONTRACTS as SPECS
 from interventions.contracts import contracts_document
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.reconcile import reconcile_effect
+from interventions.selectors import receipt_dict
 from interventions.transfer import FACETS
-from runs.errors import Conflict, DomainError, Forbidden, Invalid
 from runs.models import Approval, AuthorityGrant, Effect, Run
 from runs.selectors import visible_runs
 from runs.services.effects import effect_dict
 from runs.states import State, as_table
-from runs.views import console_view, detail_context, is_fragment, kind_label, present, visible_run_or_404
 
 # Form fields -> options, per kind. Anything not listed for a kind is ignored.
 OPTION_FIELDS: dict[str, tuple[str, ...]] = {
@@ -42,8 +50,10 @@ OPTION_FIELDS: dict[str, tuple[str, ...]] = {
     "resume": ("reobserve_assumptions",),
     "retry": ("checkpoint_seq",),
     "transfer": ("to", "facets", "to_worker"),
-    "approve": ("approval_id",), "reject": ("approval_id",),
-    "revoke_authority": ("grant_id", "grant_scope"), "suspend_authority": ("grant_id", "grant_scope"),
+    "approve": ("approval_id",),
+    "reject": ("approval_id",),
+    "revoke_authority": ("grant_id", "grant_scope"),
+    "suspend_authority": ("grant_id", "grant_scope"),
     "restore_authority": ("grant_id", "grant_scope"),
     "recover": ("prefer",),
 }
@@ -71,14 +81,21 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
                 try:
                     options[name] = int(raw)
                 except ValueError:
-                    raise Invalid("checkpoint must be a whole number", field="options.checkpoint_seq") from None
-        elif (value := data.get(name, "").strip()):
+                    raise Invalid(
+                        "checkpoint must be a whole number", field="options.checkpoint_seq"
+                    ) from None
+        elif value := data.get(name, "").strip():
             options["scope" if name == "grant_scope" else name] = value
     scope = data.get("scope", "run") or "run"
     if scope not in ("run", "tree"):
         raise Invalid("scope must be 'run' or 'tree'", field="scope")
-    return base.Request(kind=kind, reason=data.get("reason", "").strip(), scope=scope, options=options,
-                        override_reason=data.get("override_reason", "").strip())
+    return base.Request(
+        kind=kind,
+        reason=data.get("reason", "").strip(),
+        scope=scope,
+        options=options,
+        override_reason=data.get("override_reason", "").strip(),
+    )
 
 
 def preview_token(req: base.Request) -> str:
@@ -90,8 +107,13 @@ def preview_token(req: base.Request) -> str:
 
 def error_dict(err: DomainError) -> dict[str, Any]:
     extra = {k: v for k, v in err.extra.items() if k not in ("problems",)}
-    return {"status": err.status, "code": err.code, "detail": err.detail, "extra": present(extra) if extra else None,
-            "problems": err.extra.get("problems")}
+    return {
+        "status": err.status,
+        "code": err.code,
+        "detail": err.detail,
+        "extra": present(extra) if extra else None,
+        "problems": err.extra.get("problems"),
+    }
 
 
 # --- the dialog -----------------------------------------------------------------------------------
@@ -114,20 +136,41 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
     return data
 
 
-def dialog_context(request: HttpRequest, run: Run, req: base.Request, form: QueryDict) -> dict[str, Any]:
+def dialog_context(
+    request: HttpRequest, run: Run, req: base.Request, form: QueryDict
+) -> dict[str, Any]:
     roles, owner = request.roles, run.decision_authority
     not_owner = req.kind in base.OWNER_BOUND and owner is not None and owner.pk != request.user.pk
-    show_override = (not_owner and may(roles, "override")) or (req.kind == "resume" and may(roles, "override_revalidation")) \
+    show_override = (
+        (not_owner and may(roles, "override"))
+        or (req.kind == "resume" and may(roles, "override_revalidation"))
         or (req.kind == "retry" and may(roles, "override"))
+    )
     contract = base.get_contract(req.kind) if req.kind in SPECS else None
-    ctx = {"run": run, "kind": req.kind, "label": kind_label(req.kind), "spec": SPECS.get(req.kind, {}),
-           "scoped": bool(contract and contract.scoped), "fields": OPTION_FIELDS.get(req.kind, ()), "form": form,
-           "facets_checked": form.getlist("facets"), "show_override": show_override, "not_owner": not_owner,
-           "owner": owner, "may_override": may(roles, "override"), "origin": form.get("origin", "run")}
+    ctx = {
+        "run": run,
+        "kind": req.kind,
+        "label": kind_label(req.kind),
+        "spec": SPECS.get(req.kind, {}),
+        "scoped": bool(contract and contract.scoped),
+        "fields": OPTION_FIELDS.get(req.kind, ()),
+        "form": form,
+        "facets_checked": form.getlist("facets"),
+        "show_override": show_override,
+        "not_owner": not_owner,
+        "owner": owner,
+        "may_override": may(roles, "override"),
+        "origin": form.get("origin", "run"),
+    }
     if "checkpoint_seq" in ctx["fields"]:
         ctx["checkpoints"] = run.checkpoints.order_by("-seq").values("seq", "step")
     if "to" in ctx["fields"]:
-        ctx["users"] = get_user_model().objects.filter(is_active=True, groups__name__in=ROLES).distinct().order_by("username")
+        ctx["users"] = (
+            get_user_model()
+            .objects.filter(is_active=True, groups__name__in=ROLES)
+            .distinct()
+            .order_by("username")
+        )
         ctx["all_facets"] = FACETS
     if "approval_id" in ctx["fields"]:
         ctx["approvals"] = run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
@@ -142,7 +185,9 @@ def with_preview(request: HttpRequest, run: Run, req: base.Request, ctx: dict[st
     """Adds the preview (or the domain error it raised) to ctx; returns the HTTP status."""
     try:
         if not may(request.roles, req.kind):
-            raise Forbidden(f"role(s) {sorted(request.roles) or ['none']} may not {req.kind}", kind=req.kind)
+            raise Forbidden(
+                f"role(s) {sorted(request.roles) or ['none']} may not {req.kind}", kind=req.kind
+            )
         shown = base.preview(actor=request.actor, run_id=run.pk, req=req)
     except DomainError as err:
         ctx["error"] = error_dict(err)
@@ -162,13 +207,19 @@ def intervention_new(request: HttpRequest, run_id: UUID) -> HttpResponse:
     if kind not in SPECS:
         raise Http404("unknown intervention kind")
     if not may(request.roles, kind):
-        ctx = {"run": run, "kind": kind, "label": kind_label(kind),
-               "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}"))}
+        ctx = {
+            "run": run,
+            "kind": kind,
+            "label": kind_label(kind),
+            "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}")),
+        }
         return render(request, "interventions/dialog.html#dialog", ctx, status=403)
     form = _defaults(run, kind, request.GET)
     req = _safe_request(kind, form)
     ctx = dialog_context(request, run, req, form)
-    with_preview(request, run, req, ctx)  # a preview refusal is shown in the dialog, which itself opened fine
+    with_preview(
+        request, run, req, ctx
+    )  # a preview refusal is shown in the dialog, which itself opened fine
     return render(request, "interventions/dialog.html#dialog", ctx)
 
 
@@ -199,13 +250,19 @@ def intervention_issue(request: HttpRequest, run_id: UUID) -> HttpResponse:
         # A role that may not issue this kind is refused by the service itself, so the refusal is
         # audited like the API's; for everyone else the form must still be what the preview showed.
         if may(request.roles, kind) and request.POST.get("preview_token") != preview_token(req):
-            stale = Conflict("the options changed since the preview: review the new preview, then confirm")
+            stale = Conflict(
+                "the options changed since the preview: review the new preview, then confirm"
+            )
             stale.code = "preview_stale"
             raise stale
         intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
     except DomainError as err:
         req = _safe_request(kind, request.POST)
-        ctx = dialog_context(request, run, req, request.POST) if kind in SPECS else {"run": run, "kind": kind}
+        ctx = (
+            dialog_context(request, run, req, request.POST)
+            if kind in SPECS
+            else {"run": run, "kind": kind}
+        )
         if kind in SPECS and may(request.roles, kind):
             with_preview(request, run, req, ctx)
         ctx["error"] = error_dict(err)
@@ -221,10 +278,16 @@ def _safe_request(kind: str, data: QueryDict) -> base.Request:
 
 
 def receipt_response(request: HttpRequest, intervention: Intervention, origin: str) -> HttpResponse:
-    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=intervention.run_id)
+    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(
+        pk=intervention.run_id
+    )
     ctx = job_context(intervention)
-    ctx |= {"r": receipt_dict(intervention), "run": run, "label": kind_label(intervention.kind),
-            "receipt": present(receipt_rest(intervention, ctx["rep"]))}
+    ctx |= {
+        "r": receipt_dict(intervention),
+        "run": run,
+        "label": kind_label(intervention.kind),
+        "receipt": present(receipt_rest(intervention, ctx["rep"])),
+    }
     html = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.
     html += out_of_band(request, run, origin)
@@ -233,8 +296,13 @@ def receipt_response(request: HttpRequest, intervention: Intervention, origin: s
 
 def out_of_band(request: HttpRequest, run: Run, origin: str) -> str:
     if origin == "inbox":
-        return render_to_string("interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True})
-    return render_to_string("runs/detail.html#sections", detail_context(run, request.user, request.roles) | {"oob": True})
+        return render_to_string(
+            "interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
+        )
+    return render_to_string(
+        "runs/detail.html#sections",
+        detail_context(run, request.user, request.roles) | {"oob": True},
+    )
 
 
 @console_view
@@ -251,18 +319,31 @@ def intervention_job(request: HttpRequest, intervention_id: UUID) -> HttpRespons
 def job_context(intervention: Intervention) -> dict[str, Any]:
     """The receipt's follow-up job: its report when the kind has one (templates/interventions/reports.html),
     else the generic job record."""
-    return {"i": intervention, "job": present(intervention.receipt.get("job")), "rep": report_for(intervention)}
+    return {
+        "i": intervention,
+        "job": present(intervention.receipt.get("job")),
+        "rep": report_for(intervention),
+    }
 
 
 # --- job reports: a resume's revalidation, a compensation plan, a recovery --------------------------
 # Each *_view turns a recorded report (receipt["job"], a CompensationPlan row) into what
 # templates/interventions/reports.html draws. Read-only; nothing is recomputed, only arranged.
 
-CHECKS = {"boundary": "Checkpoint boundary", "versions": "Code, model, tool and config versions",
-          "assumptions": "Assumptions", "unknown_effects": "Effects of unknown outcome", "authority": "Authority now",
-          "replay": "Steps that execute again"}
+CHECKS = {
+    "boundary": "Checkpoint boundary",
+    "versions": "Code, model, tool and config versions",
+    "assumptions": "Assumptions",
+    "unknown_effects": "Effects of unknown outcome",
+    "authority": "Authority now",
+    "replay": "Steps that execute again",
+}
 # Receipt keys a report shows, left out of the generic "what happened" listing next to it.
-REPORTED_KEYS = {"resume": ("job",), "compensate": ("job", "plan", "plan_id"), "recover": ("job", "compensation")}
+REPORTED_KEYS = {
+    "resume": ("job",),
+    "compensate": ("job", "plan", "plan_id"),
+    "recover": ("job", "compensation"),
+}
 
 
 def shown(value: Any) -> str:
@@ -274,7 +355,9 @@ def shown(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
 
 
-def report_for(i: Intervention, plans: dict[Any, list[dict[str, Any]]] | None = None) -> dict[str, Any] | None:
+def report_for(
+    i: Intervention, plans: dict[Any, list[dict[str, Any]]] | None = None
+) -> dict[str, Any] | None:
     """The report of a resume, compensate or recover intervention (None for other kinds). ``plans``:
     the run's plan views by intervention id, when the caller has them already."""
     if i.kind == "resume":
@@ -285,7 +368,9 @@ def report_for(i: Intervention, plans: dict[Any, list[dict[str, Any]]] | None = 
         plans = {i.pk: [compensation_view(p) for p in plans_query().filter(intervention=i)]}
     mine = plans.get(i.pk, [])
     if i.kind == "compensate":
-        return mine[0] if mine else None  # no plan: the compensate was refused before one was written
+        return (
+            mine[0] if mine else None
+        )  # no plan: the compensate was refused before one was written
     return recovery_view(i, mine[0] if mine else None)
 
 
@@ -298,7 +383,9 @@ def receipt_rest(i: Intervention, rep: dict[str, Any] | None) -> dict[str, Any]:
 
 def plans_query():
     steps = CompensationStep.objects.select_related("effect").order_by("position")
-    return CompensationPlan.objects.prefetch_related(Prefetch("steps", queryset=steps)).order_by("-created_at")
+    return CompensationPlan.objects.prefetch_related(Prefetch("steps", queryset=steps)).order_by(
+        "-created_at"
+    )
 
 
 def revalidation_view(i: Intervention) -> dict[str, Any]:
@@ -306,8 +393,15 @@ def revalidation_view(i: Intervention) -> dict[str, Any]:
     report = job.get("report")
     by_name = {c["name"]: c for c in (report or {}).get("checks", [])}
     names = [*CHECKS, *(n for n in by_name if n not in CHECKS)]
-    checks = [{"name": n, "label": CHECKS.get(n, n.replace("_", " ")), "ok": by_name[n]["ok"] if n in by_name else None,
-               "summary": by_name.get(n, {}).get("summary", "")} for n in names]
+    checks = [
+        {
+            "name": n,
+            "label": CHECKS.get(n, n.replace("_", " ")),
+            "ok": by_name[n]["ok"] if n in by_name else None,
+            "summary": by_name.get(n, {}).get("summary", ""),
+        }
+        for n in names
+    ]
 
     def details(name: str) -> Any:
         return by_name.get(name, {}).get("details")
@@ -316,24 +410,55 @@ def revalidation_view(i: Intervention) -> dict[str, Any]:
     versions = details("versions") or {}
     outcome = job.get("outcome") or ("running" if report is None else "")
     return {
-        "kind": "revalidation", "title": "Revalidation report", "intervention": str(i.pk), "status": i.status,
-        "badge": outcome, "stamp": i.status, "pending": report is None,
-        "ok": (report or {}).get("ok"), "failing": (report or {}).get("failing", []),
-        "checked_at": (report or {}).get("checked_at", ""), "checks": checks,
-        "boundary": details("boundary"), "boundary_summary": by_name.get("boundary", {}).get("summary", ""),
-        "diff": [{"name": d.get("name"), "then": shown(d.get("then")), "now": shown(d.get("now"))}
-                 for d in versions.get("diff") or []],
+        "kind": "revalidation",
+        "title": "Revalidation report",
+        "intervention": str(i.pk),
+        "status": i.status,
+        "badge": outcome,
+        "stamp": i.status,
+        "pending": report is None,
+        "ok": (report or {}).get("ok"),
+        "failing": (report or {}).get("failing", []),
+        "checked_at": (report or {}).get("checked_at", ""),
+        "checks": checks,
+        "boundary": details("boundary"),
+        "boundary_summary": by_name.get("boundary", {}).get("summary", ""),
+        "diff": [
+            {"name": d.get("name"), "then": shown(d.get("then")), "now": shown(d.get("now"))}
+            for d in versions.get("diff") or []
+        ],
         "versions_summary": by_name.get("versions", {}).get("summary", ""),
-        "stale": [{"key": a.get("key"), "recorded": shown(a.get("recorded")), "current": shown(a.get("current")),
-                   "observed_at": a.get("observed_at", ""), "problem": a.get("problem", "")}
-                  for a in assumptions.get("stale") or []],
-        "fresh": [{"key": a.get("key"), "recorded": shown(a.get("recorded")), "current": shown(a.get("current")),
-                   "note": a.get("note", "")} for a in assumptions.get("fresh") or []],
+        "stale": [
+            {
+                "key": a.get("key"),
+                "recorded": shown(a.get("recorded")),
+                "current": shown(a.get("current")),
+                "observed_at": a.get("observed_at", ""),
+                "problem": a.get("problem", ""),
+            }
+            for a in assumptions.get("stale") or []
+        ],
+        "fresh": [
+            {
+                "key": a.get("key"),
+                "recorded": shown(a.get("recorded")),
+                "current": shown(a.get("current")),
+                "note": a.get("note", ""),
+            }
+            for a in assumptions.get("fresh") or []
+        ],
         "unknown": details("unknown_effects") or [],
         "authority": details("authority") or [],
-        "replay": [{"step": s.get("step"), "effects": s.get("effects") or []} for s in details("replay") or []],
-        "overridden": bool(job.get("overridden")), "override_by": i.actor_label, "override_role": i.role,
-        "override_reason": i.override_reason, "outcome": outcome, "state": job.get("state", ""),
+        "replay": [
+            {"step": s.get("step"), "effects": s.get("effects") or []}
+            for s in details("replay") or []
+        ],
+        "overridden": bool(job.get("overridden")),
+        "override_by": i.actor_label,
+        "override_role": i.role,
+        "override_reason": i.override_reason,
+        "outcome": outcome,
+        "state": job.get("state", ""),
         "resume_from": i.receipt.get("resume_from"),
     }
 
@@ -345,31 +470,73 @@ def compensation_view(plan: CompensationPlan) -> dict[str, Any]:
     rows = []
     for s in steps:
         e, error = s.effect, s.last_error or {}
-        rows.append({
-            "position": s.position, "step": e.step, "tool": e.tool, "action": e.action, "key": e.idempotency_key,
-            "effect": str(e.pk), "comp_tool": s.tool, "comp_action": s.action, "comp_key": s.idempotency_key,
-            "status": s.status, "attempts": s.attempts, "failures": s.failures, "external_ref": s.external_ref,
-            "last_error": " · ".join(str(x) for x in (error.get("error"), error.get("message")) if x) if error else "",
-            "last_error_at": error.get("at", ""), "retryable": error.get("retryable"),
-            "next_attempt_at": s.next_attempt_at if s.status == CompensationStep.PENDING and s.failures else None,
-        })
+        rows.append(
+            {
+                "position": s.position,
+                "step": e.step,
+                "tool": e.tool,
+                "action": e.action,
+                "key": e.idempotency_key,
+                "effect": str(e.pk),
+                "comp_tool": s.tool,
+                "comp_action": s.action,
+                "comp_key": s.idempotency_key,
+                "status": s.status,
+                "attempts": s.attempts,
+                "failures": s.failures,
+                "external_ref": s.external_ref,
+                "last_error": " · ".join(
+                    str(x) for x in (error.get("error"), error.get("message")) if x
+                )
+                if error
+                else "",
+                "last_error_at": error.get("at", ""),
+                "retryable": error.get("retryable"),
+                "next_attempt_at": s.next_attempt_at
+                if s.status == CompensationStep.PENDING and s.failures
+                else None,
+            }
+        )
 
     def effect_rows(rows_in: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"effect": r.get("effect", ""), "step": r.get("step", ""), "tool": r.get("tool", ""),
-                 "action": r.get("action", ""), "key": r.get("idempotency_key", ""), "why": r.get("why", ""),
-                 "irreversible": bool(r.get("irreversible")), "external_ref": r.get("external_ref") or ""}
-                for r in rows_in or []]
+        return [
+            {
+                "effect": r.get("effect", ""),
+                "step": r.get("step", ""),
+                "tool": r.get("tool", ""),
+                "action": r.get("action", ""),
+                "key": r.get("idempotency_key", ""),
+                "why": r.get("why", ""),
+                "irreversible": bool(r.get("irreversible")),
+                "external_ref": r.get("external_ref") or "",
+            }
+            for r in rows_in or []
+        ]
 
     attempts = sum(s.attempts for s in steps)
     return {
-        "kind": "compensation", "title": "Compensation plan", "id": str(plan.pk), "intervention": str(plan.intervention_id),
-        "status": plan.status, "badge": plan.status, "live": plan.status in CompensationPlan.LIVE,
+        "kind": "compensation",
+        "title": "Compensation plan",
+        "id": str(plan.pk),
+        "intervention": str(plan.intervention_id),
+        "status": plan.status,
+        "badge": plan.status,
+        "live": plan.status in CompensationPlan.LIVE,
         "stamp": f"{plan.status}-{done}-{failed}-{attempts}",
-        "total": total, "done": done, "failed": failed, "finished": done + failed,
-        "running": count[CompensationStep.RUNNING], "waiting": count[CompensationStep.PENDING],
-        "steps": rows, "called_out": effect_rows(plan.called_out), "skipped": effect_rows(plan.skipped),
-        "summary": (plan.result or {}).get("summary", ""), "options": plan.options,
-        "created_at": plan.created_at, "started_at": plan.started_at, "finished_at": plan.finished_at,
+        "total": total,
+        "done": done,
+        "failed": failed,
+        "finished": done + failed,
+        "running": count[CompensationStep.RUNNING],
+        "waiting": count[CompensationStep.PENDING],
+        "steps": rows,
+        "called_out": effect_rows(plan.called_out),
+        "skipped": effect_rows(plan.skipped),
+        "summary": (plan.result or {}).get("summary", ""),
+        "options": plan.options,
+        "created_at": plan.created_at,
+        "started_at": plan.started_at,
+        "finished_at": plan.finished_at,
     }
 
 
@@ -378,45 +545,81 @@ def recovery_view(i: Intervention, plan: dict[str, Any] | None = None) -> dict[s
     job = i.receipt.get("job") or {}
     report = job.get("report")
     prefer = i.options.get("prefer", "redrive")
-    base_view = {"kind": "recovery", "title": "Recovery gate", "intervention": str(i.pk), "status": i.status,
-                 "stamp": f"{i.status}-{plan['stamp']}" if plan else i.status, "prefer": prefer, "plan": plan}
+    base_view = {
+        "kind": "recovery",
+        "title": "Recovery gate",
+        "intervention": str(i.pk),
+        "status": i.status,
+        "stamp": f"{i.status}-{plan['stamp']}" if plan else i.status,
+        "prefer": prefer,
+        "plan": plan,
+    }
     if report is None:
-        return base_view | {"pending": True, "badge": "running", "trigger": i.options.get("trigger", "operator"),
-                            "dead_lease": i.receipt.get("dead_lease"),
-                            "to_reconcile": (i.preview or {}).get("to_reconcile") or []}
+        return base_view | {
+            "pending": True,
+            "badge": "running",
+            "trigger": i.options.get("trigger", "operator"),
+            "dead_lease": i.receipt.get("dead_lease"),
+            "to_reconcile": (i.preview or {}).get("to_reconcile") or [],
+        }
     decision = report.get("decision") or {}
     rebuilt = report.get("rebuilt") or {}
     action = decision.get("action") or job.get("action", "")
     reconciliation = []
     for r in report.get("reconciliation") or []:
         evidence = r.get("evidence")
-        reconciliation.append({
-            "effect": r.get("effect", ""), "tool": r.get("tool", ""), "action": r.get("action", ""),
-            "key": r.get("idempotency_key", ""), "was": r.get("was", ""), "outcome": r.get("outcome", ""),
-            "external_ref": r.get("external_ref") or "", "already": bool(r.get("already")),
-            "evidence": [(k, shown(v)) for k, v in evidence.items()] if isinstance(evidence, dict) else
-                        ([("", shown(evidence))] if evidence else []),
-            "note": r.get("why") or r.get("detail") or ("already settled before the recovery" if r.get("already") else ""),
-        })
+        reconciliation.append(
+            {
+                "effect": r.get("effect", ""),
+                "tool": r.get("tool", ""),
+                "action": r.get("action", ""),
+                "key": r.get("idempotency_key", ""),
+                "was": r.get("was", ""),
+                "outcome": r.get("outcome", ""),
+                "external_ref": r.get("external_ref") or "",
+                "already": bool(r.get("already")),
+                "evidence": [(k, shown(v)) for k, v in evidence.items()]
+                if isinstance(evidence, dict)
+                else ([("", shown(evidence))] if evidence else []),
+                "note": r.get("why")
+                or r.get("detail")
+                or ("already settled before the recovery" if r.get("already") else ""),
+            }
+        )
     versions = report.get("versions") or {}
     return base_view | {
-        "pending": False, "badge": action, "action": action, "why": decision.get("why") or job.get("why", ""),
-        "safe": action in ("redrive", "retry", "compensate"), "state": job.get("state", ""),
-        "next_state": decision.get("next_state", ""), "next": decision.get("next", ""),
-        "from_checkpoint": decision.get("from_checkpoint"), "refused_fencing_token": decision.get("refused_fencing_token"),
+        "pending": False,
+        "badge": action,
+        "action": action,
+        "why": decision.get("why") or job.get("why", ""),
+        "safe": action in ("redrive", "retry", "compensate"),
+        "state": job.get("state", ""),
+        "next_state": decision.get("next_state", ""),
+        "next": decision.get("next", ""),
+        "from_checkpoint": decision.get("from_checkpoint"),
+        "refused_fencing_token": decision.get("refused_fencing_token"),
         "plan_id": decision.get("plan_id"),
-        "trigger": report.get("trigger", ""), "dead_lease": report.get("dead_lease"),
+        "trigger": report.get("trigger", ""),
+        "dead_lease": report.get("dead_lease"),
         "checkpoint_rebuilt": rebuilt.get("checkpoint"),
         "history_after": len(rebuilt.get("history_after_checkpoint") or []),
         "effects_after": rebuilt.get("effects_after_checkpoint") or [],
         "steps_to_rerun": rebuilt.get("steps_to_rerun") or [],
-        "history": report.get("history") or {}, "checkpoint": report.get("checkpoint") or {},
-        "versions": {"runnable": versions.get("runnable"), "note": versions.get("note", ""),
-                     "unknown": bool(versions.get("unknown")),
-                     "differences": [{"key": d.get("key"), "then": shown(d.get("then")), "now": shown(d.get("now"))}
-                                     for d in versions.get("differences") or []]},
-        "reconciliation": reconciliation, "unresolved_after": report.get("unresolved_after") or [],
-        "attempts": report.get("attempts") or {}, "rules": report.get("rules") or [],
+        "history": report.get("history") or {},
+        "checkpoint": report.get("checkpoint") or {},
+        "versions": {
+            "runnable": versions.get("runnable"),
+            "note": versions.get("note", ""),
+            "unknown": bool(versions.get("unknown")),
+            "differences": [
+                {"key": d.get("key"), "then": shown(d.get("then")), "now": shown(d.get("now"))}
+                for d in versions.get("differences") or []
+            ],
+        },
+        "reconciliation": reconciliation,
+        "unresolved_after": report.get("unresolved_after") or [],
+        "attempts": report.get("attempts") or {},
+        "rules": report.get("rules") or [],
     }
 
 
@@ -442,24 +645,40 @@ def reconcile(request: HttpRequest, effect_id: UUID) -> HttpResponse:
     if effect is None:
         raise Http404("no such effect")
     run = visible_run_or_404(request.actor, effect.run_id)
-    ctx = {"run": run, "effect": effect_dict(effect), "form": request.POST if request.method == "POST" else {}}
+    ctx = {
+        "run": run,
+        "effect": effect_dict(effect),
+        "form": request.POST if request.method == "POST" else {},
+    }
     if not may(request.roles, "reconcile"):
-        ctx["error"] = error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects"))
+        ctx["error"] = error_dict(
+            Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects")
+        )
         return render(request, "interventions/dialog.html#reconcile", ctx, status=403)
     if request.method == "GET":
         return render(request, "interventions/dialog.html#reconcile", ctx)
     try:
-        if not request.POST.get("evidence", "").strip() or not request.POST.get("reason", "").strip():
+        if (
+            not request.POST.get("evidence", "").strip()
+            or not request.POST.get("reason", "").strip()
+        ):
             raise Invalid("evidence and a reason are both required", field="evidence")
-        settled = reconcile_effect(actor=request.actor, effect_id=effect.pk, outcome=request.POST.get("outcome", ""),
-                                   evidence=request.POST["evidence"].strip(),
-                                   external_ref=request.POST.get("external_ref", "").strip()[:200],
-                                   reason=request.POST["reason"].strip(), source="operator")
+        settled = reconcile_effect(
+            actor=request.actor,
+            effect_id=effect.pk,
+            outcome=request.POST.get("outcome", ""),
+            evidence=request.POST["evidence"].strip(),
+            external_ref=request.POST.get("external_ref", "").strip()[:200],
+            reason=request.POST["reason"].strip(),
+            source="operator",
+        )
     except DomainError as err:
         ctx["error"] = error_dict(err)
         return render(request, "interventions/dialog.html#reconcile", ctx, status=err.status)
     ctx |= {"effect": effect_dict(settled), "done": present(settled.reconciliation)}
-    html = render_to_string("interventions/dialog.html#reconciled", ctx, request=request) + out_of_band(request, run, "run")
+    html = render_to_string(
+        "interventions/dialog.html#reconciled", ctx, request=request
+    ) + out_of_band(request, run, "run")
     return HttpResponse(html)
 
 
@@ -472,13 +691,23 @@ def inbox_context(actor) -> dict[str, Any]:
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
     rows = []
     if may(roles, "approve") or may(roles, "reject"):
-        pending = (Approval.objects.filter(status=Approval.PENDING, required_role__in=decidable,
-                                           run__in=visible_runs(actor))
-                   .select_related("run__agent").order_by("deadline", "requested_at"))
+        pending = (
+            Approval.objects.filter(
+                status=Approval.PENDING, required_role__in=decidable, run__in=visible_runs(actor)
+            )
+            .select_related("run__agent")
+            .order_by("deadline", "requested_at")
+        )
         for a in pending:
-            rows.append({"a": a, "args": present(a.args),
-                         "self": actor.label in (a.requested_by, a.run.created_by),
-                         "may_approve": may(roles, "approve"), "may_reject": may(roles, "reject")})
+            rows.append(
+                {
+                    "a": a,
+                    "args": present(a.args),
+                    "self": actor.label in (a.requested_by, a.run.created_by),
+                    "may_approve": may(roles, "approve"),
+                    "may_reject": may(roles, "reject"),
+                }
+            )
     return {"rows": rows, "decidable": decidable, "roles": roles}
 
 
@@ -486,12 +715,20 @@ def inbox_context(actor) -> dict[str, Any]:
 @require_GET
 def approvals_inbox(request: HttpRequest) -> HttpResponse:
     ctx = inbox_context(request.actor) | {"nav": "approvals"}
-    return render(request, "interventions/approvals.html#inbox" if is_fragment(request) else "interventions/approvals.html", ctx)
+    return render(
+        request,
+        "interventions/approvals.html#inbox"
+        if is_fragment(request)
+        else "interventions/approvals.html",
+        ctx,
+    )
 
 
 def render_inbox_push(user) -> str:
-    return render_to_string("interventions/approvals.html#inbox",
-                            inbox_context(actor_for_user(user, None, component="console")) | {"oob": True})
+    return render_to_string(
+        "interventions/approvals.html#inbox",
+        inbox_context(actor_for_user(user, None, component="console")) | {"oob": True},
+    )
 
 
 # --- contracts page -------------------------------------------------------------------------------
@@ -504,9 +741,21 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
     by_state: dict[str, list[dict[str, Any]]] = {s.value: [] for s in State}
     for row in as_table():
         by_state[row["from"]].append(row)
-    matrix = [{"action": action, "cells": [role in roles for role in ROLES]} for action, roles in PERMISSIONS.items()]
-    return render(request, "interventions/contracts.html", {
-        "contracts": [{"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()],
-        "by_state": by_state, "matrix": matrix, "roles_header": ROLES, "nav": "contracts",
-        "my_roles": roles_of(request.user),
-    })
+    matrix = [
+        {"action": action, "cells": [role in roles for role in ROLES]}
+        for action, roles in PERMISSIONS.items()
+    ]
+    return render(
+        request,
+        "interventions/contracts.html",
+        {
+            "contracts": [
+                {"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()
+            ],
+            "by_state": by_state,
+            "matrix": matrix,
+            "roles_header": ROLES,
+            "nav": "contracts",
+            "my_roles": roles_of(request.user),
+        },
+    )

@@ -1,4 +1,5 @@
 """Request bodies of the worker protocol (DESIGN §5). Field names are part of the contract."""
+
 from __future__ import annotations
 
 import math
@@ -44,7 +45,9 @@ class Schema(NinjaSchema):
 
 
 class GrantRequest(Schema):
-    scope: str = Field(min_length=3, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+:([A-Za-z0-9_.\-]+|\*)$")
+    scope: str = Field(
+        min_length=3, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+:([A-Za-z0-9_.\-]+|\*)$"
+    )
     ttl_s: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
 
 

@@ -1,4 +1,5 @@
 """Domain errors raised by services; the API edge maps them to JSON 4xx responses."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ partials). Views read through the selectors and never write; interventions/views
 services. Pushes are hints: ``render_list_push`` / ``render_detail_push`` re-render from the database,
 and runs/consumers.py sends them on every (re)connect and on every "run.changed".
 """
+
 from __future__ import annotations
 
 import re
@@ -25,10 +26,11 @@ from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseClientRedirect
 
 from audit.models import AuditEvent
-from controlplane.auth import actor_for_user
-from controlplane.roles import may, roles_of
+from core.auth import actor_for_user
+from core.roles import may, roles_of
 from interventions.base import descendants
 from interventions.contracts import CONTRACTS as CONTRACT_SPECS
+from interventions.selectors import receipt_dict
 from interventions.transfer import holders
 from runs.models import Agent, AuthorityGrant, Effect, HistoryEvent, Run
 from runs.selectors import ledger, run_detail, run_summary, visible_runs
@@ -80,15 +82,24 @@ def present(value: Any, depth: int = 0) -> dict[str, Any]:
     if isinstance(value, dict):
         if not value:
             return {"t": "empty"}
-        return {"t": "dict", "items": [(_label(k), present(v, depth + 1)) for k, v in value.items()]}
+        return {
+            "t": "dict",
+            "items": [(_label(k), present(v, depth + 1)) for k, v in value.items()],
+        }
     if isinstance(value, (list, tuple)):
         if not value:
             return {"t": "empty"}
         if all(isinstance(v, dict) and v for v in value):
             cols = list(dict.fromkeys(k for v in value for k in v))
-            if all(not isinstance(x, (dict, list)) or not x for v in value for x in v.values()) and len(cols) <= 9:
-                return {"t": "table", "cols": [_label(c) for c in cols],
-                        "rows": [[present(v.get(c), depth + 1) for c in cols] for v in value]}
+            if (
+                all(not isinstance(x, (dict, list)) or not x for v in value for x in v.values())
+                and len(cols) <= 9
+            ):
+                return {
+                    "t": "table",
+                    "cols": [_label(c) for c in cols],
+                    "rows": [[present(v.get(c), depth + 1) for c in cols] for v in value],
+                }
         return {"t": "list", "items": [present(v, depth + 1) for v in value]}
     if value is None:
         return {"t": "none"}
@@ -107,8 +118,14 @@ def _label(key: Any) -> str:
 
 
 def list_filters(params: QueryDict) -> dict[str, Any]:
-    states = [s for s in params.getlist("state") for s in s.split(",") if s in State._value2member_map_]
-    return {"state": states, "agent": params.get("agent", "").strip(), "owner": params.get("owner", "").strip()}
+    states = [
+        s for s in params.getlist("state") for s in s.split(",") if s in State._value2member_map_
+    ]
+    return {
+        "state": states,
+        "agent": params.get("agent", "").strip(),
+        "owner": params.get("owner", "").strip(),
+    }
 
 
 def list_context(actor, filters: dict[str, Any]) -> dict[str, Any]:
@@ -118,18 +135,34 @@ def list_context(actor, filters: dict[str, Any]) -> dict[str, Any]:
     if filters["agent"]:
         qs = qs.filter(agent__name=filters["agent"])
     if filters["owner"]:
-        qs = qs.filter(Q(assignee__username=filters["owner"]) | Q(decision_authority__username=filters["owner"]))
+        qs = qs.filter(
+            Q(assignee__username=filters["owner"])
+            | Q(decision_authority__username=filters["owner"])
+        )
     total = qs.count()
-    qs = qs.annotate(n_unresolved=Count("effects", filter=Q(effects__decision=Effect.AUTHORIZED,
-                                                               effects__status__in=list(Effect.UNRESOLVED))))
+    qs = qs.annotate(
+        n_unresolved=Count(
+            "effects",
+            filter=Q(
+                effects__decision=Effect.AUTHORIZED, effects__status__in=list(Effect.UNRESOLVED)
+            ),
+        )
+    )
     runs = [run_summary(r, r.n_unresolved) for r in qs.order_by("-created_at")[:LIST_LIMIT]]
     query = QueryDict(mutable=True)
     query.setlist("state", filters["state"])
     for key in ("agent", "owner"):
         if filters[key]:
             query[key] = filters[key]
-    return {"runs": runs, "total": total, "filters": filters, "query": query.urlencode(), "nav": "runs",
-            "states": [s.value for s in State], "limit": LIST_LIMIT}
+    return {
+        "runs": runs,
+        "total": total,
+        "filters": filters,
+        "query": query.urlencode(),
+        "nav": "runs",
+        "states": [s.value for s in State],
+        "limit": LIST_LIMIT,
+    }
 
 
 @console_view
@@ -138,9 +171,13 @@ def run_list(request: HttpRequest) -> HttpResponse:
     ctx = list_context(request.actor, list_filters(request.GET))
     if is_fragment(request):
         return render(request, "runs/list.html#run-live", ctx)
-    users = get_user_model().objects.filter(Q(assigned_runs__isnull=False) | Q(decided_runs__isnull=False))
-    ctx |= {"agents": Agent.objects.order_by("name").values_list("name", flat=True),
-            "owners": users.order_by("username").values_list("username", flat=True).distinct()}
+    users = get_user_model().objects.filter(
+        Q(assigned_runs__isnull=False) | Q(decided_runs__isnull=False)
+    )
+    ctx |= {
+        "agents": Agent.objects.order_by("name").values_list("name", flat=True),
+        "owners": users.order_by("username").values_list("username", flat=True).distinct(),
+    }
     return render(request, "runs/list.html", ctx)
 
 
@@ -154,15 +191,22 @@ def render_list_push(user, query_string: str) -> str:
 # --- run detail -----------------------------------------------------------------------------------
 
 
-def offered_interventions(run: Run, roles: frozenset[str], data: dict[str, Any]) -> list[tuple[str, str]]:
+def offered_interventions(
+    run: Run, roles: frozenset[str], data: dict[str, Any]
+) -> list[tuple[str, str]]:
     """Buttons: the kinds the state table allows from this state AND the user's role may issue.
     The table and the matrix are read, not restated; the data only hides buttons with nothing to
     act on (no pending approval, no grant to restore). The services check everything again."""
     allowed = set(allowed_events(run.state))
     grants = {g["status"] for g in data["authority"]}
-    has = {"approve": data["pending_approvals"], "reject": data["pending_approvals"],
-           "reconcile": data["unresolved_effects"], "restore_authority": "suspended" in grants,
-           "revoke_authority": bool(grants & {"active", "suspended"}), "suspend_authority": "active" in grants}
+    has = {
+        "approve": data["pending_approvals"],
+        "reject": data["pending_approvals"],
+        "reconcile": data["unresolved_effects"],
+        "restore_authority": "suspended" in grants,
+        "revoke_authority": bool(grants & {"active", "suspended"}),
+        "suspend_authority": "active" in grants,
+    }
     out = []
     for kind, spec in CONTRACT_SPECS.items():
         event = spec["event"]
@@ -186,8 +230,16 @@ def _tree(run: Run) -> list[dict[str, Any]]:
 
     def walk(parent_id: Any, depth: int) -> None:
         for child in by_parent.get(parent_id, []):
-            out.append({"id": str(child.pk), "agent": child.agent.name, "state": child.state, "goal": child.goal,
-                        "depth": depth, "indent": depth * 1.25})
+            out.append(
+                {
+                    "id": str(child.pk),
+                    "agent": child.agent.name,
+                    "state": child.state,
+                    "goal": child.goal,
+                    "depth": depth,
+                    "indent": depth * 1.25,
+                }
+            )
             walk(child.pk, depth + 1)
 
     walk(run.pk, 0)
@@ -200,28 +252,45 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
     effects = ledger(run)
     grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
     interventions = list(run.interventions.select_related("actor").order_by("-created_at")[:50])
-    from interventions.api import receipt_dict  # late: interventions imports runs
-    from interventions.views import receipt_rest, run_reports
+    from console.interventions import receipt_rest, run_reports
 
     reports = run_reports(run, interventions)  # revalidation, compensation plans, recovery gate
 
     return {
-        "run": run, "data": data, "roles": roles, "user": user, "nav": "runs",
+        "run": run,
+        "data": data,
+        "roles": roles,
+        "user": user,
+        "nav": "runs",
         "facets": holders(run),
         "offered": offered_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "effects": effects,
         "grants": [{"g": g, "status": g.effective_status()} for g in grants],
-        "timeline": [{"e": e, "data": present(e.data)}
-                     for e in HistoryEvent.objects.filter(run=run).order_by("-seq")[:TIMELINE_LIMIT]],
+        "timeline": [
+            {"e": e, "data": present(e.data)}
+            for e in HistoryEvent.objects.filter(run=run).order_by("-seq")[:TIMELINE_LIMIT]
+        ],
         "tree": _tree(run),
-        "checkpoints": [{"c": c, "state": present(c.state)} for c in run.checkpoints.order_by("-seq")],
+        "checkpoints": [
+            {"c": c, "state": present(c.state)} for c in run.checkpoints.order_by("-seq")
+        ],
         "starting_checkpoint": (data["checkpoint"] or {}).get("seq"),
-        "interventions": [{"i": i, "r": receipt_dict(i), "rep": reports["reports"][i.pk],
-                           "receipt": present(receipt_rest(i, reports["reports"][i.pk]))} for i in interventions],
-        "plans": reports["plans"], "recovery": reports["recovery"],
-        "audit": [{"a": a, "context": present(a.context)}
-                  for a in AuditEvent.objects.filter(run_id=run.pk).order_by("-seq")[:AUDIT_LIMIT]],
+        "interventions": [
+            {
+                "i": i,
+                "r": receipt_dict(i),
+                "rep": reports["reports"][i.pk],
+                "receipt": present(receipt_rest(i, reports["reports"][i.pk])),
+            }
+            for i in interventions
+        ],
+        "plans": reports["plans"],
+        "recovery": reports["recovery"],
+        "audit": [
+            {"a": a, "context": present(a.context)}
+            for a in AuditEvent.objects.filter(run_id=run.pk).order_by("-seq")[:AUDIT_LIMIT]
+        ],
         "parent": run.parent,
     }
 
@@ -244,8 +313,21 @@ def run_page(request: HttpRequest, run_id: UUID) -> HttpResponse:
     return render(request, "runs/detail.html", ctx)
 
 
-DETAIL_PARTS = ("header", "timeline", "ledger", "compensation", "recovery", "authority", "tree", "attempts",
-                "checkpoints", "approvals", "interventions", "audit", "sections")
+DETAIL_PARTS = (
+    "header",
+    "timeline",
+    "ledger",
+    "compensation",
+    "recovery",
+    "authority",
+    "tree",
+    "attempts",
+    "checkpoints",
+    "approvals",
+    "interventions",
+    "audit",
+    "sections",
+)
 
 
 def render_detail_push(user, run_id: Any) -> str:
@@ -255,4 +337,6 @@ def render_detail_push(user, run_id: Any) -> str:
     run = visible_runs(actor).filter(pk=run_id).first()
     if run is None:
         return ""
-    return render_to_string("runs/detail.html#sections", detail_context(run, user, roles) | {"oob": True})
+    return render_to_string(
+        "runs/detail.html#sections", detail_context(run, user, roles) | {"oob": True}
+    )

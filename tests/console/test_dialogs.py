@@ -1,5 +1,6 @@
 """Console intervention dialogs: preview before confirm, receipt after, domain errors inline with their
 HTTP status, CSRF, the reconcile form, the approvals inbox and the contracts page."""
+
 from __future__ import annotations
 
 import re
@@ -32,52 +33,77 @@ def token_of(html: bytes) -> str:
 
 
 def open_dialog(client: Client, run_id: str, kind: str, **params):
-    return client.get(f"/runs/{run_id}/interventions/new/", {"kind": kind, **params}, HTTP_HX_REQUEST="true")
+    return client.get(
+        f"/runs/{run_id}/interventions/new/", {"kind": kind, **params}, HTTP_HX_REQUEST="true"
+    )
 
 
 def confirm(client: Client, run_id: str, kind: str, token: str, **fields):
-    return client.post(f"/runs/{run_id}/interventions/", {"kind": kind, "preview_token": token, **fields},
-                       HTTP_HX_REQUEST="true")
+    return client.post(
+        f"/runs/{run_id}/interventions/",
+        {"kind": kind, "preview_token": token, **fields},
+        HTTP_HX_REQUEST="true",
+    )
 
 
 def test_operator_previews_then_confirms_a_pause_and_sees_the_receipt(cast, worker):
     run, lease = running_run(worker)
-    assert declare(worker, run["id"], lease["lease"]["fencing_token"], key="k-inflight").status_code == 201
+    assert (
+        declare(worker, run["id"], lease["lease"]["fencing_token"], key="k-inflight").status_code
+        == 201
+    )
     otto = browser("otto")
     dialog = open_dialog(otto, run["id"], "pause")
     assert dialog.status_code == 200
     html = dialog.content.decode()
-    assert "Preview — nothing has changed yet" in html and "k-inflight" in html  # the in-flight effect is named
+    assert (
+        "Preview — nothing has changed yet" in html and "k-inflight" in html
+    )  # the in-flight effect is named
     assert 'data-state="running"' in html and 'data-state="pausing"' in html
     assert 'name="reason"' in html and "required" in html and 'name="suspend_authority"' in html
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING  # a preview changes nothing
 
-    preview = otto.post(f"/runs/{run['id']}/interventions/preview/", {"kind": "pause", "scope": "tree"},
-                        HTTP_HX_REQUEST="true")
+    preview = otto.post(
+        f"/runs/{run['id']}/interventions/preview/",
+        {"kind": "pause", "scope": "tree"},
+        HTTP_HX_REQUEST="true",
+    )
     assert preview.status_code == 200 and b"<html" not in preview.content
     token = token_of(preview.content)
     resp = confirm(otto, run["id"], "pause", token, scope="tree", reason="supplier price changed")
     assert resp.status_code == 200, resp.content.decode()[:3000]
     receipt = resp.content.decode()
-    assert "Receipt · Pause" in receipt and "supplier price changed" in receipt and "k-inflight" in receipt
-    assert 'id="run-header" class="panel" hx-swap-oob="true"' in receipt  # the page behind refreshes too
+    assert (
+        "Receipt · Pause" in receipt
+        and "supplier price changed" in receipt
+        and "k-inflight" in receipt
+    )
+    assert (
+        'id="run-header" class="panel" hx-swap-oob="true"' in receipt
+    )  # the page behind refreshes too
     intervention = Intervention.objects.get(run_id=run["id"], kind="pause")
     assert intervention.reason == "supplier price changed" and intervention.scope == "tree"
     assert intervention.actor_label == "user:otto"
     assert Run.objects.get(pk=run["id"]).state == State.PAUSING
-    assert AuditEvent.objects.filter(action="intervention.pause", outcome="allowed", component="console").exists()
+    assert AuditEvent.objects.filter(
+        action="intervention.pause", outcome="allowed", component="console"
+    ).exists()
 
 
 def test_viewer_gets_403_for_dialog_preview_and_confirm_and_the_refusal_is_audited(cast, worker):
     run, _ = running_run(worker)
     vera = browser("vera")
     assert open_dialog(vera, run["id"], "pause").status_code == 403
-    preview = vera.post(f"/runs/{run['id']}/interventions/preview/", {"kind": "pause"}, HTTP_HX_REQUEST="true")
+    preview = vera.post(
+        f"/runs/{run['id']}/interventions/preview/", {"kind": "pause"}, HTTP_HX_REQUEST="true"
+    )
     assert preview.status_code == 403 and b"HTTP 403" in preview.content
     resp = confirm(vera, run["id"], "pause", "whatever", reason="I want to")
     assert resp.status_code == 403 and b"forbidden" in resp.content
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING
-    assert AuditEvent.objects.filter(action="intervention.pause", outcome="denied", actor="vera").exists()
+    assert AuditEvent.objects.filter(
+        action="intervention.pause", outcome="denied", actor="vera"
+    ).exists()
 
 
 def test_confirm_needs_a_reason_and_the_previewed_options(cast, worker):
@@ -98,32 +124,62 @@ def test_csrf_is_enforced_on_console_posts(cast, worker):
     otto = browser("otto", enforce_csrf_checks=True)
     page = otto.get(f"/runs/{run['id']}/").content.decode()
     token = token_of(open_dialog(otto, run["id"], "pause").content)
-    refused = otto.post(f"/runs/{run['id']}/interventions/", {"kind": "pause", "preview_token": token, "reason": "r"})
+    refused = otto.post(
+        f"/runs/{run['id']}/interventions/",
+        {"kind": "pause", "preview_token": token, "reason": "r"},
+    )
     assert refused.status_code == 403 and b"CSRF" in refused.content
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING
-    csrf = re.search(r'hx-headers=\'\{"X-CSRFToken": "([^"]+)"\}\'', page).group(1)  # what htmx sends
-    ok = otto.post(f"/runs/{run['id']}/interventions/", {"kind": "pause", "preview_token": token, "reason": "r"},
-                   HTTP_X_CSRFTOKEN=csrf, HTTP_HX_REQUEST="true")
-    assert ok.status_code == 200 and Run.objects.get(pk=run["id"]).state in (State.PAUSING, State.PAUSED)
+    csrf = re.search(r'hx-headers=\'\{"X-CSRFToken": "([^"]+)"\}\'', page).group(
+        1
+    )  # what htmx sends
+    ok = otto.post(
+        f"/runs/{run['id']}/interventions/",
+        {"kind": "pause", "preview_token": token, "reason": "r"},
+        HTTP_X_CSRFTOKEN=csrf,
+        HTTP_HX_REQUEST="true",
+    )
+    assert ok.status_code == 200 and Run.objects.get(pk=run["id"]).state in (
+        State.PAUSING,
+        State.PAUSED,
+    )
 
 
 def test_a_domain_error_is_shown_inline_with_its_status(cast, worker, as_user):
     run, _ = running_run(worker)
-    intervene(as_user("otto"), run["id"], "transfer", options={"facets": ["decision_authority"], "to": "olga"})
+    intervene(
+        as_user("otto"),
+        run["id"],
+        "transfer",
+        options={"facets": ["decision_authority"], "to": "olga"},
+    )
     otto = browser("otto")
     # otto no longer holds decision authority; an operator may not override: the preview says so.
     dialog = open_dialog(otto, run["id"], "cancel")
-    assert dialog.status_code == 200 and b"HTTP 403" in dialog.content and b"not_decision_authority" in dialog.content
+    assert (
+        dialog.status_code == 200
+        and b"HTTP 403" in dialog.content
+        and b"not_decision_authority" in dialog.content
+    )
     assert b"olga holds decision authority" in dialog.content
     # ian may override, with a reason, and the field is offered to him.
     ian = browser("ian")
     html = open_dialog(ian, run["id"], "cancel").content
     assert b'name="override_reason"' in html and b"HTTP 403" in html
-    preview = ian.post(f"/runs/{run['id']}/interventions/preview/",
-                       {"kind": "cancel", "override_reason": "olga is off shift"}, HTTP_HX_REQUEST="true")
+    preview = ian.post(
+        f"/runs/{run['id']}/interventions/preview/",
+        {"kind": "cancel", "override_reason": "olga is off shift"},
+        HTTP_HX_REQUEST="true",
+    )
     assert preview.status_code == 200
-    resp = confirm(ian, run["id"], "cancel", token_of(preview.content), override_reason="olga is off shift",
-                   reason="incident 42")
+    resp = confirm(
+        ian,
+        run["id"],
+        "cancel",
+        token_of(preview.content),
+        override_reason="olga is off shift",
+        reason="incident 42",
+    )
     assert resp.status_code == 200 and b"override" in resp.content
     assert Run.objects.get(pk=run["id"]).state == State.CANCELLING
 
@@ -132,24 +188,49 @@ def test_four_eyes_refusal_is_shown_and_another_approver_decides(cast, worker, a
     ian_api = as_user("ian")
     run = start_run(ian_api)  # ian started the run: he may never approve its actions
     lease = claim(worker, run["id"])
-    asked = worker.post(f"/runs/{run['id']}/approvals", {"fencing_token": lease["lease"]["fencing_token"],
-                                                        "tool": "payments", "action": "charge", "args": {"amount": 900},
-                                                        "reason": "large charge"})
+    asked = worker.post(
+        f"/runs/{run['id']}/approvals",
+        {
+            "fencing_token": lease["lease"]["fencing_token"],
+            "tool": "payments",
+            "action": "charge",
+            "args": {"amount": 900},
+            "reason": "large charge",
+        },
+    )
     assert asked.status_code == 201, asked.content
     approval = Approval.objects.get(run_id=run["id"])
     ian = browser("ian")
     inbox = ian.get("/approvals/").content.decode()
     assert str(approval.pk)[:8] in inbox and "the service will refuse your decision" in inbox
     dialog = open_dialog(ian, run["id"], "approve", approval_id=str(approval.pk), origin="inbox")
-    resp = confirm(ian, run["id"], "approve", token_of(dialog.content), approval_id=str(approval.pk),
-                   reason="looks fine", origin="inbox")
+    resp = confirm(
+        ian,
+        run["id"],
+        "approve",
+        token_of(dialog.content),
+        approval_id=str(approval.pk),
+        reason="looks fine",
+        origin="inbox",
+    )
     assert resp.status_code == 403 and b"separation_of_duties" in resp.content
     april = browser("april")
     dialog = open_dialog(april, run["id"], "approve", approval_id=str(approval.pk), origin="inbox")
-    assert b"large charge" in dialog.content and b"900" in dialog.content  # what the approver is shown
-    resp = confirm(april, run["id"], "approve", token_of(dialog.content), approval_id=str(approval.pk),
-                   reason="within budget", origin="inbox")
-    assert resp.status_code == 200 and b'id="inbox" class="panel" hx-swap-oob="true"' in resp.content
+    assert (
+        b"large charge" in dialog.content and b"900" in dialog.content
+    )  # what the approver is shown
+    resp = confirm(
+        april,
+        run["id"],
+        "approve",
+        token_of(dialog.content),
+        approval_id=str(approval.pk),
+        reason="within budget",
+        origin="inbox",
+    )
+    assert (
+        resp.status_code == 200 and b'id="inbox" class="panel" hx-swap-oob="true"' in resp.content
+    )
     assert Approval.objects.get(pk=approval.pk).status == Approval.APPROVED
     assert b"Nothing waiting for you" in april.get("/approvals/").content
     assert b"Nothing waiting for you" in browser("vera").get("/approvals/").content
@@ -165,17 +246,31 @@ def test_operator_reconciles_an_unknown_effect_with_evidence(cast, worker):
     otto = browser("otto")
     form = otto.get(f"/effects/{effect['id']}/reconcile/", HTTP_HX_REQUEST="true")
     assert form.status_code == 200 and b"k-ambiguous" in form.content
-    missing = otto.post(f"/effects/{effect['id']}/reconcile/", {"outcome": "committed", "reason": "r"})
+    missing = otto.post(
+        f"/effects/{effect['id']}/reconcile/", {"outcome": "committed", "reason": "r"}
+    )
     assert missing.status_code == 422
-    resp = otto.post(f"/effects/{effect['id']}/reconcile/", {
-        "outcome": "committed", "evidence": "payments dashboard shows ch_9", "external_ref": "ch_9",
-        "reason": "checked by hand"}, HTTP_HX_REQUEST="true")
+    resp = otto.post(
+        f"/effects/{effect['id']}/reconcile/",
+        {
+            "outcome": "committed",
+            "evidence": "payments dashboard shows ch_9",
+            "external_ref": "ch_9",
+            "reason": "checked by hand",
+        },
+        HTTP_HX_REQUEST="true",
+    )
     assert resp.status_code == 200, resp.content.decode()[:2000]
     settled = Effect.objects.get(pk=effect["id"])
-    assert settled.status == Effect.COMMITTED and settled.reconciled and settled.external_ref == "ch_9"
+    assert (
+        settled.status == Effect.COMMITTED and settled.reconciled and settled.external_ref == "ch_9"
+    )
     assert settled.reconciliation["evidence"] == "payments dashboard shows ch_9"
-    again = otto.post(f"/effects/{effect['id']}/reconcile/", {
-        "outcome": "failed", "evidence": "e", "reason": "r"}, HTTP_HX_REQUEST="true")
+    again = otto.post(
+        f"/effects/{effect['id']}/reconcile/",
+        {"outcome": "failed", "evidence": "e", "reason": "r"},
+        HTTP_HX_REQUEST="true",
+    )
     assert again.status_code == 409 and b"already committed" in again.content
 
 
@@ -183,7 +278,9 @@ def test_receipt_job_status_is_served_for_refresh(cast, worker):
     run, _ = running_run(worker)
     api = Api(Client(), cast["otto"][1])
     intervene(api, run["id"], "pause")
-    worker.post(f"/leases/{Run.objects.get(pk=run['id']).leases.get().pk}/release", {"fencing_token": 1})
+    worker.post(
+        f"/leases/{Run.objects.get(pk=run['id']).leases.get().pk}/release", {"fencing_token": 1}
+    )
     assert intervene(api, run["id"], "resume").status_code == 202
     resume = Intervention.objects.get(run_id=run["id"], kind="resume")
     resp = browser("otto").get(f"/interventions/{resume.pk}/job/", HTTP_HX_REQUEST="true")

@@ -1,5 +1,6 @@
 """The operator console's run pages: login, roles, buttons from the state table, htmx partials, and
 the live WebSocket (rejections and a push after a committed transition)."""
+
 from __future__ import annotations
 
 import re
@@ -11,7 +12,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
-from controlplane.roles import may, roles_of
+from core.roles import may, roles_of
 from interventions.contracts import CONTRACTS
 from runs.models import Run
 from runs.states import State, allowed_events
@@ -35,8 +36,15 @@ def offered(html: str) -> set[str]:
 def test_it_requires_login_for_every_console_page(cast, worker):
     run = start_run(worker)
     anonymous = Client()
-    for path in ["/", f"/runs/{run['id']}/", "/approvals/", "/audit/", "/contracts/", "/audit/verify/",
-                 f"/runs/{run['id']}/interventions/new/?kind=pause"]:
+    for path in [
+        "/",
+        f"/runs/{run['id']}/",
+        "/approvals/",
+        "/audit/",
+        "/contracts/",
+        "/audit/verify/",
+        f"/runs/{run['id']}/interventions/new/?kind=pause",
+    ]:
         resp = anonymous.get(path)
         assert resp.status_code == 302, path
         assert resp["Location"].startswith("/accounts/login/?next="), path
@@ -91,9 +99,13 @@ def test_buttons_are_the_state_tables_events_that_the_role_may_issue(cast, worke
     html = browser(cast, username).get(f"/runs/{run['id']}/").content.decode()
     roles = roles_of(cast[username][0])
     allowed = set(allowed_events(State.RUNNING))
-    expected = {kind for kind, spec in CONTRACTS.items()
-                if (spec["event"] in allowed if spec["event"] is not None else True) and may(roles, kind)
-                and kind not in ("approve", "reject", "restore_authority")}  # nothing pending, nothing suspended
+    expected = {
+        kind
+        for kind, spec in CONTRACTS.items()
+        if (spec["event"] in allowed if spec["event"] is not None else True)
+        and may(roles, kind)
+        and kind not in ("approve", "reject", "restore_authority")
+    }  # nothing pending, nothing suspended
     assert offered(html) == expected
     if username == "otto":
         assert {"pause", "cancel", "transfer", "reconcile"} <= expected and "resume" not in expected
@@ -109,8 +121,14 @@ def test_list_filters_by_state_agent_and_owner(cast, worker, as_user):
     both = otto.get("/?state=running,queued&agent=purchasing").content
     assert b"running one" in both and b"queued one" in both
     assert b"No runs match" in otto.get("/?agent=nope").content
-    as_user("otto").post(f"/runs/{running['id']}/interventions", {
-        "kind": "transfer", "reason": "mine now", "options": {"facets": ["assignment"], "to": "olga"}})
+    as_user("otto").post(
+        f"/runs/{running['id']}/interventions",
+        {
+            "kind": "transfer",
+            "reason": "mine now",
+            "options": {"facets": ["assignment"], "to": "olga"},
+        },
+    )
     by_owner = otto.get("/?owner=olga").content
     assert b"running one" in by_owner and b"queued one" not in by_owner
 
@@ -121,7 +139,11 @@ def test_an_htmx_request_gets_only_the_partial(cast, worker):
     full = otto.get("/").content
     assert b"<html" in full and b'id="run-table"' in full
     part = otto.get("/?state=queued", HTTP_HX_REQUEST="true").content
-    assert b"<html" not in part and part.lstrip().startswith(b'<div id="run-live"') and run["id"][:8].encode() in part
+    assert (
+        b"<html" not in part
+        and part.lstrip().startswith(b'<div id="run-live"')
+        and run["id"][:8].encode() in part
+    )
     ledger = otto.get(f"/runs/{run['id']}/?part=ledger", HTTP_HX_REQUEST="true").content
     assert ledger.lstrip().startswith(b'<section id="run-ledger"') and b"<html" not in ledger
     assert b'id="run-header"' not in ledger
@@ -133,24 +155,31 @@ def test_detail_shows_ledger_facets_timeline_leases_and_audit(cast, worker):
     effect = declare(worker, run["id"], token, key="order-7-charge").json()
     worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": token, "status": "unknown"})
     html = browser(cast, "otto").get(f"/runs/{run['id']}/").content.decode()
-    assert "order-7-charge" in html and 'st st-unknown' in html
+    assert "order-7-charge" in html and "st st-unknown" in html
     assert "1 unresolved effect" in html
     assert "payments:charge" in html and "inventory:*" in html  # grants
     assert "state_changed" in html and "run.claim" in html  # timeline and this run's audit events
     assert f'ws-connect="/ws/runs/{run["id"]}/"' in html
-    assert f'/effects/{effect["id"]}/reconcile/' in html
+    assert f"/effects/{effect['id']}/reconcile/" in html
 
 
 def test_an_unknown_run_is_404(cast):
-    assert browser(cast, "otto").get("/runs/00000000-0000-0000-0000-000000000000/").status_code == 404
+    assert (
+        browser(cast, "otto").get("/runs/00000000-0000-0000-0000-000000000000/").status_code == 404
+    )
 
 
 # --- WebSocket ------------------------------------------------------------------------------------
 
 
-def _session_headers(client: Client, origin: str = "http://testserver") -> list[tuple[bytes, bytes]]:
-    return [(b"origin", origin.encode()), (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-            (b"host", b"testserver")]
+def _session_headers(
+    client: Client, origin: str = "http://testserver"
+) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"origin", origin.encode()),
+        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        (b"host", b"testserver"),
+    ]
 
 
 def _connect(path: str, headers: list[tuple[bytes, bytes]]):
@@ -177,7 +206,10 @@ def test_websocket_rejects_anonymous_bad_origin_and_roleless_users(cast, worker)
     nobody = Client()
     nobody.login(username="nobody", password="pw-nobody")
     assert _connect("/ws/runs/", _session_headers(nobody)) == (False, 4403)
-    assert _connect("/ws/runs/00000000-0000-0000-0000-000000000000/", _session_headers(otto)) == (False, 4404)
+    assert _connect("/ws/runs/00000000-0000-0000-0000-000000000000/", _session_headers(otto)) == (
+        False,
+        4404,
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -192,12 +224,23 @@ def test_websocket_pushes_fresh_partials_on_connect_and_after_a_transition(cast,
         page = WebsocketCommunicator(application, f"/ws/runs/{run['id']}/", headers=headers)
         listing = WebsocketCommunicator(application, "/ws/runs/?state=running", headers=headers)
         assert (await page.connect(timeout=5))[0] and (await listing.connect(timeout=5))[0]
-        first = await page.receive_from(timeout=5)  # (re)connect: rendered from the database at once
-        assert 'id="run-header" class="panel" hx-swap-oob="true"' in first and 'data-state="queued"' in first
+        first = await page.receive_from(
+            timeout=5
+        )  # (re)connect: rendered from the database at once
+        assert (
+            'id="run-header" class="panel" hx-swap-oob="true"' in first
+            and 'data-state="queued"' in first
+        )
         assert "No runs match" in await listing.receive_from(timeout=5)
-        await database_sync_to_async(claim)(worker, run["id"])  # committed transition -> run.changed
+        await database_sync_to_async(claim)(
+            worker, run["id"]
+        )  # committed transition -> run.changed
         pushed = await page.receive_from(timeout=5)
-        assert 'data-state="running"' in pushed and 'id="run-ledger"' in pushed and "hx-swap-oob" in pushed
+        assert (
+            'data-state="running"' in pushed
+            and 'id="run-ledger"' in pushed
+            and "hx-swap-oob" in pushed
+        )
         row = await listing.receive_from(timeout=5)
         assert run["id"][:8] in row and 'id="run-table" hx-swap-oob="true"' in row
         assert await page.receive_nothing(timeout=0.5)  # coalesced: one render per burst

@@ -1,5 +1,6 @@
 """Console audit review: the trail with filters, chain verification naming the first broken link, and
 the JSON Lines export behind the audit_export permission."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ def test_audit_page_lists_events_and_filters_them(cast, worker):
     otto = browser("otto")
     html = otto.get("/audit/").content.decode()
     assert "run.create" in html and "run.claim" in html
-    only_claims = otto.get("/audit/", {"action": "run.claim"}, HTTP_HX_REQUEST="true").content.decode()
+    only_claims = otto.get(
+        "/audit/", {"action": "run.claim"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
     assert only_claims.lstrip().startswith('<section id="events"') and "run.claim" in only_claims
     assert "<html" not in only_claims
     by_run = otto.get("/audit/", {"run": run["id"], "outcome": "denied"}).content.decode()
@@ -47,7 +50,10 @@ def test_verify_names_the_first_broken_link(cast, worker):
     head = AuditChainHead.objects.get()
     AuditChainHead.objects.filter(pk=head.pk).update(seq=head.seq + 1)  # a row "missing" at the end
     html = browser("vera").get("/audit/verify/", HTTP_HX_REQUEST="true").content.decode()
-    assert 'data-chain="broken"' in html and f"Chain broken at seq <strong>{head.seq + 1}</strong>" in html
+    assert (
+        'data-chain="broken"' in html
+        and f"Chain broken at seq <strong>{head.seq + 1}</strong>" in html
+    )
 
 
 def test_export_needs_the_audit_export_permission(cast, worker):

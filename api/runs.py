@@ -1,4 +1,5 @@
 """Worker protocol endpoints (DESIGN §5). Thin: parse, authorise the caller kind, call one service."""
+
 from __future__ import annotations
 
 from uuid import UUID
@@ -10,16 +11,27 @@ from ninja import Query, Router
 from ninja.responses import Status
 from pydantic import Field
 
-from audit.actors import Actor
+from api.auth import refuse
+from api.schemas import (
+    ApprovalIn,
+    CheckpointIn,
+    ClaimIn,
+    EffectIn,
+    EventsIn,
+    FinishIn,
+    HeartbeatIn,
+    OutcomeIn,
+    ReleaseIn,
+    RunIn,
+    Schema,
+)
 from audit.services import snapshot
-from controlplane.auth import refuse
-from controlplane.roles import may
+from core.actors import Actor
+from core.errors import NotFound
+from core.roles import may
 from runs import selectors, services
 from runs.directive_bus import get_bus
-from runs.errors import NotFound
 from runs.models import Run
-from runs.schemas import (ApprovalIn, CheckpointIn, ClaimIn, EffectIn, EventsIn, FinishIn, HeartbeatIn, OutcomeIn,
-                          ReleaseIn, RunIn, Schema)
 from runs.states import directive_for
 
 router = Router(tags=["worker protocol"])
@@ -67,8 +79,14 @@ def create_run(request: HttpRequest, body: RunIn):
     if not actor.is_worker and not may(actor.roles, "start_run"):
         raise refuse(request, "your role may not start runs")
     run = services.create_run(
-        actor=actor, agent=body.agent, goal=body.goal, input=body.input, parent_run_id=body.parent_run_id,
-        versions=body.versions, authority=[g.dict() for g in body.authority], deadline=body.deadline,
+        actor=actor,
+        agent=body.agent,
+        goal=body.goal,
+        input=body.input,
+        parent_run_id=body.parent_run_id,
+        versions=body.versions,
+        authority=[g.dict() for g in body.authority],
+        deadline=body.deadline,
         retry_policy=body.retry_policy,
     )
     return Status(201, selectors.run_detail(run))
@@ -82,7 +100,11 @@ class RunFilter(Schema):
 
 @router.get("/runs", response=dict)
 def list_runs(request: HttpRequest, filters: Query[RunFilter]):
-    return {"runs": selectors.list_runs(request.auth, agent=filters.agent, state=filters.state, limit=filters.limit)}
+    return {
+        "runs": selectors.list_runs(
+            request.auth, agent=filters.agent, state=filters.state, limit=filters.limit
+        )
+    }
 
 
 @router.get("/runs/{run_id}", response=dict)
@@ -97,17 +119,32 @@ def list_effects(request: HttpRequest, run_id: UUID):
 
 @router.get("/runs/{run_id}/history", response=dict)
 def get_history(request: HttpRequest, run_id: UUID):
-    with snapshot():  # the run's head and its events from one snapshot, while workers keep appending
+    with (
+        snapshot()
+    ):  # the run's head and its events from one snapshot, while workers keep appending
         run = selectors.get_visible_run(request.auth, run_id)
-        return {"events": [{"seq": h.seq, "kind": h.kind, "actor": h.actor, "data": h.data,
-                            "created_at": h.created_at.isoformat(), "hash": h.hash} for h in run.history.order_by("seq")],
-                "integrity": services.common.verify_history(run)}
+        return {
+            "events": [
+                {
+                    "seq": h.seq,
+                    "kind": h.kind,
+                    "actor": h.actor,
+                    "data": h.data,
+                    "created_at": h.created_at.isoformat(),
+                    "hash": h.hash,
+                }
+                for h in run.history.order_by("seq")
+            ],
+            "integrity": services.common.verify_history(run),
+        }
 
 
 @router.post("/runs/{run_id}/claim", response=dict)
 def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
     actor = _worker_for_run(request, run_id)
-    return services.claim_run(actor=actor, run_id=run_id, worker=body.worker, versions=body.versions).as_dict()
+    return services.claim_run(
+        actor=actor, run_id=run_id, worker=body.worker, versions=body.versions
+    ).as_dict()
 
 
 def _lease_run_id(request: HttpRequest, lease_id: UUID):
@@ -123,8 +160,9 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
     run_id = await sync_to_async(_lease_run_id)(request, lease_id)
 
     async def beat():
-        return await sync_to_async(services.heartbeat)(actor=request.auth, lease_id=lease_id,
-                                                       fencing_token=body.fencing_token, run_id=run_id)
+        return await sync_to_async(services.heartbeat)(
+            actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, run_id=run_id
+        )
 
     bus = get_bus()
     wait_s = min(body.wait_s, settings.HEARTBEAT_MAX_WAIT_S, max(settings.LEASE_TTL_S - 5, 1))
@@ -171,7 +209,9 @@ def _run_state(run_id: str) -> str:
 def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     """The worker acknowledges pause/cancel at a step boundary and gives the lease back."""
     _lease_run_id(request, lease_id)
-    run = services.release_lease(actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, reason=body.reason)
+    run = services.release_lease(
+        actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, reason=body.reason
+    )
     return {"run_id": str(run.pk), "state": run.state}
 
 
@@ -179,9 +219,16 @@ def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
 def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
     actor = _worker_for_run(request, run_id)
     result = services.declare_effect(
-        actor=actor, run_id=run_id, fencing_token=body.fencing_token, step=body.step, tool=body.tool,
-        action=body.action, idempotency_key=body.idempotency_key, args=body.args,
-        compensation=body.compensation.dict() if body.compensation else None, irreversible=body.irreversible,
+        actor=actor,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        step=body.step,
+        tool=body.tool,
+        action=body.action,
+        idempotency_key=body.idempotency_key,
+        args=body.args,
+        compensation=body.compensation.dict() if body.compensation else None,
+        irreversible=body.irreversible,
         approval_id=body.approval_id,
     )
     payload = result.as_dict()
@@ -194,40 +241,77 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
     run_id = services.effects.effect_run_id(effect_id)
     actor = _worker_for_run(request, run_id)
-    effect = services.record_outcome(actor=actor, effect_id=effect_id, fencing_token=body.fencing_token,
-                                     status=body.status, external_ref=body.external_ref, detail=body.detail,
-                                     run_id=run_id)
+    effect = services.record_outcome(
+        actor=actor,
+        effect_id=effect_id,
+        fencing_token=body.fencing_token,
+        status=body.status,
+        external_ref=body.external_ref,
+        detail=body.detail,
+        run_id=run_id,
+    )
     return services.effect_dict(effect)
 
 
 @router.post("/runs/{run_id}/checkpoints", response={201: dict})
 def write_checkpoint(request: HttpRequest, run_id: UUID, body: CheckpointIn):
     actor = _worker_for_run(request, run_id)
-    cp = services.write_checkpoint(actor=actor, run_id=run_id, fencing_token=body.fencing_token, step=body.step, state=body.state)
+    cp = services.write_checkpoint(
+        actor=actor,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        step=body.step,
+        state=body.state,
+    )
     return Status(201, {"id": cp.pk, "seq": cp.seq, "step": cp.step, "hash": cp.hash})
 
 
 @router.post("/runs/{run_id}/events", response={201: dict})
 def append_events(request: HttpRequest, run_id: UUID, body: EventsIn):
     actor = _worker_for_run(request, run_id)
-    seqs = services.append_events(actor=actor, run_id=run_id, fencing_token=body.fencing_token,
-                                  events=[e.dict() for e in body.events])
+    seqs = services.append_events(
+        actor=actor,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        events=[e.dict() for e in body.events],
+    )
     return Status(201, {"seqs": seqs})
 
 
 @router.post("/runs/{run_id}/approvals", response={201: dict})
 def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
     actor = _worker_for_run(request, run_id)
-    approval = services.request_approval(actor=actor, run_id=run_id, fencing_token=body.fencing_token, tool=body.tool,
-                                         action=body.action, args=body.args, reason=body.reason,
-                                         deadline_s=body.deadline_s, required_role=body.required_role)
-    return Status(201, {"id": str(approval.pk), "status": approval.status, "digest": approval.digest,
-                        "deadline": approval.deadline.isoformat() if approval.deadline else None})
+    approval = services.request_approval(
+        actor=actor,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        tool=body.tool,
+        action=body.action,
+        args=body.args,
+        reason=body.reason,
+        deadline_s=body.deadline_s,
+        required_role=body.required_role,
+    )
+    return Status(
+        201,
+        {
+            "id": str(approval.pk),
+            "status": approval.status,
+            "digest": approval.digest,
+            "deadline": approval.deadline.isoformat() if approval.deadline else None,
+        },
+    )
 
 
 @router.post("/runs/{run_id}/finish", response=dict)
 def finish(request: HttpRequest, run_id: UUID, body: FinishIn):
     actor = _worker_for_run(request, run_id)
-    run = services.finish_attempt(actor=actor, run_id=run_id, fencing_token=body.fencing_token, outcome=body.outcome,
-                                  failure_class=body.failure_class, error=body.error)
+    run = services.finish_attempt(
+        actor=actor,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        outcome=body.outcome,
+        failure_class=body.failure_class,
+        error=body.error,
+    )
     return {"id": str(run.pk), "state": run.state}

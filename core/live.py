@@ -1,4 +1,5 @@
 """Live hints to the console over the channel layer. Hints only: pages re-render from the database."""
+
 from __future__ import annotations
 
 import logging

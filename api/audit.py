@@ -1,16 +1,17 @@
 """Audit trail, chain verification and export over the API."""
+
 from __future__ import annotations
 
 from django.http import HttpRequest
 from ninja import Query, Router
 from pydantic import Field
 
-from audit.actors import Actor
+from api.auth import refuse
+from api.schemas import Schema
 from audit.models import AuditEvent
 from audit.services import verify_chain
-from controlplane.auth import refuse
-from controlplane.roles import may
-from runs.schemas import Schema
+from core.actors import Actor
+from core.roles import may
 
 router = Router(tags=["audit"])
 
@@ -31,7 +32,11 @@ class AuditFilter(Schema):
 
 
 def audit_dict(e: AuditEvent) -> dict:
-    return e.hashed_fields() | {"created_at": e.created_at.isoformat(), "prev_hash": e.prev_hash, "hash": e.hash}
+    return e.hashed_fields() | {
+        "created_at": e.created_at.isoformat(),
+        "prev_hash": e.prev_hash,
+        "hash": e.hash,
+    }
 
 
 @router.get("/audit", response=dict)

@@ -1,4 +1,5 @@
 """Run-control endpoints: preview, issue, receipt, reconcile, approvals, contracts."""
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -9,11 +10,12 @@ from ninja import Router, Schema
 from ninja.responses import Status
 from pydantic import Field
 
-from audit.actors import Actor
+from core.actors import Actor
+from core.errors import Forbidden, NotFound
 from interventions import base
 from interventions.contracts import contracts_document
 from interventions.models import Intervention
-from runs.errors import Forbidden, NotFound
+from interventions.selectors import receipt_dict
 from runs.selectors import get_visible_run
 
 router = Router(tags=["run control"])
@@ -35,15 +37,13 @@ def _operator(request: HttpRequest) -> Actor:
 
 
 def _req(body: InterventionIn) -> base.Request:
-    return base.Request(kind=body.kind, reason=body.reason, scope=body.scope, options=body.options,
-                        override_reason=body.override_reason)
-
-
-def receipt_dict(i: Intervention) -> dict[str, Any]:
-    return {"id": str(i.pk), "run_id": str(i.run_id), "kind": i.kind, "status": i.status, "actor": i.actor_label,
-            "role": i.role, "reason": i.reason, "scope": i.scope, "options": i.options, "override": i.override,
-            "override_reason": i.override_reason, "preview": i.preview, "receipt": i.receipt,
-            "created_at": i.created_at.isoformat(), "completed_at": i.completed_at.isoformat() if i.completed_at else None}
+    return base.Request(
+        kind=body.kind,
+        reason=body.reason,
+        scope=body.scope,
+        options=body.options,
+        override_reason=body.override_reason,
+    )
 
 
 @router.post("/runs/{run_id}/interventions/preview", response=dict)
@@ -90,8 +90,15 @@ def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
     from runs.services import effect_dict
 
     actor = _operator(request)
-    effect = reconcile_effect(actor=actor, effect_id=effect_id, outcome=body.outcome, evidence=body.evidence,
-                              external_ref=body.external_ref, reason=body.reason, source="operator")
+    effect = reconcile_effect(
+        actor=actor,
+        effect_id=effect_id,
+        outcome=body.outcome,
+        evidence=body.evidence,
+        external_ref=body.external_ref,
+        reason=body.reason,
+        source="operator",
+    )
     return effect_dict(effect)
 
 

@@ -1,4 +1,5 @@
 """The /api/v1/ surface: one NinjaAPI, JSON errors {"error": code, "detail": ...}, OpenAPI at openapi.json."""
+
 from __future__ import annotations
 
 import logging
@@ -8,14 +9,14 @@ from django.http import Http404, HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
 
-from controlplane.auth import API_AUTH
-from runs.errors import DomainError
+from api.auth import API_AUTH
+from core.errors import DomainError
 
 api = NinjaAPI(
     title="controlplane",
     version="1",
     description="Worker protocol and run-control API. Workers authenticate with `Authorization: Bearer <token>`; "
-    "errors are JSON `{\"error\": code, \"detail\": ...}`.",
+    'errors are JSON `{"error": code, "detail": ...}`.',
     auth=API_AUTH,
     urls_namespace="api",
 )
@@ -37,8 +38,11 @@ def validation_error(request: HttpRequest, exc: ValidationError):
     errors = [{"field": _field(e.get("loc", [])), "message": e.get("msg", "")} for e in exc.errors]
     first = errors[0] if errors else {"field": "", "message": "invalid input"}
     detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
-    return api.create_response(request, {"error": "invalid", "detail": detail, "field": first["field"], "errors": errors},
-                               status=422)
+    return api.create_response(
+        request,
+        {"error": "invalid", "detail": detail, "field": first["field"], "errors": errors},
+        status=422,
+    )
 
 
 @api.exception_handler(DataError)
@@ -48,42 +52,52 @@ def unstorable(request: HttpRequest, exc: DataError):
     the rest -- after the service's transaction has rolled back -- and logs it so a schema gets fixed."""
     logger.warning("unstorable input on %s %s: %s", request.method, request.path, exc)
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "value out of range"
-    return api.create_response(request, {"error": "invalid", "detail": f"a value could not be stored: {first_line}",
-                                         "field": ""}, status=422)
+    return api.create_response(
+        request,
+        {"error": "invalid", "detail": f"a value could not be stored: {first_line}", "field": ""},
+        status=422,
+    )
 
 
 @api.exception_handler(AuthenticationError)
 def unauthenticated(request: HttpRequest, exc: AuthenticationError):
-    return api.create_response(request, {"error": "unauthenticated", "detail": "a valid bearer token or session is required"},
-                               status=401)
+    return api.create_response(
+        request,
+        {"error": "unauthenticated", "detail": "a valid bearer token or session is required"},
+        status=401,
+    )
 
 
 @api.exception_handler(AuthorizationError)
 def unauthorized(request: HttpRequest, exc: AuthorizationError):
-    return api.create_response(request, {"error": "forbidden", "detail": str(exc) or "forbidden"}, status=403)
+    return api.create_response(
+        request, {"error": "forbidden", "detail": str(exc) or "forbidden"}, status=403
+    )
 
 
 @api.exception_handler(Http404)
 def not_found(request: HttpRequest, exc: Http404):
-    return api.create_response(request, {"error": "not_found", "detail": str(exc) or "not found"}, status=404)
+    return api.create_response(
+        request, {"error": "not_found", "detail": str(exc) or "not found"}, status=404
+    )
 
 
 @api.exception_handler(HttpError)
 def http_error(request: HttpRequest, exc: HttpError):
-    return api.create_response(request, {"error": "bad_request" if exc.status_code == 400 else "error",
-                                         "detail": str(exc)}, status=exc.status_code)
+    return api.create_response(
+        request,
+        {"error": "bad_request" if exc.status_code == 400 else "error", "detail": str(exc)},
+        status=exc.status_code,
+    )
 
 
 def _register_routers() -> None:
-    from audit.api import router as audit_router
-    from runs.api import router as runs_router
+    from api.audit import router as audit_router
+    from api.interventions import router as interventions_router
+    from api.runs import router as runs_router
 
     api.add_router("", runs_router)
     api.add_router("", audit_router)
-    try:
-        from interventions.api import router as interventions_router
-    except ImportError:  # the interventions API is optional while it is being built
-        return
     api.add_router("", interventions_router)
 
 

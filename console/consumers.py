@@ -5,11 +5,12 @@ message is the relevant partials re-rendered from the database, sent as htmx out
 (``hx-swap-oob``) that htmx-ext-ws applies; on every (re)connect the consumer sends a fresh render
 at once, so a page that missed hints while disconnected is current again.
 
-runs.live.push_run_update sends {"type": "run.changed", "run_id"} to "runs" and "run.<id>" on every
+core.live.push_run_update sends {"type": "run.changed", "run_id"} to "runs" and "run.<id>" on every
 committed transition. Bursts (a pause cascading over a tree) are coalesced into one render. A slow
 resync re-renders anyway, for hints lost on the way (or sent by a process on another channel layer,
 as Celery workers are under the embedded in-memory layer).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from controlplane.roles import may, roles_of
-from runs.live import RUNS_GROUP, run_group
+from core.live import RUNS_GROUP, run_group
+from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,10 @@ class RunListConsumer(LiveConsumer):
 
         query = self.scope.get("query_string", b"").decode("latin-1")
         if QueryDict(query).get("view") == "approvals":
-            from interventions.views import render_inbox_push
+            from console.interventions import render_inbox_push
 
             return render_inbox_push(self.user)
-        from runs.views import render_list_push
+        from console.runs import render_list_push
 
         return render_list_push(self.user, query)
 
@@ -132,11 +133,15 @@ class RunConsumer(LiveConsumer):
         return [run_group(run_id) for run_id in self.run_ids]
 
     def _tree_ids(self) -> set[str] | None:
-        from controlplane.auth import actor_for_user
+        from core.auth import actor_for_user
         from interventions.base import descendants
         from runs.selectors import visible_runs
 
-        run = visible_runs(actor_for_user(self.user, None, component="console")).filter(pk=self.run_id).first()
+        run = (
+            visible_runs(actor_for_user(self.user, None, component="console"))
+            .filter(pk=self.run_id)
+            .first()
+        )
         if run is None:
             return None
         return {self.run_id} | {str(child.pk) for child in descendants(run)[:TREE_LIMIT]}
@@ -145,6 +150,6 @@ class RunConsumer(LiveConsumer):
         return run_id in self.run_ids
 
     def render(self) -> str:
-        from runs.views import render_detail_push
+        from console.runs import render_detail_push
 
         return render_detail_push(self.user, self.run_id)

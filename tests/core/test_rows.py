@@ -1,5 +1,6 @@
-"""controlplane.rows: the hot path's hand-written equality lookups answer exactly what the ORM answers,
+"""core.rows: the hot path's hand-written equality lookups answer exactly what the ORM answers,
 and ``lock=True`` really takes the row lock (PostgreSQL)."""
+
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from controlplane import rows
+from core import rows
 from runs.models import Approval, AuthorityGrant, Effect, ExecutionLease, Run
 from tests.conftest import claim, declare, start_run
 
@@ -21,7 +22,10 @@ def run_with_rows(worker):
     token = claim(worker, run["id"])["lease"]["fencing_token"]
     for key in ("k-1", "k-2"):
         assert declare(worker, run["id"], token, key=key).status_code == 201
-    assert declare(worker, run["id"], token, key="k-3", tool="shipping", action="ship").status_code == 409  # no grant
+    assert (
+        declare(worker, run["id"], token, key="k-3", tool="shipping", action="ship").status_code
+        == 409
+    )  # no grant
     return Run.objects.get(pk=run["id"])
 
 
@@ -35,20 +39,32 @@ def test_equality_lookups_match_the_orm(run_with_rows):
     assert grants and grants == sorted(_pks(AuthorityGrant.objects.filter(run=run)), key=str)
     for key in ("k-1", "k-2", "k-3", "nope"):
         for decision in (Effect.AUTHORIZED, Effect.DENIED):
-            expected = Effect.objects.filter(run=run, idempotency_key=key, decision=decision).first()
+            expected = Effect.objects.filter(
+                run=run, idempotency_key=key, decision=decision
+            ).first()
             got = rows.select_row(Effect, run=run, idempotency_key=key, decision=decision)
             assert (got and got.pk) == (expected and expected.pk), (key, decision)
     effect = Effect.objects.filter(run=run, idempotency_key="k-1").get()
     loaded = rows.select_row(Effect, pk=effect.pk)
     assert loaded.run.pk == run.pk  # relations load lazily, as on any instance
     # Every column converted exactly as the ORM converts it (JSON, UUIDs, datetimes, booleans, nulls).
-    for model, obj in ((Effect, effect), (Run, run), (ExecutionLease, ExecutionLease.objects.get(run=run)),
-                       *((AuthorityGrant, g) for g in AuthorityGrant.objects.filter(run=run))):
+    for model, obj in (
+        (Effect, effect),
+        (Run, run),
+        (ExecutionLease, ExecutionLease.objects.get(run=run)),
+        *((AuthorityGrant, g) for g in AuthorityGrant.objects.filter(run=run)),
+    ):
         mine = rows.select_row(model, pk=obj.pk)
         fresh = model.objects.get(pk=obj.pk)
         for field in model._meta.concrete_fields:
-            assert getattr(mine, field.attname) == getattr(fresh, field.attname), (model.__name__, field.name)
-            assert type(getattr(mine, field.attname)) is type(getattr(fresh, field.attname)), (model.__name__, field.name)
+            assert getattr(mine, field.attname) == getattr(fresh, field.attname), (
+                model.__name__,
+                field.name,
+            )
+            assert type(getattr(mine, field.attname)) is type(getattr(fresh, field.attname)), (
+                model.__name__,
+                field.name,
+            )
         assert mine._state.adding is False and mine._state.db == "default"
 
 
@@ -56,14 +72,32 @@ def test_order_by_and_limit(run_with_rows):
     run = run_with_rows
     now = timezone.now()
     for minutes in (3, 1, 2):
-        Approval.objects.create(run=run, attempt_id=run.current_attempt_id, requested_by="worker-1", tool="payments", action="charge", args={}, digest=f"d{minutes}",
-                                requested_at=now - timedelta(minutes=minutes), status=Approval.PENDING,
-                                deadline=now + timedelta(hours=1))
-    expected = Approval.objects.filter(run=run, tool="payments", action="charge").order_by("-requested_at")
-    assert rows.select_row(Approval, run=run.pk, tool="payments", action="charge", order_by=("-requested_at",)).pk \
+        Approval.objects.create(
+            run=run,
+            attempt_id=run.current_attempt_id,
+            requested_by="worker-1",
+            tool="payments",
+            action="charge",
+            args={},
+            digest=f"d{minutes}",
+            requested_at=now - timedelta(minutes=minutes),
+            status=Approval.PENDING,
+            deadline=now + timedelta(hours=1),
+        )
+    expected = Approval.objects.filter(run=run, tool="payments", action="charge").order_by(
+        "-requested_at"
+    )
+    assert (
+        rows.select_row(
+            Approval, run=run.pk, tool="payments", action="charge", order_by=("-requested_at",)
+        ).pk
         == expected.first().pk
-    assert _pks(rows.select_rows(Approval, run=run.pk, tool="payments", action="charge", order_by=("requested_at",))) \
-        == _pks(expected.reverse())
+    )
+    assert _pks(
+        rows.select_rows(
+            Approval, run=run.pk, tool="payments", action="charge", order_by=("requested_at",)
+        )
+    ) == _pks(expected.reverse())
 
 
 def test_values_a_column_cannot_hold_match_nothing(db):

@@ -1,7 +1,7 @@
 """Who is calling: worker tokens, personal operator tokens, or a browser session -> an Actor."""
+
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -9,26 +9,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import APIKeyCookie, HttpBearer
 
-from audit.actors import Actor
-from controlplane.roles import primary_role, roles_of
-from controlplane.rows import select_row
-
-
-def request_meta(request: HttpRequest) -> dict[str, str]:
-    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-    return {
-        "source_ip": (forwarded.split(",")[0].strip() if forwarded else request.META.get("REMOTE_ADDR", "")) or "",
-        "user_agent": request.META.get("HTTP_USER_AGENT", "")[:300],
-        "request_id": request.META.get("HTTP_X_REQUEST_ID", "") or uuid.uuid4().hex,
-    }
-
-
-def actor_for_user(user, request: HttpRequest | None = None, component: str = "api", token_id: int | None = None) -> Actor:
-    roles = roles_of(user)
-    meta = request_meta(request) if request is not None else {}
-    return Actor(kind="user", name=user.get_username(), role=primary_role(roles), user_id=user.pk,
-                 token_id=token_id, roles=roles, component=component, **meta)
-
+from core.actors import Actor
+from core.auth import actor_for_user, request_meta
+from core.rows import select_row
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -39,7 +22,7 @@ class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Actor | None:
         from runs.models import ApiToken
 
-        # Every API call looks its token up here: through controlplane.rows, not the query compiler
+        # Every API call looks its token up here: through core.rows, not the query compiler
         # (token_hash is unique). Worker tokens have no user; an operator token's user is loaded on
         # first access below.
         row = select_row(ApiToken, token_hash=ApiToken.hash_secret(token))
@@ -51,8 +34,15 @@ class TokenAuth(HttpBearer):
             # every worker sharing a token contend on one row.
             ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
         if row.kind == ApiToken.WORKER:
-            actor = Actor(kind="worker", name=row.name, role="worker", token_id=row.pk, agents=tuple(row.agents),
-                          component="worker-api", **request_meta(request))
+            actor = Actor(
+                kind="worker",
+                name=row.name,
+                role="worker",
+                token_id=row.pk,
+                agents=tuple(row.agents),
+                component="worker-api",
+                **request_meta(request),
+            )
         else:
             if not row.user.is_active:
                 return None
@@ -86,9 +76,15 @@ def refuse(request: HttpRequest, detail: str):
     Call from sync code only (inside ``sync_to_async`` in an async view): it writes to the database."""
     from audit.models import AuditEvent
     from audit.services import record_audit
-    from runs.errors import Forbidden
+    from core.errors import Forbidden
 
-    record_audit(actor=request.auth, action="api.denied", object_type="endpoint", object_id=request.path[:64],
-                 outcome=AuditEvent.DENIED, reason=f"forbidden: {detail}",
-                 context={"method": request.method, "path": request.path})
+    record_audit(
+        actor=request.auth,
+        action="api.denied",
+        object_type="endpoint",
+        object_id=request.path[:64],
+        outcome=AuditEvent.DENIED,
+        reason=f"forbidden: {detail}",
+        context={"method": request.method, "path": request.path},
+    )
     return Forbidden(detail)

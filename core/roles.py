@@ -3,6 +3,7 @@
 This is data: services check it, the console reads it to decide which buttons to offer, the contracts
 endpoint publishes it, and a test walks every action x role.
 """
+
 from __future__ import annotations
 
 VIEWER = "viewer"

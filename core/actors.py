@@ -1,4 +1,5 @@
 """Who did it, and from where: carried from the edge (view, task, command) into every service."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,7 +33,12 @@ class Actor:
         return not self.agents or agent_name in self.agents
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "role": self.role, "on_behalf_of": self.on_behalf_of}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "role": self.role,
+            "on_behalf_of": self.on_behalf_of,
+        }
 
 
 def system_actor(component: str, name: str = "controlplane") -> Actor:

@@ -1,0 +1,38 @@
+"""Every operator page, partial and dialog lives under these routes (namespace "console")."""
+
+from django.urls import path
+
+from console import audit, interventions, runs
+
+app_name = "console"
+
+urlpatterns = [
+    path("", runs.run_list, name="runs"),
+    path("runs/<uuid:run_id>/", runs.run_page, name="run"),
+    path(
+        "runs/<uuid:run_id>/interventions/new/",
+        interventions.intervention_new,
+        name="intervention-new",
+    ),
+    path(
+        "runs/<uuid:run_id>/interventions/preview/",
+        interventions.intervention_preview,
+        name="intervention-preview",
+    ),
+    path(
+        "runs/<uuid:run_id>/interventions/",
+        interventions.intervention_issue,
+        name="intervention-issue",
+    ),
+    path(
+        "interventions/<uuid:intervention_id>/job/",
+        interventions.intervention_job,
+        name="intervention-job",
+    ),
+    path("effects/<uuid:effect_id>/reconcile/", interventions.reconcile, name="reconcile"),
+    path("approvals/", interventions.approvals_inbox, name="approvals"),
+    path("contracts/", interventions.contracts_page, name="contracts"),
+    path("audit/", audit.audit_page, name="audit"),
+    path("audit/verify/", audit.audit_verify, name="audit-verify"),
+    path("audit/export.jsonl", audit.audit_export, name="audit-export"),
+]

@@ -1,0 +1,27 @@
+"""Reads of interventions for the edges (API and console alike): one shape per fact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interventions.models import Intervention
+
+
+def receipt_dict(i: Intervention) -> dict[str, Any]:
+    return {
+        "id": str(i.pk),
+        "run_id": str(i.run_id),
+        "kind": i.kind,
+        "status": i.status,
+        "actor": i.actor_label,
+        "role": i.role,
+        "reason": i.reason,
+        "scope": i.scope,
+        "options": i.options,
+        "override": i.override,
+        "override_reason": i.override_reason,
+        "preview": i.preview,
+        "receipt": i.receipt,
+        "created_at": i.created_at.isoformat(),
+        "completed_at": i.completed_at.isoformat() if i.completed_at else None,
+    }
