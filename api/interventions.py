@@ -10,6 +10,7 @@ from ninja import Router, Schema
 from ninja.responses import Status
 from pydantic import Field
 
+from api.auth import caller
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from interventions import base
@@ -30,7 +31,7 @@ class InterventionIn(Schema):
 
 
 def _operator(request: HttpRequest) -> Actor:
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if actor.is_worker:
         raise Forbidden("a worker token can never issue an intervention")
     return actor
@@ -55,7 +56,7 @@ def preview(request: HttpRequest, run_id: UUID, body: InterventionIn):
 
 @router.post("/runs/{run_id}/interventions", response={202: dict})
 def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
-    actor: Actor = request.auth  # workers are refused inside base.issue, so the refusal is audited
+    actor = caller(request)  # workers are refused inside base.issue, so the refusal is audited
     intervention = base.issue(actor=actor, run_id=run_id, req=_req(body))
     return Status(202, receipt_dict(intervention))
 

@@ -115,7 +115,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
     # so an early redelivery is harmless; the beat sweeps cover a lost message too).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
     }
     CHANNEL_LAYERS = {

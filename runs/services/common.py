@@ -170,10 +170,8 @@ def run_snapshot(run: Run) -> dict[str, Any]:
         "checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
         "authority": authority_envelope(run),
         "unresolved_effects": unresolved_effects(run),
-        "assignee": run.assignee.username if run.assignee_id else None,
-        "decision_authority": run.decision_authority.username
-        if run.decision_authority_id
-        else None,
+        "assignee": run.assignee.username if run.assignee else None,
+        "decision_authority": run.decision_authority.username if run.decision_authority else None,
     }
 
 
