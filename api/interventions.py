@@ -13,6 +13,7 @@ from pydantic import Field
 from api.auth import caller
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
+from core.metrics import observe_intervention
 from interventions import base
 from interventions.contracts import contracts_document
 from interventions.models import Intervention
@@ -57,7 +58,8 @@ def preview(request: HttpRequest, run_id: UUID, body: InterventionIn):
 @router.post("/runs/{run_id}/interventions", response={202: dict})
 def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
     actor = caller(request)  # workers are refused inside base.issue, so the refusal is audited
-    intervention = base.issue(actor=actor, run_id=run_id, req=_req(body))
+    with observe_intervention(body.kind):
+        intervention = base.issue(actor=actor, run_id=run_id, req=_req(body))
     return Status(202, receipt_dict(intervention))
 
 

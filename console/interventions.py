@@ -31,6 +31,7 @@ from console.runs import (
 )
 from core.auth import actor_for_user
 from core.errors import Conflict, DomainError, Forbidden, Invalid
+from core.metrics import observe_intervention
 from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions import base
 from interventions.approvals import SATISFIES
@@ -256,7 +257,8 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             )
             stale.code = "preview_stale"
             raise stale
-        intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
+        with observe_intervention(req.kind):
+            intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
     except DomainError as err:
         req = _safe_request(kind, request.POST)
         ctx = (

@@ -186,6 +186,9 @@ CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the <body hx-headers>,
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# /metrics answers these client addresses (REMOTE_ADDR; X-Forwarded-For can be forged) without a
+# token; any other caller needs the bearer token of an admin (README "Metrics").
+METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", ["127.0.0.1", "::1"])
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
