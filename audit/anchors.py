@@ -293,7 +293,7 @@ def _describe(
         "problem": problem,
         "changed_after_seq": last_good,
         "detail": detail,
-        "summary": f"anchors: {problem} at seq {first} ({detail})",
+        "summary": f"{problem} at seq {first} ({detail})",
     }
 
 
