@@ -31,6 +31,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .chain import GENESIS, canonical
+from .integrity import anchor_parts
 from .models import AuditChainHead, AuditEvent
 from .services import snapshot
 
@@ -40,7 +41,7 @@ VERSION = 1
 DOMAIN = (
     b"controlplane-audit-anchor\n"  # a signature over an anchor is never valid for anything else
 )
-FIELDS = ("v", "seq", "hash", "at", "key")
+FIELDS = ("v", "seq", "hash", "at", "key")  # and "parts": what registered apps anchor with the head
 
 
 class AnchorRefused(Exception):
@@ -159,14 +160,18 @@ def read_anchor_lines() -> Iterator[tuple[int, str]]:
 
 
 def signed_bytes(record: dict[str, Any]) -> bytes:
-    return DOMAIN + canonical({k: record[k] for k in FIELDS})
+    return DOMAIN + canonical(
+        {**{k: record[k] for k in FIELDS}, "parts": record.get("parts") or {}}
+    )
 
 
-def current_head() -> tuple[int, str]:
-    """The chain head, read in one snapshot and checked against the row it points at."""
+def current_head() -> tuple[int, str, dict[str, Any]]:
+    """The chain head, read in one snapshot with the registered anchor parts (e.g. the runs' history
+    heads) and checked against the row it points at."""
     with snapshot():
         head = AuditChainHead.objects.filter(id=1).first()
         last = AuditEvent.objects.order_by("-seq").values_list("seq", "hash").first()
+        parts = {name: collect() for name, (collect, _) in anchor_parts().items()}
     head_pair = (head.seq, head.hash) if head and head.seq else (0, GENESIS)
     last_pair = last or (0, GENESIS)
     if head_pair != last_pair:
@@ -174,12 +179,12 @@ def current_head() -> tuple[int, str]:
             f"chain head says seq {head_pair[0]} but the last row is seq {last_pair[0]} "
             "(or their hashes differ): run audit_verify"
         )
-    return head_pair
+    return (*head_pair, parts)
 
 
 def write_anchor() -> dict[str, Any]:
     """Sign the current head and append it to the sink; an idle chain gets a fresh anchor too."""
-    seq, head_hash = current_head()
+    seq, head_hash, parts = current_head()
     key = signing_key()
     record: dict[str, Any] = {
         "v": VERSION,
@@ -187,6 +192,7 @@ def write_anchor() -> dict[str, Any]:
         "hash": head_hash,
         "at": timezone.now().isoformat(),
         "key": key_id(key.public_key()),
+        "parts": parts,
     }
     record["sig"] = base64.b64encode(key.sign(signed_bytes(record))).decode()
     sink().append(json.dumps(record, sort_keys=True, separators=(",", ":")))
@@ -203,6 +209,8 @@ def parse_anchor(text: str, keys: dict[str, Ed25519PublicKey]) -> tuple[dict[str
         if not isinstance(record, dict) or record.get("v") != VERSION:
             return None, "unreadable"
         if not isinstance(record["seq"], int) or not isinstance(record["hash"], str):
+            return None, "unreadable"
+        if not isinstance(record.get("parts", {}), dict):
             return None, "unreadable"
         sig = base64.b64decode(record["sig"], validate=True)
         datetime.fromisoformat(record["at"])
@@ -239,6 +247,12 @@ def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
     report |= _freshness(anchors)
     if mismatch:
         report |= {"ok": False, **mismatch}
+    for name, (_, check) in anchor_parts().items():
+        part = check([(a["at"], a["parts"][name]) for a in anchors if name in a.get("parts", {})])
+        report[name] = part
+        if not part["ok"]:
+            report["ok"] = False
+            report.setdefault("summary", part.get("summary", f"{name} no longer match"))
     if invalid:
         report["ok"] = False
         first = invalid[0]

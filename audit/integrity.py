@@ -16,9 +16,12 @@ from django.db.models import Model
 from .services import _verify_chain, snapshot
 
 Check = Callable[[], dict[str, Any]]  # returns at least {"ok": bool}
+# Given every valid anchor's (time, value) of one part, says whether the database still matches them.
+AnchorCheck = Callable[[list[tuple[str, Any]]], dict[str, Any]]
 
 _checks: dict[str, Check] = {}
 _append_only: dict[str, type[Model]] = {}
+_anchor_parts: dict[str, tuple[Callable[[], Any], AnchorCheck]] = {}
 
 
 def register_check(name: str, check: Check) -> None:
@@ -28,6 +31,16 @@ def register_check(name: str, check: Check) -> None:
 
 def register_append_only(model: type[Model]) -> None:
     _append_only[model._meta.label] = model
+
+
+def register_anchor_part(name: str, collect: Callable[[], Any], check: AnchorCheck) -> None:
+    """``collect()`` runs in the snapshot the chain head is read in; its JSON value is signed with the
+    head in every anchor. ``audit_verify --anchors`` hands all of them back to ``check``."""
+    _anchor_parts[name] = (collect, check)
+
+
+def anchor_parts() -> dict[str, tuple[Callable[[], Any], AnchorCheck]]:
+    return dict(_anchor_parts)
 
 
 def checks() -> dict[str, Check]:

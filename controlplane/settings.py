@@ -175,6 +175,8 @@ ANCHOR_SIGNING_KEY = env_str("ANCHOR_SIGNING_KEY", "")
 ANCHOR_DEMO_KEY_FILE = str(VAR_DIR / "anchor-signing-key.pem")
 # PEM public key files trusted by `audit_verify --anchors`; unset: the signing key's public half.
 ANCHOR_VERIFY_KEYS = env_list("ANCHOR_VERIFY_KEYS", [])
+# Each anchor also signs the history heads of the runs that moved in the last three intervals, up to:
+ANCHOR_MAX_RUNS = env_int("ANCHOR_MAX_RUNS", 2000)
 if ANCHOR_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["audit-anchor"] = {
         "task": "audit.tasks.write_anchor",

@@ -13,7 +13,14 @@ row changed by hand (a status set without the decision that sets it) or deleted 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from functools import reduce
+from operator import or_
 from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
 
 from audit.chain import GENESIS, link_hash
 from runs.models import Effect, HistoryEvent, Run
@@ -106,9 +113,9 @@ def verify_histories() -> dict[str, Any]:
                 }
             )
             continue
-        report = walk_history(group, *heads.pop(run_id))
-        if not report["ok"]:
-            broken.append({"run": str(run_id), **report})
+        walked = walk_history(group, *heads.pop(run_id))
+        if not walked["ok"]:
+            broken.append({"run": str(run_id), **walked})
     for run_id, (seq, _) in heads.items():  # runs whose every history row is gone
         if seq:
             runs += 1
@@ -131,7 +138,8 @@ def verify_histories() -> dict[str, Any]:
 
 
 def _by_run(events: Iterator[HistoryEvent]) -> Iterator[tuple[Any, list[HistoryEvent]]]:
-    run_id, group = None, []
+    run_id: Any = None
+    group: list[HistoryEvent] = []
     for event in events:
         if event.run_id != run_id and group:
             yield run_id, group
@@ -222,3 +230,61 @@ def _explained(
         where = f"history seq {story['status_seq']}" if story["status"] else "its declaration"
         return "status_without_history", f"the ledger says {status}, {where} says {expected}"
     return None
+
+
+# --- run history heads, signed with every audit anchor ---------------------------------------------
+
+
+def anchor_run_heads() -> list[list[Any]]:
+    """[run, history_seq, history_head] of every run whose history moved in the last three anchor
+    intervals (newest first, at most ANCHOR_MAX_RUNS): each change is signed by two or more anchors, so
+    a run's history rewritten and rehashed afterwards, head and all, no longer matches."""
+    window = timedelta(seconds=3 * (settings.ANCHOR_INTERVAL_S or 60))
+    rows = (
+        Run.objects.filter(updated_at__gte=timezone.now() - window, history_seq__gt=0)
+        .order_by("-updated_at")
+        .values_list("pk", "history_seq", "history_head")[: settings.ANCHOR_MAX_RUNS]
+    )
+    return [[str(pk), seq, head] for pk, seq, head in rows]
+
+
+def check_anchored_run_heads(anchored: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Every anchored (run, seq, head) must still be the hash of that run's history row at that seq."""
+    first_at: dict[tuple[str, int, str], str] = {}
+    for at, heads in anchored:
+        for run_id, seq, head in heads:
+            first_at.setdefault((run_id, seq, head), at)
+    stored = _history_hashes(sorted({(run_id, seq) for run_id, seq, _ in first_at}))
+    problems: dict[str, dict[str, Any]] = {}
+    for (run_id, seq, head), at in sorted(first_at.items(), key=lambda item: item[0][1]):
+        have = stored.get((run_id, seq))
+        if have == head or run_id in problems:  # per run, the lowest anchored seq that fails
+            continue
+        problem = "cut" if have is None else "rewritten"
+        problems[run_id] = {
+            "run": run_id,
+            "first_broken_seq": seq,
+            "problem": problem,
+            "detail": f"the anchor of {at} signed seq {seq} ({head[:12]}…), the history "
+            + ("has no such row" if have is None else f"holds {have[:12]}… there"),
+        }
+    report: dict[str, Any] = {"ok": not problems, "checked": len(first_at)}
+    if problems:
+        first = min(problems.values(), key=lambda p: (p["first_broken_seq"], p["run"]))
+        report |= {
+            "problems": list(problems.values())[:MAX_REPORTED],
+            "summary": f"run {first['run']} history {first['problem']} at seq "
+            f"{first['first_broken_seq']} ({first['detail']})",
+        }
+    return report
+
+
+def _history_hashes(keys: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    stored: dict[tuple[str, int], str] = {}
+    for i in range(0, len(keys), 200):
+        match = reduce(or_, (Q(run_id=run_id, seq=seq) for run_id, seq in keys[i : i + 200]))
+        for run_id, seq, value in HistoryEvent.objects.filter(match).values_list(
+            "run_id", "seq", "hash"
+        ):
+            stored[(str(run_id), seq)] = value
+    return stored

@@ -344,3 +344,90 @@ def test_a_demo_key_is_generated_into_var_once_with_a_log_line(settings, tmp_pat
     settings.ANCHOR_DEMO_KEY_FILE = str(tmp_path / "elsewhere.pem")
     with pytest.raises(Exception, match="production needs a provisioned key"):
         anchors.signing_key()
+
+
+# --- each anchor also signs the history heads of the runs that moved --------------------------------
+
+
+def _history_rehashed_from(run_id: str, seq: int) -> None:
+    """Rewrite the run's history from ``seq`` on, recompute every hash and move the run's head: the
+    history chain verifies again (the run row holds no secret either)."""
+    from runs.integrity import history_fields
+    from runs.models import HistoryEvent, Run
+
+    prev = HistoryEvent.objects.get(run_id=run_id, seq=seq - 1).hash
+    for event in HistoryEvent.objects.filter(run_id=run_id, seq__gte=seq).order_by("seq"):
+        event.prev_hash = prev
+        event.hash = link_hash(prev, history_fields(event))
+        HistoryEvent.objects.filter(pk=event.pk).update(prev_hash=prev, hash=event.hash)
+        prev = event.hash
+    Run.objects.filter(pk=run_id).update(history_head=prev)
+
+
+@contextmanager
+def history_triggers_off():
+    with connection.cursor() as cur:
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # ALTER TABLE refuses with deferred FK checks
+        cur.execute("ALTER TABLE runs_historyevent DISABLE TRIGGER ALL")
+    yield
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE runs_historyevent ENABLE TRIGGER ALL")
+
+
+def _anchored_run(worker) -> tuple[str, list[int]]:
+    """A run with an anchor after each step; returns its id and the history seqs anchored."""
+    from runs.models import Run
+    from tests.conftest import claim, declare, start_run
+
+    run = start_run(worker)
+    anchors.write_anchor()
+    claim(worker, run["id"])
+    anchors.write_anchor()
+    declare(worker, run["id"], 1)
+    record = anchors.write_anchor()
+    head = Run.objects.get(pk=run["id"])
+    assert [run["id"], head.history_seq, head.history_head] in record["parts"]["runs"]
+    seqs = sorted(
+        {seq for a in _sink_lines() for r, seq, _ in a["parts"]["runs"] if r == run["id"]}
+    )
+    return run["id"], seqs
+
+
+def _sink_lines() -> list[dict]:
+    return [json.loads(line) for line in _sink_path().read_text().splitlines()]
+
+
+def test_a_run_history_rewritten_and_rehashed_head_and_all_is_caught_by_the_anchors(worker):
+    run_id, anchored = _anchored_run(worker)
+    tampered = anchored[1]  # a history row some anchor signed, not the first
+    from runs.models import HistoryEvent
+
+    with history_triggers_off():
+        HistoryEvent.objects.filter(run_id=run_id, seq=tampered).update(actor="mallory")
+        _history_rehashed_from(run_id, tampered)
+    report = verify_all(anchors=True)
+    assert report["chain"]["ok"] and report["history"]["ok"]  # the chains alone are fooled
+    runs = report["anchors"]["runs"]
+    assert not report["ok"] and not runs["ok"]
+    assert (runs["problems"][0]["run"], runs["problems"][0]["problem"]) == (run_id, "rewritten")
+    assert runs["problems"][0]["first_broken_seq"] == tampered
+    assert f"run {run_id} history rewritten at seq {tampered}" in report["anchors"]["summary"]
+
+
+def test_a_run_history_tail_cut_with_its_head_moved_back_is_caught_by_the_anchors(worker):
+    from runs.models import HistoryEvent, Run
+
+    run_id, anchored = _anchored_run(worker)
+    last = anchored[-1]
+    with history_triggers_off():
+        HistoryEvent.objects.filter(run_id=run_id, seq=last).delete()
+        before = HistoryEvent.objects.get(run_id=run_id, seq=last - 1)
+        Run.objects.filter(pk=run_id).update(history_seq=last - 1, history_head=before.hash)
+    report = verify_all(anchors=True)
+    assert report["history"]["ok"]
+    problem = report["anchors"]["runs"]["problems"][0]
+    assert (problem["run"], problem["problem"], problem["first_broken_seq"]) == (
+        run_id,
+        "cut",
+        last,
+    )
