@@ -431,3 +431,24 @@ def test_a_run_history_tail_cut_with_its_head_moved_back_is_caught_by_the_anchor
         "cut",
         last,
     )
+
+
+def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
+    settings.ANCHOR_INTERVAL_S = 60
+    _write(1)
+    head = AuditChainHead.objects.get(id=1)
+    key = anchors.signing_key()
+    old = {
+        "v": 1,
+        "seq": head.seq,
+        "hash": head.hash,
+        "at": "2026-01-01T00:00:00+00:00",
+        "key": anchors.key_id(key.public_key()),
+        "parts": {},
+    }
+    old["sig"] = base64.b64encode(key.sign(anchors.signed_bytes(old))).decode()
+    anchors.DirectorySink().append(json.dumps(old))
+    report = verify_all(anchors=True)["anchors"]
+    assert report["ok"] and report["stale"] and report["latest_at"].startswith("2026-01-01")
+    anchors.write_anchor()
+    assert not verify_all(anchors=True)["anchors"]["stale"]
