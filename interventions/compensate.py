@@ -579,7 +579,7 @@ def _step_failed_attempt(run, plan, step, claim, result, actor, now) -> dict[str
         data["retry_in_s"] = delay
     else:
         step.status, step.finished_at, step.claimed_until = CompensationStep.FAILED, now, None
-        _compensation_failed_for_good(step, result, now)
+        _compensation_failed_for_good(run, step, result, actor, now)
     step.save(
         update_fields=[
             "failures",
@@ -611,7 +611,9 @@ def _step_failed_attempt(run, plan, step, claim, result, actor, now) -> dict[str
     )
 
 
-def _compensation_failed_for_good(step: CompensationStep, result: CompensationResult, now) -> None:
+def _compensation_failed_for_good(
+    run: Run, step: CompensationStep, result: CompensationResult, actor: Actor, now
+) -> None:
     # A failure we could not see the end of (no answer) may have committed: record it unknown, so the
     # guard blocks another plan until it is reconciled, instead of risking a second undo.
     comp = step.compensation_effect
@@ -620,6 +622,13 @@ def _compensation_failed_for_good(step: CompensationStep, result: CompensationRe
     comp.outcome_at, comp.outcome_detail = now, {**result.detail, "failures": step.failures}
     comp.save(update_fields=["status", "outcome_at", "outcome_detail"])
     Effect.objects.filter(pk=step.effect_id).update(compensation_status=FAILED)
+    # Every ledger status change has its history event (runs.integrity checks the ledger against it).
+    append_history(
+        run,
+        "effect_outcome",
+        {"effect": str(comp.pk), "status": comp.status, "kind": Effect.COMPENSATION},
+        actor=actor,
+    )
 
 
 def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
