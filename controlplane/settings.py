@@ -247,5 +247,6 @@ LOGGING = {
         # propagate to ours: every request line of the dev server was printed twice.
         "django": {"handlers": [], "level": env_str("LOG_LEVEL", "INFO"), "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # one INFO line per login; the audit chain has them
     },
 }
