@@ -22,10 +22,19 @@ def scrub_url_passwords(value: str) -> str:
 
 class SecretSafeReporterFilter(SafeExceptionReporterFilter):
     """Django's filter, plus: any string setting or request header (recursively, in dicts and lists)
-    loses the password of a URL it contains."""
+    and any string local of a traceback frame loses the password of a URL it contains."""
 
     def cleanse_setting(self, key: Any, value: Any) -> Any:
         cleansed = super().cleanse_setting(key, value)
-        if isinstance(cleansed, str):
+        if (
+            type(cleansed) is str
+        ):  # not isinstance: lazy objects (django-axes' settings) pose as str
             return scrub_url_passwords(cleansed)
         return cleansed
+
+    def get_traceback_frame_variables(self, request, tb_frame):
+        """A frame's local strings too (a URL read into a variable before a connection failed)."""
+        return [
+            (name, scrub_url_passwords(value) if type(value) is str else value)
+            for name, value in super().get_traceback_frame_variables(request, tb_frame)
+        ]

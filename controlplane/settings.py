@@ -8,6 +8,7 @@ settings that `manage.py check --deploy` inspects.
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -207,6 +208,11 @@ AXES_VERBOSE = False
 # Reverse proxies (IPs or CIDRs) whose X-Forwarded-For / X-Forwarded-Proto / X-Request-ID are believed.
 # Empty (the default): the audit's source_ip is the connection's peer and its request_id is generated.
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"TRUSTED_PROXIES: {_exc}") from None
 # Live console sockets: at most this many open per login session; the session and the user are
 # re-checked at every push and at least every WS_SESSION_CHECK_S seconds (logout/deactivation closes).
 WS_MAX_PER_SESSION = env_int("WS_MAX_PER_SESSION", 8)
