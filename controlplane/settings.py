@@ -205,6 +205,8 @@ AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "core.auth.client_ip"
 AXES_DISABLE_ACCESS_LOG = True  # successful logins and logouts are in the audit chain instead
 AXES_VERBOSE = False
+# Deleting an attempt in the admin would lift a lockout with nothing in the audit chain: not offered.
+AXES_ENABLE_ADMIN = False
 # Reverse proxies (IPs or CIDRs) whose X-Forwarded-For / X-Forwarded-Proto / X-Request-ID are believed.
 # Empty (the default): the audit's source_ip is the connection's peer and its request_id is generated.
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])

@@ -2,7 +2,7 @@
 real WebSocket client: the Origin must match scheme, host and port; unknown paths close with 4404;
 a third socket of one session is refused; logging out closes the open socket with 4401 within
 seconds (the periodic check is set to 30 s here, so the logout's own push does it); and with no
-DEBUG in the environment an unknown page is the plain 404."""
+DEBUG in the environment an unknown page is the plain 404 while the console's CSS is still served."""
 
 from __future__ import annotations
 
@@ -104,6 +104,7 @@ def test_the_socket_is_same_origin_capped_and_ends_with_the_login(cast, live_con
 
         page = otto.get("/no-such-page/")
         assert page.status_code == 404 and "URLconf" not in page.text
+        assert otto.get("/static/console/console.css").status_code == 200  # without DEBUG
 
         started = time.monotonic()
         response = otto.post(
