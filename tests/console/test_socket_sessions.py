@@ -202,3 +202,29 @@ def test_an_admin_deactivation_closes_the_users_sockets_at_once(cast):
         assert await _closed_with(socket, 3) == 4401
 
     async_to_sync(go)()
+
+
+@override_settings(WS_MAX_PER_SESSION=2, WS_SESSION_CHECK_S=5)
+def test_a_place_held_by_a_process_that_died_stops_counting(settings):
+    """A daphne killed mid-connection never releases its sockets' places: unrefreshed ones go stale."""
+    from console import socket_cap
+
+    if not settings.REDIS_URL:
+        pytest.skip("the shared count lives in Redis (REDIS_URL)")
+    session = f"session-{time.time_ns()}"
+
+    async def go():
+        import redis.asyncio as aioredis
+
+        assert await socket_cap.admit(session, "dead-process.1")
+        assert await socket_cap.admit(session, "live.1")
+        assert not await socket_cap.admit(session, "live.2")
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        stale_at = time.time() - socket_cap.stale_s() - 1
+        await client.zadd(socket_cap._key(session), {"dead-process.1": stale_at})
+        await client.aclose()
+        assert await socket_cap.admit(session, "live.2")
+        for channel in ("live.1", "live.2"):
+            await socket_cap.release(session, channel)
+
+    async_to_sync(go)()
