@@ -33,7 +33,8 @@ from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
 
-# Close codes (4000-4999 are the application's): the handshake is refused before accept.
+# Close codes (4000-4999 are the application's): at connect the handshake is refused before accept
+# (the client sees HTTP 403); later, a socket whose login ended is closed with 4401/4403.
 UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_MANY = 4401, 4403, 4404, 4429
 TREE_LIMIT = 200  # groups joined for one run page: the run and its descendants
 
@@ -133,11 +134,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return False
         try:
-            code = await database_sync_to_async(session_verdict)(self.session_key, self.user.pk)
+            code, user = await database_sync_to_async(session_verdict)(
+                self.session_key, self.user.pk
+            )
         except Exception:  # a database hiccup is not a logout; the next check decides
             log.exception("session check failed for %s", self.scope.get("path"))
             return True
         if code is None:
+            self.user = user  # renders see the roles as they are now, not as they were at connect
             return True
         if not self.closed:
             self.closed = True
@@ -167,8 +171,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         raise NotImplementedError
 
 
-def session_verdict(session_key: str, user_id: int) -> int | None:
-    """None while the session still logs this user in and the user may view; else the close code.
+def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
+    """(None, user) while the session still logs this user in and the user may view; else the close
+    code.
 
     django.contrib.auth.get_user does what an HTTP request would: the session must exist and not be
     expired, name this user, carry the hash of their current password, and the user must be active.
@@ -181,10 +186,10 @@ def session_verdict(session_key: str, user_id: int) -> int | None:
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user = get_user(SimpleNamespace(session=store))
     if not user.is_authenticated or user.pk != user_id:
-        return UNAUTHENTICATED
+        return UNAUTHENTICATED, None
     if not may(roles_of(user), "view"):
-        return FORBIDDEN
-    return None
+        return FORBIDDEN, None
+    return None, user
 
 
 class NotFoundConsumer(AsyncWebsocketConsumer):
