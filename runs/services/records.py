@@ -14,7 +14,6 @@ from audit.chain import canonical
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
-from core.rows import select_row
 from runs.models import Approval, Assumption, Checkpoint, Run, Timer
 from runs.states import Event
 
@@ -190,8 +189,9 @@ def request_approval(
     required_role: str = "approver",
 ) -> Approval:
     """The worker asks for a decision on one exact action. If the agent's policy requires approval of
-    that action, the policy's approver role wins over ``required_role``. Asking again for the same
-    action while a request is open returns that request: one open request per decision."""
+    that action, the policy's approver role wins over ``required_role``. A second request while one is
+    open is refused by the state table (awaiting_approval has no request_approval edge), and a run
+    that moves on supersedes its open requests: one open request per decision."""
     args = args or {}
     with decision(actor, "approval.request", "run", run_id, run_id):
         run = lock_run(run_id)
@@ -199,9 +199,6 @@ def request_approval(
         digest = approval_digest(
             run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
         )
-        open_request = select_row(Approval, run=run.pk, digest=digest, status=Approval.PENDING)
-        if open_request is not None:
-            return open_request
         policy = required_policy(run.agent_id, tool, action, args)
         now = timezone.now()
         approval = Approval.objects.create(
