@@ -7,63 +7,98 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0005_compensation_failed_state'),
+        ("runs", "0005_compensation_failed_state"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApprovalPolicy',
+            name="ApprovalPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tool', models.CharField(max_length=100)),
-                ('action', models.CharField(help_text='an action name, or * for every action', max_length=100)),
-                ('condition', models.CharField(blank=True, help_text='e.g. amount>200', max_length=200)),
-                ('approver_role', models.CharField(default='approver', max_length=50)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.CharField(blank=True, max_length=150)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("tool", models.CharField(max_length=100)),
+                (
+                    "action",
+                    models.CharField(
+                        help_text="an action name, or * for every action", max_length=100
+                    ),
+                ),
+                (
+                    "condition",
+                    models.CharField(blank=True, help_text="e.g. amount>200", max_length=200),
+                ),
+                ("approver_role", models.CharField(default="approver", max_length=50)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("created_by", models.CharField(blank=True, max_length=150)),
             ],
             options={
-                'verbose_name_plural': 'approval policies',
-                'ordering': ['agent', 'tool', 'action', 'id'],
+                "verbose_name_plural": "approval policies",
+                "ordering": ["agent", "tool", "action", "id"],
             },
         ),
         migrations.RemoveConstraint(
-            model_name='approval',
-            name='approval_status_valid',
+            model_name="approval",
+            name="approval_status_valid",
         ),
         migrations.RemoveConstraint(
-            model_name='effect',
-            name='effect_status_valid',
+            model_name="effect",
+            name="effect_status_valid",
         ),
         migrations.AddField(
-            model_name='effect',
-            name='discrepancy',
+            model_name="effect",
+            name="discrepancy",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='effect',
-            name='status',
+            model_name="effect",
+            name="status",
             field=models.CharField(max_length=12),
         ),
         migrations.AddConstraint(
-            model_name='effect',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['in_flight', 'committed', 'failed', 'unknown', 'discrepancy', 'denied'])), name='effect_status_valid'),
+            model_name="effect",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "status__in",
+                        ["in_flight", "committed", "failed", "unknown", "discrepancy", "denied"],
+                    )
+                ),
+                name="effect_status_valid",
+            ),
         ),
         migrations.AddField(
-            model_name='approvalpolicy',
-            name='agent',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='approval_policies', to='runs.agent'),
+            model_name="approvalpolicy",
+            name="agent",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="approval_policies",
+                to="runs.agent",
+            ),
         ),
         migrations.AddField(
-            model_name='approval',
-            name='policy',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='runs.approvalpolicy'),
+            model_name="approval",
+            name="policy",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="runs.approvalpolicy",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='approval',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['pending', 'approved', 'rejected', 'timed_out', 'superseded'])), name='approval_status_valid'),
+            model_name="approval",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("status__in", ["pending", "approved", "rejected", "timed_out", "superseded"])
+                ),
+                name="approval_status_valid",
+            ),
         ),
     ]
