@@ -24,7 +24,7 @@ from core.rows import select_row, select_rows
 from runs.models import Approval, AuthorityGrant, Effect, Run
 from runs.states import EFFECT_STATES, State, denial_reason
 
-from .approvals import policy_denial, required_policy
+from .approvals import approval_denial
 from .common import append_history, decision, lock_run
 from .discrepancy import record_discrepancy, reported_again
 from .lifecycle import check_fencing
@@ -34,22 +34,6 @@ OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
 
 def fingerprint(tool: str, action: str, args: dict[str, Any]) -> str:
     return hashlib.sha256(canonical({"tool": tool, "action": action, "args": args})).hexdigest()
-
-
-def approval_digest(
-    *, run_id: Any, attempt_id: Any, tool: str, action: str, args: dict[str, Any]
-) -> str:
-    return hashlib.sha256(
-        canonical(
-            {
-                "run": str(run_id),
-                "attempt": str(attempt_id),
-                "tool": tool,
-                "action": action,
-                "args": args,
-            }
-        )
-    ).hexdigest()
 
 
 @dataclass
@@ -111,39 +95,6 @@ def _authority_denial(run: Run, tool: str, action: str, now) -> str | None:
     return "authority_missing"
 
 
-def _approval_denial(
-    run: Run, approval_id: Any, tool: str, action: str, args: dict
-) -> tuple[str | None, Approval | None, str]:
-    """(denial reason or None, the approval to consume, detail). The agent's policy decides first;
-    without one, an approval the worker asked for still binds the action it named."""
-    digest = approval_digest(
-        run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
-    )
-    policy = required_policy(run.agent_id, tool, action, args)
-    if policy is not None:
-        reason, approval = policy_denial(run, policy, approval_id, digest)
-        detail = f"policy '{policy.spec}' requires an approval by {policy.approver_role}"
-        return reason, approval, detail if reason else ""
-    if approval_id:
-        approval = Approval.objects.filter(pk=approval_id, run=run).first()
-        if approval is None or approval.status != Approval.APPROVED:
-            return "approval_not_granted", None, ""
-        if approval.consumed_by_id:
-            return "approval_already_used", None, ""
-        if digest != approval.digest:
-            return "approval_mismatch", None, ""
-        return None, approval, ""
-    # An action that asked for approval may not slip through without citing it -- and one that was
-    # rejected or timed out may not either, unless a newer request was approved and cited.
-    latest = select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",))
-    if latest is not None and latest.consumed_by_id is None:
-        if latest.status in (Approval.PENDING, Approval.APPROVED):
-            return "approval_required", None, ""
-        if latest.status != Approval.SUPERSEDED:
-            return f"approval_{latest.status}", None, ""
-    return None, None, ""
-
-
 def declare_effect(
     *,
     actor: Actor,
@@ -190,7 +141,7 @@ def declare_effect(
         reason = reason or _authority_denial(run, tool, action, now)
         approval, detail = None, ""
         if reason is None:
-            reason, approval, detail = _approval_denial(run, approval_id, tool, action, args)
+            reason, approval, detail = approval_denial(run, approval_id, tool, action, args)
         if reason is not None:
             return _deny(
                 run,

@@ -17,9 +17,8 @@ from core.errors import Invalid
 from runs.models import Approval, Assumption, Checkpoint, Run, Timer
 from runs.states import Event
 
-from .approvals import required_policy
+from .approvals import approval_digest, required_policy
 from .common import append_history, apply_transition, decision, lock_run, notify_run_changed
-from .effects import approval_digest
 from .lifecycle import check_fencing
 
 MAX_TIMER_S = 10 * 366 * 24 * 3600  # a timer further out than ten years is a bug, not a plan
