@@ -200,6 +200,11 @@ def _settle_not_found(effect: Effect, answer: ReconcileResult) -> ReconcileResul
             return ReconcileResult(
                 "failed", evidence={**seen, "commit_window_s": window, "elapsed_s": round(passed)}
             )
+    # A compensation's key is reused by every retry of its plan step: voiding it would make the
+    # compensation impossible. Its plan settles it by retrying under the same key.
+    if effect.kind == Effect.COMPENSATION:
+        why = "not seen by the external system; the compensation plan retries this key"
+        return ReconcileResult("unknown", evidence={**seen, "why": why})
     voider = get_key_voider(effect.tool)
     if voider is not None and lease_fenced(effect):
         voided = voider(effect.tool, effect.action, effect.idempotency_key)
