@@ -6,13 +6,13 @@ comes from ``manage.py register_agent``, the seed or a test. The admin only show
 
 from __future__ import annotations
 
-from django.db import transaction
-
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
 from runs.conditions import ConditionError, PolicySpec, parse_policy_spec
 from runs.models import Agent, ApprovalPolicy
+
+from .common import decision
 
 
 def parse_scopes(scopes: list[str]) -> list[str]:
@@ -40,9 +40,9 @@ def register_agent(
 ) -> tuple[Agent, bool]:
     """Create or update an agent. ``approvals`` (policy specs, ``tool:action [condition] [role]``):
     None keeps the agent's policies, a list (even empty) replaces them."""
-    scopes = parse_scopes(scopes)
-    policies = parse_policies(approvals) if approvals is not None else None
-    with transaction.atomic():
+    with decision(actor, "agent.register", "agent", name):  # a refusal is audited too
+        scopes = parse_scopes(scopes)
+        policies = parse_policies(approvals) if approvals is not None else None
         before = Agent.objects.select_for_update().filter(name=name).first()
         was = (
             {"scopes": before.allowed_scopes, "description": before.description} if before else None
@@ -69,8 +69,8 @@ def register_agent(
 def set_approval_policies(
     *, actor: Actor, agent: str, approvals: list[str]
 ) -> list[ApprovalPolicy]:
-    policies = parse_policies(approvals)
-    with transaction.atomic():
+    with decision(actor, "agent.approval_policies", "agent", agent):
+        policies = parse_policies(approvals)
         row = Agent.objects.select_for_update().filter(name=agent).first()
         if row is None:
             raise Invalid(f"agent {agent!r} is not registered", field="agent")

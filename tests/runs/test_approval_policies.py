@@ -123,6 +123,8 @@ def test_register_agent_command_sets_and_audits_policies(db, capsys):
     assert not ApprovalPolicy.objects.filter(agent__name="buyer").exists()
     with pytest.raises(Exception, match="FIELD OP LITERAL"):
         call_command("register_agent", "buyer", "--approval", "payments:charge amount~200")
+    refused = AuditEvent.objects.get(action="agent.register", outcome="denied")
+    assert "amount~200" in refused.reason
 
 
 @pytest.mark.parametrize(
