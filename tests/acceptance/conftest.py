@@ -163,7 +163,7 @@ def live(system, transactional_db):
                 [
                     sys.executable,
                     "-m",
-                    "agents.worker",
+                    "demo_agents.worker",
                     "--name",
                     name,
                     "--poll",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from sdk.controlplane_sdk import RunContext, RunSummary, run_agent_loop
+from controlplane_sdk import RunContext, RunSummary, run_agent_loop
 
 if TYPE_CHECKING:
     from tests.sdk.conftest import FakeServer

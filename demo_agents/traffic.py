@@ -1,4 +1,4 @@
-"""``python -m agents.traffic [--interval S] [--max-active N] [--count N] [--seed N]``
+"""``python -m demo_agents.traffic [--interval S] [--max-active N] [--count N] [--seed N]``
 
 Keeps producing runs with a realistic mix, so there is always something for an operator to act on:
 
@@ -39,12 +39,12 @@ import threading
 import uuid
 from typing import Any
 
-from sdk.controlplane_sdk import Client, ControlPlaneError
+from controlplane_sdk import Client, ControlPlaneError
 from world.client import WorldClient, WorldClientError
 
 from .common import VERSIONS, controlplane_token, controlplane_url, env_float, world_url
 
-log = logging.getLogger("agents.traffic")
+log = logging.getLogger("demo_agents.traffic")
 
 ACTIVE_STATES = "queued,running,awaiting_approval"
 PURCHASE_AUTHORITY = [
@@ -214,7 +214,7 @@ class Traffic:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agents.traffic", description="Keep producing demo runs."
+        prog="python -m demo_agents.traffic", description="Keep producing demo runs."
     )
     parser.add_argument("--interval", type=float, default=env_float("TRAFFIC_INTERVAL_S", 4.0))
     parser.add_argument("--max-active", type=int, default=int(env_float("TRAFFIC_MAX_ACTIVE", 8)))
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         threshold=env_float("APPROVAL_THRESHOLD", 200.0),
     )
     print(
-        f"agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active",
+        f"demo_agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active",
         flush=True,
     )
     created = 0

@@ -1,6 +1,6 @@
 """controlplane SDK: the worker side of the control plane's protocol (DESIGN §5).
 
-Import as ``sdk.controlplane_sdk``. Main entry points:
+Import as ``controlplane_sdk``. Main entry points:
 
 * :class:`Client` — one typed method per ``/api/v1`` call, bearer auth, error mapping, retries of
   idempotent calls.
