@@ -12,16 +12,16 @@ import pytest
 
 pytest.importorskip("langgraph")
 
-from langgraph.graph import END, START, StateGraph  # noqa: E402
-from langgraph.types import interrupt  # noqa: E402
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
-from controlplane_sdk import Client, PauseRequested, Worker  # noqa: E402
-from controlplane_sdk.adapters.langgraph import (  # noqa: E402
+from controlplane_sdk import Client, PauseRequested, Worker
+from controlplane_sdk.adapters.langgraph import (
     ControlPlaneSaver,
     governed_tool,
     run_graph,
 )
-from tests.sdk.conftest import LEASE, RUN, FakeServer  # noqa: E402
+from tests.sdk.conftest import LEASE, RUN, FakeServer
 
 HB = f"/leases/{LEASE}/heartbeat"
 
