@@ -1,0 +1,192 @@
+"""Govern an OpenAI Agents SDK agent: every function-tool call is a declared effect, a paused or
+cancelled run stops at the next tool call, ``needs_approval`` tools are control-plane approvals, and the
+SDK's serialised ``RunState`` is the run's checkpoint (so another process can resume it).
+
+    from controlplane_sdk.adapters.openai_agents import govern_tool, run_agent
+
+    def agent_run(ctx):                                    # a run_agent_loop run function
+        charge = govern_tool(ctx, charge_card, tool="payments", action="charge", needs_approval=True)
+        agent = Agent(name="buyer", instructions="...", tools=[charge])
+        run_agent(ctx, agent, ctx.get_run()["goal"])
+
+How a stop happens: ``on_tool_start`` hooks run beside the tool and cannot stop it, so the adapter
+wraps the tool itself. Before any governed call the adapter asks the control plane for the run's
+directive through the tool's ``needs_approval`` check; on pause/cancel/stop it turns the call into an
+interruption, writes the ``RunState`` as a checkpoint (step ``openai-agents:<tool>``: the call that
+will run when the run resumes) and raises the directive. A resumed run loads that state and lets the
+held call through -- it is declared then, under a key derived from the run and the model's tool call
+id, which the ``RunState`` keeps, so a replay cannot charge twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from agents import Agent, FunctionTool, Runner, RunState, function_tool
+from agents.exceptions import UserError
+from agents.tool_context import ToolContext
+
+from ..errors import ControlPlaneError
+from ..runtime import RunContext
+
+STATE_KEY = "openai_agents"
+_STOPS = ("pause", "cancel", "stop")
+
+
+class Governance:
+    """What the adapter remembers for one run: calls held at a directive boundary, and the approval
+    each approved call cites when it is declared."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.held: dict[str, str] = {}  # call id -> directive that held it
+        self.asked: dict[str, bool] = {}  # call id -> the tool itself needs approval
+        self.approvals: dict[str, str] = {}  # call id -> approval id
+        self.tools: dict[str, tuple[str, str]] = {}  # function tool name -> (tool, action)
+
+
+def _governance(ctx: RunContext) -> Governance:
+    gov = getattr(ctx, "_openai_agents", None)
+    if gov is None:
+        gov = Governance(ctx)
+        ctx._openai_agents = gov  # type: ignore[attr-defined]
+    return gov
+
+
+def govern_tool(
+    ctx: RunContext,
+    fn: Callable[..., Any] | FunctionTool,
+    *,
+    tool: str,
+    action: str,
+    needs_approval: bool = False,
+    compensate: dict[str, Any] | None = None,
+    irreversible: bool = False,
+) -> FunctionTool:
+    """A function tool whose every call is governed by the run (see the module docstring)."""
+    ft = fn if isinstance(fn, FunctionTool) else function_tool(fn)
+    gov = _governance(ctx)
+    gov.tools[ft.name] = (tool, action)
+    inner = ft.on_invoke_tool
+
+    async def boundary(_run_ctx: Any, _params: dict[str, Any], call_id: str) -> bool:
+        directive = await asyncio.to_thread(ctx.refresh)
+        if directive in _STOPS:
+            gov.held[call_id] = directive
+            return True
+        gov.asked[call_id] = needs_approval
+        return needs_approval
+
+    async def invoke(tool_ctx: ToolContext[Any], raw_args: str) -> Any:
+        # The boundary check asked the server a moment ago; the declaration below is refused by the
+        # server anyway if a pause committed since (run_paused), so no second round trip here.
+        ctx.check_directive(refresh=False)
+        call_id = tool_ctx.tool_call_id
+        scope = ctx.effect(
+            tool,
+            action,
+            key=f"{ctx.run_id}:{call_id}",
+            step=ctx.current_step or f"openai-agents:{ft.name}",
+            args=json.loads(raw_args or "{}"),
+            compensate=compensate,
+            irreversible=irreversible,
+            unknown_on=(TimeoutError, asyncio.TimeoutError),
+            approval_id=gov.approvals.get(call_id),
+        )
+        await asyncio.to_thread(scope.__enter__)
+        if scope.already_done:
+            recorded = scope.result if isinstance(scope.result, dict) else {}
+            return recorded.get("result", "")
+        try:
+            result = await inner(tool_ctx, raw_args)
+        except BaseException as exc:
+            await asyncio.to_thread(scope.__exit__, type(exc), exc, exc.__traceback__)
+            raise
+        scope.committed(detail={"result": result if isinstance(result, str) else str(result)})
+        await asyncio.to_thread(scope.__exit__, None, None, None)
+        return result
+
+    return dataclasses.replace(ft, on_invoke_tool=invoke, needs_approval=boundary)
+
+
+async def arun_agent(
+    ctx: RunContext, agent: Agent[Any], agent_input: str | list[Any], **runner_kwargs: Any
+) -> Any:
+    """Run the agent (or continue it from the run's stored ``RunState``); returns the final output."""
+    gov = _governance(ctx)
+    stored = (ctx.state or {}).get(STATE_KEY)
+    run_input: Any = agent_input
+    if stored:
+        state = await RunState.from_json(agent, stored["state"])
+        for item in state.get_interruptions():
+            if item.call_id in stored.get("held", []):
+                state.approve(item)  # held only by the directive, which the resume has lifted
+            else:
+                await _decide(ctx, gov, state, item)
+        run_input = state
+    while True:
+        result = await _run(agent, run_input, **runner_kwargs)
+        if not result.interruptions:
+            final = result.final_output
+            await asyncio.to_thread(
+                ctx.checkpoint, "openai-agents:done", {"final_output": str(final)}
+            )
+            return final
+        state = result.to_state()
+        held = [i.call_id for i in result.interruptions if i.call_id in gov.held]
+        first = result.interruptions[0]
+        await asyncio.to_thread(
+            ctx.checkpoint,
+            f"openai-agents:{first.tool_name or first.name}",
+            {STATE_KEY: {"state": state.to_json(), "held": held}},
+        )
+        if held:
+            await asyncio.to_thread(ctx.check_directive)  # raises the pause / cancel / stop
+            for call_id in held:  # the directive was lifted meanwhile: let the calls through
+                gov.held.pop(call_id, None)
+        for item in result.interruptions:
+            if item.call_id in held:
+                state.approve(item)
+            else:
+                await _decide(ctx, gov, state, item)
+        run_input = state
+
+
+async def _run(agent: Agent[Any], run_input: Any, **kw: Any) -> Any:
+    """Runner.run, with our own errors unwrapped: the Agents SDK wraps an exception raised by a tool in
+    ``UserError``; a directive or a denial raised by the governed tool must reach the run loop as is."""
+    try:
+        return await Runner.run(agent, run_input, **kw)
+    except UserError as err:
+        if isinstance(err.__cause__, ControlPlaneError):
+            raise err.__cause__ from None
+        raise
+
+
+async def _decide(ctx: RunContext, gov: Governance, state: RunState, item: Any) -> None:
+    """A tool that needs approval: one control-plane approval for exactly this call's arguments."""
+    args = json.loads(item.arguments or "{}") if isinstance(item.arguments, str) else {}
+    approval_id = await asyncio.to_thread(
+        ctx.request_approval,
+        *gov.tools.get(item.tool_name or item.name or "", ("tool", "call")),
+        args,
+        f"the agent wants to call {item.tool_name or item.name}",
+    )
+    approval = await asyncio.to_thread(ctx.await_approval, approval_id)
+    if approval.pending:
+        await asyncio.to_thread(ctx.check_directive)
+        raise TimeoutError(f"approval {approval_id} was not decided")
+    if approval.approved:
+        gov.approvals[item.call_id] = approval_id
+        state.approve(item)
+    else:
+        state.reject(item)
+
+
+def run_agent(ctx: RunContext, agent: Agent[Any], agent_input: str | list[Any], **kw: Any) -> Any:
+    """Synchronous :func:`arun_agent`, for ``run_agent_loop`` run functions."""
+    return asyncio.run(arun_agent(ctx, agent, agent_input, **kw))
