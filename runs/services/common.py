@@ -20,6 +20,7 @@ from core.live import push_run_update
 from core.rows import select_row
 from runs.models import AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
 from runs.states import Event, State, transition
+from runs.work import work_key
 
 NOTIFY_CHANNEL = "cp_runs"
 
@@ -182,6 +183,8 @@ def notify_run_changed(run: Run) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
+            if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
+                cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, work_key(run.agent_id)])
     transaction.on_commit(lambda: push_run_update(run.pk))
 
 

@@ -446,6 +446,19 @@ class Worker:
             ctx.start_heartbeat()
         return ctx
 
+    def claim_next(self, wait_s: float = 20.0, *, heartbeat: bool = True) -> RunContext | None:
+        """Wait up to ``wait_s`` for this agent's next claimable run and claim it (long-poll);
+        ``None`` if none came. Raises ``NotFound`` against a server without ``/work/claim``."""
+        c = self.client.claim_next(self.worker_name, [self.agent], self.versions, wait_s)
+        if c is None:
+            return None
+        ctx = RunContext(
+            self.client, c, self.worker_name, heartbeat_interval=self.heartbeat_interval
+        )
+        if heartbeat:
+            ctx.start_heartbeat()
+        return ctx
+
     def queued_runs(self, state: str = "queued") -> list[dict[str, Any]]:
         """Runs of this agent waiting for a worker."""
         return self.client.list_runs(agent=self.agent, state=state)
