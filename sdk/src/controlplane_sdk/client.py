@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from ._util import json_default, now_iso
+from .tracing import traceparent
 from .errors import (
     ApiError,
     EffectAlreadyFailed,
@@ -146,7 +147,7 @@ class Client(OperatorCalls):
         timeout: float | None = None,
     ) -> tuple[httpx.Response, bool]:
         """Send one logical call; returns ``(response, a_try_failed_in_transit)``."""
-        headers = {"X-Request-ID": uuid.uuid4().hex}
+        headers = {"X-Request-ID": uuid.uuid4().hex, "traceparent": traceparent()}
         content = None
         if body is not None:
             content = json.dumps(body, default=json_default).encode()

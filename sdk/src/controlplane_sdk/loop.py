@@ -49,6 +49,7 @@ from .errors import (
     StopRequested,
 )
 from .runtime import RunContext, Worker
+from .tracing import run_trace
 
 __all__ = ["run_agent_loop", "run_one", "RunSummary", "classify_failure"]
 
@@ -101,7 +102,7 @@ def run_one(ctx: RunContext, run_fn: RunFn) -> RunSummary:
     def summary(outcome: str, detail: str = "") -> RunSummary:
         return RunSummary(ctx.run_id, ctx.attempt.id, outcome, detail)
 
-    with ctx:
+    with ctx, run_trace(ctx.run_id):
         try:
             try:
                 ctx.check_directive()

@@ -21,6 +21,7 @@ from typing import Any
 
 from .client import Client
 from .effects import EffectScope
+from .tracing import run_trace
 from .errors import (
     ApiError,
     CancelRequested,
@@ -150,9 +151,13 @@ class RunContext:
         if self._thread is not None or self.lease_lost:
             return
         self._thread = threading.Thread(
-            target=self._heartbeat_loop, name=f"heartbeat-{self.run_id}", daemon=True
+            target=self._traced_heartbeat_loop, name=f"heartbeat-{self.run_id}", daemon=True
         )
         self._thread.start()
+
+    def _traced_heartbeat_loop(self) -> None:
+        with run_trace(self.run_id):  # a thread starts with an empty context
+            self._heartbeat_loop()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
