@@ -115,3 +115,21 @@ def test_a_rejected_approval_never_calls_the_tool(server: FakeServer):
     run_agent(ctx, buyer(ctx, world, script(), approve_charge=True), "buy")
     assert world == [("reserve", "sku-1")]
     assert [d["action"] for d in server.bodies("POST", f"/runs/{RUN}/effects")] == ["reserve"]
+
+
+def test_a_tool_timeout_is_recorded_unknown_and_stops_the_run(server: FakeServer):
+    ctx = claim(server)
+
+    def charge(amount: int) -> str:
+        """Charge the card."""
+        raise TimeoutError("the payment provider did not answer")
+
+    model = ScriptedModel([[function_call("charge", {"amount": 10}, call_id="call-charge")]])
+    agent = Agent(
+        name="buyer",
+        tools=[govern_tool(ctx, charge, tool="payments", action="charge")],
+        model=model,
+    )
+    with pytest.raises(TimeoutError):
+        run_agent(ctx, agent, "buy")
+    assert [b["status"] for b in server.bodies("POST", "/effects/e1/outcome")] == ["unknown"]

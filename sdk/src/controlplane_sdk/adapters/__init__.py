@@ -12,9 +12,34 @@ Each imports its framework lazily: install the extra (``pip install 'controlplan
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
+
+from ..effects import EffectScope
+
+_current: ContextVar[EffectScope | None] = ContextVar("controlplane_effect", default=None)
+
+
+def current_effect() -> EffectScope:
+    """The declared effect of the governed tool call in progress: a tool that talks to an external
+    system sends ``current_effect().idempotency_key`` with its request, so a replay cannot do it twice."""
+    fx = _current.get()
+    if fx is None:
+        raise RuntimeError("current_effect() is only available inside a governed tool call")
+    return fx
+
+
+@contextlib.contextmanager
+def effect_in_progress(fx: EffectScope) -> Iterator[EffectScope]:
+    token = _current.set(fx)
+    try:
+        yield fx
+    finally:
+        _current.reset(token)
 
 
 def args_digest(args: Any) -> str:

@@ -32,7 +32,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from ..runtime import RunContext
-from . import args_digest
+from . import args_digest, effect_in_progress
 
 STATE_KEY = "langgraph"
 BRANCH_PREFIX = "branch:to:"
@@ -136,7 +136,9 @@ def governed_tool(
         def governed(*args: Any, **kwargs: Any) -> Any:
             ctx.check_directive()
             approval_id = kwargs.pop("approval_id", None)
-            call = {"args": list(args), "kwargs": kwargs}
+            # Called with keywords only (the usual tool call), the declared args are those keywords,
+            # so an approval requested for the same dict matches the declaration's digest.
+            call = dict(kwargs) if not args else {"args": list(args), "kwargs": kwargs}
             k = key(*args, **kwargs) if key else f"{ctx.run_id}:{tool}:{action}:{args_digest(call)}"
             with ctx.effect(
                 tool,
@@ -151,7 +153,8 @@ def governed_tool(
             ) as fx:
                 if fx.already_done:
                     return (fx.result or {}).get("result") if isinstance(fx.result, dict) else None
-                result = fn(*args, **kwargs)
+                with effect_in_progress(fx):
+                    result = fn(*args, **kwargs)
                 fx.committed(detail={"result": result})
                 return result
 

@@ -32,6 +32,7 @@ from agents.tool_context import ToolContext
 
 from ..errors import ControlPlaneError
 from ..runtime import RunContext
+from . import effect_in_progress
 
 STATE_KEY = "openai_agents"
 _STOPS = ("pause", "cancel", "stop")
@@ -66,9 +67,14 @@ def govern_tool(
     needs_approval: bool = False,
     compensate: dict[str, Any] | None = None,
     irreversible: bool = False,
+    unknown_on: tuple[type[BaseException], ...] = (TimeoutError,),
 ) -> FunctionTool:
-    """A function tool whose every call is governed by the run (see the module docstring)."""
-    ft = fn if isinstance(fn, FunctionTool) else function_tool(fn)
+    """A function tool whose every call is governed by the run (see the module docstring).
+
+    Pass a plain function: its exceptions then reach the adapter, which records ``failed`` (or
+    ``unknown`` for ``unknown_on``: the call may have happened) and stops the run. A ready-made
+    ``FunctionTool`` keeps its own error handling (an error string for the model is a committed call)."""
+    ft = fn if isinstance(fn, FunctionTool) else function_tool(fn, failure_error_function=None)
     gov = _governance(ctx)
     gov.tools[ft.name] = (tool, action)
     inner = ft.on_invoke_tool
@@ -94,7 +100,7 @@ def govern_tool(
             args=json.loads(raw_args or "{}"),
             compensate=compensate,
             irreversible=irreversible,
-            unknown_on=(TimeoutError, asyncio.TimeoutError),
+            unknown_on=unknown_on + (asyncio.TimeoutError,),
             approval_id=gov.approvals.get(call_id),
         )
         await asyncio.to_thread(scope.__enter__)
@@ -102,9 +108,11 @@ def govern_tool(
             recorded = scope.result if isinstance(scope.result, dict) else {}
             return recorded.get("result", "")
         try:
-            result = await inner(tool_ctx, raw_args)
+            with effect_in_progress(scope):  # the tool reads current_effect().idempotency_key
+                result = await inner(tool_ctx, raw_args)
         except BaseException as exc:
             await asyncio.to_thread(scope.__exit__, type(exc), exc, exc.__traceback__)
+            exc._controlplane_governed = True  # type: ignore[attr-defined]  # see _run
             raise
         scope.committed(detail={"result": result if isinstance(result, str) else str(result)})
         await asyncio.to_thread(scope.__exit__, None, None, None)
@@ -158,12 +166,13 @@ async def arun_agent(
 
 async def _run(agent: Agent[Any], run_input: Any, **kw: Any) -> Any:
     """Runner.run, with our own errors unwrapped: the Agents SDK wraps an exception raised by a tool in
-    ``UserError``; a directive or a denial raised by the governed tool must reach the run loop as is."""
+    ``UserError``; a directive, a denial or a governed tool's failure must reach the run loop as is."""
     try:
         return await Runner.run(agent, run_input, **kw)
     except UserError as err:
-        if isinstance(err.__cause__, ControlPlaneError):
-            raise err.__cause__ from None
+        cause = err.__cause__
+        if isinstance(cause, ControlPlaneError) or getattr(cause, "_controlplane_governed", False):
+            raise cause from None  # the outcome is recorded; the run loop classifies the failure
         raise
 
 
