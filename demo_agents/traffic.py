@@ -65,6 +65,12 @@ CHEAP = [("sku-1", (1, 4)), ("sku-2", (1, 3)), ("sku-3", (1, 4))]  # seed prices
 PRICEY = [("sku-2", (8, 9)), ("sku-4", (3, 4))]  # 240-270, 300-400 at seed prices
 #: sku -> stock level to top up to when it runs low (sku-5 stays sold out on purpose)
 RESTOCK = {"sku-1": 200, "sku-2": 120, "sku-3": 80, "sku-4": 40}
+FRAMEWORK_AGENTS = ("purchasing", "lg-purchasing", "oa-purchasing")
+FRAMEWORK_WEIGHTS = (70, 15, 15)
+FRAMEWORK_AUTHORITY = [
+    {"scope": s, "ttl_s": 3600} for s in ("inventory:*", "payments:charge", "notifications:*")
+]
+
 WEIGHTS = {
     "ok": 48,
     "approval": 9,
@@ -147,12 +153,17 @@ class Traffic:
             self.fault("payments", "timeout", "charge", delay_ms=3000)
         elif kind == "rejected":
             self.fault("payments", "reject", "charge")
+        # Plain runs and approvals also go to the framework-built agents, so the console shows
+        # governed LangGraph and OpenAI Agents SDK runs beside the SDK ones.
+        agent = "purchasing"
+        if kind in ("ok", "approval"):
+            agent = self.rng.choices(FRAMEWORK_AGENTS, FRAMEWORK_WEIGHTS)[0]
         return self.client.create_run(
-            "purchasing",
+            agent,
             f"buy {qty} x {sku} for {name} ({inp['order']})",
             inp,
             versions=VERSIONS,
-            authority=PURCHASE_AUTHORITY,
+            authority=PURCHASE_AUTHORITY if agent == "purchasing" else FRAMEWORK_AUTHORITY,
         )
 
     def refund(self) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ regardless (a second signal exits at once).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -33,12 +34,26 @@ from controlplane_sdk import Client, RunContext, RunSummary, run_agent_loop
 from . import address_verifier, purchasing, refunds
 from .common import SHUTDOWN, VERSIONS, WorkerShutdown, controlplane_token, controlplane_url
 
-AGENTS: dict[str, Callable[[RunContext], Any]] = {
+AGENTS: dict[str, Callable[[RunContext], Any] | str] = {
     purchasing.AGENT: purchasing.purchase,
     address_verifier.AGENT: address_verifier.verify,
     refunds.AGENT: refunds.refund,
+    # Framework-built agents, imported only by a worker that serves them (their frameworks are
+    # heavy imports): a LangGraph graph and an OpenAI Agents SDK agent, each governed by its adapter.
+    "lg-purchasing": "demo_agents.lg_purchasing:purchase",
+    "oa-purchasing": "demo_agents.oa_purchasing:purchase",
 }
-DEFAULT_AGENTS = "purchasing:3,address-verifier:1,refunds:1"
+
+
+def run_function(agent: str) -> Callable[[RunContext], Any]:
+    fn = AGENTS[agent]
+    if isinstance(fn, str):
+        module, _, name = fn.partition(":")
+        fn = getattr(importlib.import_module(module), name)
+    return fn
+
+
+DEFAULT_AGENTS = "purchasing:3,address-verifier:1,refunds:1,lg-purchasing:1,oa-purchasing:1"
 
 log = logging.getLogger("demo_agents.worker")
 
@@ -61,7 +76,7 @@ def serve(
     agent: str, worker_name: str, stop: threading.Event, poll: float, counts: dict[str, int]
 ) -> None:
     """One thread: run the agent loop until ``stop``; survive anything but a shutdown."""
-    run_fn = AGENTS[agent]
+    run_fn = run_function(agent)
 
     def on_summary(s: RunSummary) -> None:
         counts[s.outcome] = counts.get(s.outcome, 0) + 1

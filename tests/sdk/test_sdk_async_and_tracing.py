@@ -52,7 +52,12 @@ def test_every_call_of_a_run_carries_the_runs_trace(server: FakeServer) -> None:
     claimed = {
         "run_id": run_id,
         "attempt": {"id": "a1", "number": 1},
-        "lease": {"id": "l1", "fencing_token": 1, "expires_at": "2030-01-01T00:00:00Z", "ttl_s": 0.3},
+        "lease": {
+            "id": "l1",
+            "fencing_token": 1,
+            "expires_at": "2030-01-01T00:00:00Z",
+            "ttl_s": 0.3,
+        },
         "checkpoint": None,
         "directive": "continue",
     }

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 
 from ._util import json_default, now_iso
-from .tracing import traceparent
 from .errors import (
     ApiError,
     EffectAlreadyFailed,
@@ -47,6 +46,7 @@ from .models import (
     Lease,
 )
 from .operator_calls import OperatorCalls
+from .tracing import traceparent
 
 __all__ = ["Client", "API_PREFIX"]
 

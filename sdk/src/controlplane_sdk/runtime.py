@@ -21,7 +21,6 @@ from typing import Any
 
 from .client import Client
 from .effects import EffectScope
-from .tracing import run_trace
 from .errors import (
     ApiError,
     CancelRequested,
@@ -31,6 +30,7 @@ from .errors import (
     StopRequested,
 )
 from .models import Approval, Checkpoint, Claim, Directive, Event, HeartbeatReply
+from .tracing import run_trace
 
 __all__ = ["Worker", "RunContext"]
 

@@ -71,10 +71,10 @@ def test_it_declares_each_tool_call_and_checkpoints_the_next_node(server: FakeSe
     assert declared[0]["idempotency_key"].startswith(f"{RUN}:inventory:reserve:")
     steps = [b["step"] for b in server.bodies("POST", f"/runs/{RUN}/checkpoints")]
     assert steps == [
-        "langgraph:__start__",
-        "langgraph:reserve",
-        "langgraph:charge",
-        "langgraph:end",
+        "langgraph next: __start__",
+        "langgraph next: reserve",
+        "langgraph next: charge",
+        "langgraph end",
     ]
 
 
@@ -105,7 +105,7 @@ def test_a_new_process_continues_from_the_stored_checkpoint(server: FakeServer):
     with pytest.raises(PauseRequested):
         run_graph(ctx, graph, {"log": []})
     last = server.bodies("POST", f"/runs/{RUN}/checkpoints")[-1]
-    assert last["step"] == "langgraph:charge"  # the node that will run again from its start
+    assert last["step"] == "langgraph next: charge"  # the node that will run again from its start
 
     # Another process claims the run: the claim hands over that checkpoint.
     server.checkpoint = {"seq": 3, "step": last["step"], "state": last["state"]}

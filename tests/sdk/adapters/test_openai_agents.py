@@ -76,8 +76,8 @@ def test_a_pause_holds_the_next_tool_call_and_a_new_process_resumes_from_the_run
     assert world == [("reserve", "sku-1")]
     assert [d["action"] for d in server.bodies("POST", f"/runs/{RUN}/effects")] == ["reserve"]
     held = server.bodies("POST", f"/runs/{RUN}/checkpoints")[-1]
-    assert held["step"] == "openai-agents:charge"
-    assert held["state"]["openai_agents"]["held"] == ["call-charge"]
+    assert held["step"] == "openai-agents next: charge"
+    assert held["state"]["openai_agents"]["asks"] == {"call-charge": False}
 
     server.checkpoint = {"seq": 1, "step": held["step"], "state": held["state"]}
     server.on("POST", HB, GO)

@@ -8,9 +8,9 @@
         graph = build_graph(charge).compile(checkpointer=saver)
         run_graph(ctx, graph, {"order": ctx.get_run()["input"]})
 
-* Every graph checkpoint is written as a control-plane checkpoint whose ``step`` names the node(s) that
-  will run next, so a resume's revalidation report says which node runs again *from its start*
-  (LangGraph re-executes an interrupted node from the top). A run claimed by another process starts
+* Every graph checkpoint is written as a control-plane checkpoint whose ``step`` names the node(s)
+  that run next (``langgraph next: charge``), so a resume's revalidation report says which node
+  runs again *from its start* (LangGraph re-executes an interrupted node from the top). A run claimed by another process starts
   from that checkpoint: :class:`ControlPlaneSaver` loads it, and ``run_graph`` continues the graph.
 * A governed tool checks the run's directive before each call (a paused or cancelled run stops at the
   next tool call, before anything escapes) and declares the call as an effect whose idempotency key is
@@ -99,7 +99,8 @@ class ControlPlaneSaver(InMemorySaver):
             if (self.thread_id, ns, ch, v) in self.blobs
         ]
         nodes = next_nodes(checkpoint)
-        step = f"langgraph:{'+'.join(nodes)}" if nodes else "langgraph:end"
+        # The server reads a checkpoint as "after step X": say which node runs next from its start.
+        step = f"langgraph next: {'+'.join(nodes)}" if nodes else "langgraph end"
         state = {
             STATE_KEY: {
                 "checkpoint_ns": ns,

@@ -10,12 +10,12 @@ SDK's serialised ``RunState`` is the run's checkpoint (so another process can re
         run_agent(ctx, agent, ctx.get_run()["goal"])
 
 How a stop happens: ``on_tool_start`` hooks run beside the tool and cannot stop it, so the adapter
-wraps the tool itself. Before any governed call the adapter asks the control plane for the run's
-directive through the tool's ``needs_approval`` check; on pause/cancel/stop it turns the call into an
-interruption, writes the ``RunState`` as a checkpoint (step ``openai-agents:<tool>``: the call that
-will run when the run resumes) and raises the directive. A resumed run loads that state and lets the
-held call through -- it is declared then, under a key derived from the run and the model's tool call
-id, which the ``RunState`` keeps, so a replay cannot charge twice.
+wraps the tool itself. Every governed call is first held at a boundary (the tool's ``needs_approval``
+check turns it into an interruption): the adapter writes the ``RunState`` as a checkpoint (step
+``openai-agents next: <tool>``: the call that will run when the run resumes), asks the directive --
+raising on pause/cancel/stop -- and only then lets the call through. A resumed run, in any process,
+loads that state and lets the held call through: it is declared then, under a key derived from the
+run and the model's tool call id, which the ``RunState`` keeps, so a replay cannot charge twice.
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ _STOPS = ("pause", "cancel", "stop")
 
 
 class Governance:
-    """What the adapter remembers for one run: calls held at a directive boundary, and the approval
-    each approved call cites when it is declared."""
+    """What the adapter remembers for one run: the tool calls waiting at their boundary (and whether
+    each needs a human approval), and the approval each approved call cites when it is declared."""
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        self.held: dict[str, str] = {}  # call id -> directive that held it
-        self.asked: dict[str, bool] = {}  # call id -> the tool itself needs approval
+        self.asks: dict[str, bool] = {}  # call id -> the tool needs a human approval
         self.approvals: dict[str, str] = {}  # call id -> approval id
         self.tools: dict[str, tuple[str, str]] = {}  # function tool name -> (tool, action)
 
@@ -80,12 +79,10 @@ def govern_tool(
     inner = ft.on_invoke_tool
 
     async def boundary(_run_ctx: Any, _params: dict[str, Any], call_id: str) -> bool:
-        directive = await asyncio.to_thread(ctx.refresh)
-        if directive in _STOPS:
-            gov.held[call_id] = directive
-            return True
-        gov.asked[call_id] = needs_approval
-        return needs_approval
+        # Every governed call stops at a boundary first: the adapter checkpoints the RunState there
+        # and asks for the directive, so the call cannot start once a pause has committed.
+        gov.asks[call_id] = needs_approval
+        return True
 
     async def invoke(tool_ctx: ToolContext[Any], raw_args: str) -> Any:
         # The boundary check asked the server a moment ago; the declaration below is refused by the
@@ -124,44 +121,47 @@ def govern_tool(
 async def arun_agent(
     ctx: RunContext, agent: Agent[Any], agent_input: str | list[Any], **runner_kwargs: Any
 ) -> Any:
-    """Run the agent (or continue it from the run's stored ``RunState``); returns the final output."""
+    """Run the agent (or continue it from the run's stored ``RunState``); returns the final output.
+
+    Each tool call is a durable boundary: the ``RunState`` (the call not yet made) is written as a
+    checkpoint, then the directive is asked; a pause, cancel or stop raises there. A tool that needs
+    approval gets a control-plane approval; the others go ahead."""
     gov = _governance(ctx)
     stored = (ctx.state or {}).get(STATE_KEY)
     run_input: Any = agent_input
     if stored:
         state = await RunState.from_json(agent, stored["state"])
-        for item in state.get_interruptions():
-            if item.call_id in stored.get("held", []):
-                state.approve(item)  # held only by the directive, which the resume has lifted
-            else:
-                await _decide(ctx, gov, state, item)
+        await _let_through(ctx, gov, state, state.get_interruptions(), stored.get("asks", {}))
         run_input = state
     while True:
         result = await _run(agent, run_input, **runner_kwargs)
         if not result.interruptions:
             final = result.final_output
             await asyncio.to_thread(
-                ctx.checkpoint, "openai-agents:done", {"final_output": str(final)}
+                ctx.checkpoint, "openai-agents end", {"final_output": str(final)}
             )
             return final
         state = result.to_state()
-        held = [i.call_id for i in result.interruptions if i.call_id in gov.held]
+        asks = {i.call_id: gov.asks.get(i.call_id, False) for i in result.interruptions}
         first = result.interruptions[0]
         await asyncio.to_thread(
             ctx.checkpoint,
-            f"openai-agents:{first.tool_name or first.name}",
-            {STATE_KEY: {"state": state.to_json(), "held": held}},
+            f"openai-agents next: {first.tool_name or first.name}",
+            {STATE_KEY: {"state": state.to_json(), "asks": asks}},
         )
-        if held:
-            await asyncio.to_thread(ctx.check_directive)  # raises the pause / cancel / stop
-            for call_id in held:  # the directive was lifted meanwhile: let the calls through
-                gov.held.pop(call_id, None)
-        for item in result.interruptions:
-            if item.call_id in held:
-                state.approve(item)
-            else:
-                await _decide(ctx, gov, state, item)
+        await asyncio.to_thread(ctx.check_directive)  # raises the pause / cancel / stop
+        await _let_through(ctx, gov, state, result.interruptions, asks)
         run_input = state
+
+
+async def _let_through(
+    ctx: RunContext, gov: Governance, state: RunState, items: list[Any], asks: dict[str, bool]
+) -> None:
+    for item in items:
+        if asks.get(item.call_id, False):
+            await _decide(ctx, gov, state, item)
+        else:
+            state.approve(item)  # held only at its boundary, which the directive check passed
 
 
 async def _run(agent: Agent[Any], run_input: Any, **kw: Any) -> Any:
