@@ -10,8 +10,9 @@
 
 * Every graph checkpoint is written as a control-plane checkpoint whose ``step`` names the node(s)
   that run next (``langgraph next: charge``), so a resume's revalidation report says which node
-  runs again *from its start* (LangGraph re-executes an interrupted node from the top). A run claimed by another process starts
-  from that checkpoint: :class:`ControlPlaneSaver` loads it, and ``run_graph`` continues the graph.
+  runs again *from its start* (LangGraph re-executes an interrupted node from the top). A run
+  claimed by another process starts from that checkpoint: :class:`ControlPlaneSaver` loads it, and
+  ``run_graph`` continues the graph.
 * A governed tool checks the run's directive before each call (a paused or cancelled run stops at the
   next tool call, before anything escapes) and declares the call as an effect whose idempotency key is
   derived from the run, the tool, the action and the arguments (stable across attempts and resumes).
