@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from ninja import Router
 from pydantic import Field
 
-from api.auth import refuse
+from api.auth import caller, refuse
 from api.schemas import Schema
 from core.actors import Actor
 from core.errors import LeaseHeld, NotClaimable
@@ -31,7 +31,7 @@ class WorkIn(Schema):
 
 
 def _agents(request: HttpRequest, body: WorkIn) -> dict[str, int]:
-    actor: Actor = request.auth
+    actor = caller(request)
     if not actor.is_worker:
         raise refuse(request, "only worker tokens may claim work")
     if body.agents:
@@ -61,13 +61,12 @@ async def claim_work(request: HttpRequest, body: WorkIn):
     bus = get_bus()
     keys = [work.work_key(i) for i in ids.values()]
     listening = await bus.start() if body.wait_s > 0 else False
-    event = bus.subscribe_keys(
-        keys
-    )  # before the first look: a run queued in between still wakes us
+    # Subscribe before the first look: a run queued in between still wakes us.
+    event = bus.subscribe_keys(keys)
     deadline = time.monotonic() + min(body.wait_s, settings.HEARTBEAT_MAX_WAIT_S)
     try:
         while True:
-            claimed = await sync_to_async(_try_claim)(request.auth, list(ids.values()), body)
+            claimed = await sync_to_async(_try_claim)(caller(request), list(ids.values()), body)
             remaining = deadline - time.monotonic()
             if claimed is not None or remaining <= 0:
                 return {"claim": claimed}

@@ -77,7 +77,7 @@ def purchase(ctx: RunContext) -> None:
             """Tell the customer the order is on its way."""
             return str(world.enqueue_notification(to, f"order {order} shipped", key()).get("id"))
 
-        tools = [
+        tools: list[Any] = [
             govern_tool(ctx, reserve, tool="inventory", action="reserve",
                         compensate={"tool": "inventory", "action": "release"},
                         unknown_on=(WorldTimeout,)),

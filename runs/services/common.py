@@ -18,6 +18,7 @@ from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
 from core.live import push_run_update
 from core.rows import select_row
+from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
 from runs.models import AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
 from runs.states import Event, State, transition
@@ -216,6 +217,7 @@ def decision(
     actor: Actor, action: str, object_type: str, object_id: Any, run_id: Any = None
 ) -> Iterator[None]:
     """One transaction per decision. A refused decision rolls back, then is audited on its own."""
+    annotate(action=action, run_id=run_id, **{f"{object_type}_id": object_id})
     try:
         with transaction.atomic():
             yield

@@ -28,6 +28,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -79,11 +80,11 @@ class ControlPlaneSaver(InMemorySaver):
 
     def put(
         self,
-        config: dict[str, Any],
+        config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-    ) -> dict[str, Any]:
+    ) -> RunnableConfig:
         saved = super().put(config, checkpoint, metadata, new_versions)
         conf = saved["configurable"]
         ns, cid = conf.get("checkpoint_ns", ""), conf["checkpoint_id"]
@@ -198,10 +199,11 @@ def run_graph(
 def _ask(ctx: RunContext, payload: Any, timeout: float | None) -> dict[str, Any]:
     """One interrupt -> one approval request; blocks until decided (directives raise meanwhile)."""
     p = payload if isinstance(payload, dict) else {"reason": str(payload)}
+    args = p.get("args")
     approval_id = ctx.request_approval(
-        p.get("tool", "langgraph"),
-        p.get("action", "interrupt"),
-        p.get("args") or {},
+        str(p.get("tool", "langgraph")),
+        str(p.get("action", "interrupt")),
+        args if isinstance(args, dict) else {},
         p.get("reason") or "the graph asked for a human decision",
     )
     approval = ctx.await_approval(approval_id, timeout=timeout)

@@ -171,7 +171,8 @@ async def _run(agent: Agent[Any], run_input: Any, **kw: Any) -> Any:
         return await Runner.run(agent, run_input, **kw)
     except UserError as err:
         cause = err.__cause__
-        if isinstance(cause, ControlPlaneError) or getattr(cause, "_controlplane_governed", False):
+        governed = getattr(cause, "_controlplane_governed", False)
+        if cause is not None and (isinstance(cause, ControlPlaneError) or governed):
             raise cause from None  # the outcome is recorded; the run loop classifies the failure
         raise
 
