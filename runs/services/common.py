@@ -217,7 +217,10 @@ def decision(
     actor: Actor, action: str, object_type: str, object_id: Any, run_id: Any = None
 ) -> Iterator[None]:
     """One transaction per decision. A refused decision rolls back, then is audited on its own."""
-    annotate(action=action, run_id=run_id, **{f"{object_type}_id": object_id})
+    ids = {f"{object_type}_id": object_id, "action": action}
+    if run_id is not None:
+        ids["run_id"] = run_id
+    annotate(**ids)
     try:
         with transaction.atomic():
             yield
