@@ -10,10 +10,11 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 .PHONY: run test lint venv browser migrate seed bench check-deploy clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e './sdk[langgraph,openai-agents,mcp]'  # the SDK is its own package (sdk/pyproject.toml)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 

@@ -59,10 +59,10 @@ def processes() -> list[tuple[str, list[str]]]:
         ),
         ("beat", [PY, "-m", "celery", "-A", "controlplane", "beat", "-l", "info"]),
     ]
-    if (ROOT / "agents").is_dir():
-        procs.append(("traffic", [PY, "-m", "agents.traffic"]))
+    if (ROOT / "demo_agents").is_dir():
+        procs.append(("traffic", [PY, "-m", "demo_agents.traffic"]))
         procs += [
-            (f"agent-{i}", [PY, "-m", "agents.worker", "--name", f"demo-worker-{i}"])
+            (f"agent-{i}", [PY, "-m", "demo_agents.worker", "--name", f"demo-worker-{i}"])
             for i in range(1, AGENTS + 1)
         ]
     return procs

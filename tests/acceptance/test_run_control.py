@@ -1,5 +1,5 @@
 """The operator's run-control test (RUN_CONTROL_TEST.md): seven scenarios against the live system --
-daphne, a Celery worker with beat, the demo world and real agent worker processes (agents.worker),
+daphne, a Celery worker with beat, the demo world and real agent worker processes (demo_agents.worker),
 on PostgreSQL and Redis. Every fact is read back from recorded data and written to the report
 (reports/run-control.html and .json)."""
 
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from agents.common import VERSIONS
+from demo_agents.common import VERSIONS
 from tests.acceptance.report import scenario
 from tests.live import wait_for
 

@@ -28,7 +28,7 @@ skips what is already in ``ctx.state``):
 
 Every world call carries the effect's idempotency key. A world timeout (the call may have committed)
 is recorded ``unknown`` and the run fails with ``world_timeout``; a refusal is recorded ``failed``
-and the run fails with e.g. ``payment_declined`` / ``out_of_stock`` (see :mod:`agents.common`).
+and the run fails with e.g. ``payment_declined`` / ``out_of_stock`` (see :mod:`demo_agents.common`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sdk.controlplane_sdk import RunContext
+from controlplane_sdk import RunContext
 
 from .common import (
     SHUTDOWN,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sdk.controlplane_sdk import EffectAlreadyFailed, EffectScope, EffectUnresolved, RunContext
+from controlplane_sdk import EffectAlreadyFailed, EffectScope, EffectUnresolved, RunContext
 from world.client import WorldClient, WorldError, WorldTimeout, WorldUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent

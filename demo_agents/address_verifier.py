@@ -18,7 +18,7 @@ import hashlib
 import re
 from typing import Any
 
-from sdk.controlplane_sdk import RunContext
+from controlplane_sdk import RunContext
 
 from .common import AgentFailure
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.controlplane_sdk import RunContext
+from controlplane_sdk import RunContext
 
 from .common import AgentFailure, env_float, perform, read_world, world_client, world_effect
 
