@@ -37,6 +37,8 @@ RESTART_MIN_S = float(os.environ.get("DEMO_RESTART_MIN_S", "1"))
 RESTART_MAX_S = float(os.environ.get("DEMO_RESTART_MAX_S", "30"))
 RESTART_STABLE_S = float(os.environ.get("DEMO_RESTART_STABLE_S", "60"))
 PRUNE_EVERY_S = 600
+#: where seed_demo wrote the worker token and where the world keeps its file (settings.VAR_DIR)
+VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR") or ROOT / "var")
 
 
 def processes() -> list[tuple[str, list[str]]]:
@@ -46,7 +48,7 @@ def processes() -> list[tuple[str, list[str]]]:
         (
             "world",
             [PY, "-m", "world", "--host", "127.0.0.1", "--port", WORLD_PORT]
-            + ["--db", "var/world.sqlite3"],
+            + ["--db", str(VAR / "world.sqlite3")],
         ),
         ("celery", celery + ["worker", "-l", "info", "-P", "threads", "-c", "4"]),
         ("beat", celery + ["beat", "-l", "info"]),
@@ -178,7 +180,7 @@ def child_env() -> dict[str, str]:
     # The demo agents think at human speed (agents/common.py), so an operator can watch and pause.
     env.setdefault("DEMO_STEP_SECONDS", "3")
     env.setdefault("DEMO_DISPATCH_SECONDS", "1.5")
-    token_file = ROOT / "var" / "demo-worker-token"
+    token_file = VAR / "demo-worker-token"
     if token_file.exists():
         env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
     return env
@@ -188,8 +190,7 @@ def _broker_file() -> Path | None:
     """The embedded Celery broker's SQLite file (controlplane/settings.py), None with REDIS_URL."""
     if os.environ.get("REDIS_URL"):
         return None
-    var = Path(os.environ.get("CONTROLPLANE_VAR_DIR") or ROOT / "var")
-    return Path(os.environ.get("CELERY_BROKER_PATH") or var / "celery-broker.sqlite3")
+    return Path(os.environ.get("CELERY_BROKER_PATH") or VAR / "celery-broker.sqlite3")
 
 
 def prune_broker() -> None:
