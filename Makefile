@@ -26,7 +26,7 @@ migrate: venv  ## apply migrations to the configured database (SQLite by default
 seed: migrate  ## roles, demo users (logins printed), agents and worker tokens
 	$(PY) manage.py seed_demo
 
-run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; Ctrl-C stops all
+run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; restarts what dies; Ctrl-C stops all
 	$(PY) -m demo.supervisor
 
 browser:  ## Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium; no browser downloads)
