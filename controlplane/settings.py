@@ -13,6 +13,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from core.limits import MAX_BODY_BYTES
+
 from .env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -52,7 +54,13 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # After auth, so its console error page renders with the user; before every view.
+    "controlplane.edge.InputGuardMiddleware",
 ]
+
+# Input limits (core/limits.py, README "Input limits"): a body past this is a 413/400, not a read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
