@@ -175,6 +175,17 @@ class ClaimOut(Out):
     directive: str
 
 
+class HeartbeatApprovalOut(Out):
+    """The run's latest approval request, as a heartbeat reports it."""
+
+    id: str
+    status: str
+    tool: str
+    action: str
+    digest: str
+    decision_reason: str
+
+
 class HeartbeatOut(Out):
     directive: str
     reason: str
@@ -183,7 +194,7 @@ class HeartbeatOut(Out):
     lease_status: str
     fencing_token: int
     timers_fired: list[JSON]
-    approval: JSON | None
+    approval: HeartbeatApprovalOut | None
 
 
 class RunStateOut(Out):
