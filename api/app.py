@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 def _field(loc: list) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "payload")]
-    return ".".join(parts)
+    # Nothing left: the body as a whole is missing or of the wrong type.
+    return ".".join(parts) or "body"
 
 
 @api.exception_handler(DomainError)
