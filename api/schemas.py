@@ -164,7 +164,6 @@ class FinishIn(Schema):
     error: str = Field(default="", max_length=5000)
 
 
-Facet = Literal["assignment", "decision_authority", "execution_lease"]
 Text150 = Annotated[str, Field(min_length=1, max_length=150)]
 
 
@@ -183,7 +182,8 @@ class InterventionOptions(CompensationOptions):
     reobserve_assumptions: StrictBool = False  # resume
     checkpoint_seq: StrictInt | None = Field(default=None, ge=0, le=MAX_INT)  # retry
     to: Text150 | None = None  # transfer: a username
-    facets: list[Facet] = Field(default=[], max_length=3)  # transfer
+    # transfer: which facets (assignment, decision_authority, execution_lease) the contract checks
+    facets: list[Annotated[str, Field(max_length=50)]] = Field(default=[], max_length=10)
     to_worker: Text150 | None = None  # transfer
     approval_id: UUID | None = None  # approve, reject
     grant_id: UUID | None = None  # revoke/suspend/restore authority

@@ -128,7 +128,7 @@ def test_a_bad_policy_stored_before_the_edge_checked_falls_back_to_the_defaults(
         ({"checkpoint_seq": "3"}, "options.checkpoint_seq"),
         ({"checkpoint_seq": 2**64}, "options.checkpoint_seq"),
         ({"suspend_authority": "yes"}, "options.suspend_authority"),
-        ({"facets": ["everything"]}, "options.facets.0"),
+        ({"facets": "assignment"}, "options.facets"),
         ({"prefer": "chaos"}, "options.prefer"),
         ({"compensation": {"max_attempts": "never"}}, "options.compensation.max_attempts"),
         ({"approval_id": "not-a-uuid"}, "options.approval_id"),
