@@ -11,7 +11,7 @@ from ninja import Query, Router
 from ninja.responses import Status
 
 from api import responses as out
-from api.auth import refuse
+from api.auth import caller, refuse
 from api.responses import ERRORS_READ, ERRORS_WRITE
 from api.schemas import (
     ApprovalIn,
@@ -39,7 +39,7 @@ router = Router(tags=["worker protocol"])
 
 
 def _worker(request: HttpRequest) -> Actor:
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if not actor.is_worker:
         raise refuse(request, "only worker tokens may make worker-protocol writes")
     return actor
@@ -76,7 +76,7 @@ def _worker_for_run(request: HttpRequest, run_id) -> Actor:
 
 @router.post("/runs", response={201: out.RunDetailOut, **ERRORS_WRITE})
 def create_run(request: HttpRequest, body: RunIn):
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if not actor.is_worker and not may(actor.roles, "start_run"):
         raise refuse(request, "your role may not start runs")
     run = services.create_run(
@@ -97,19 +97,19 @@ def create_run(request: HttpRequest, body: RunIn):
 def list_runs(request: HttpRequest, filters: Query[RunFilter]):
     return {
         "runs": selectors.list_runs(
-            request.auth, agent=filters.agent, state=filters.state, limit=filters.limit
+            caller(request), agent=filters.agent, state=filters.state, limit=filters.limit
         )
     }
 
 
 @router.get("/runs/{run_id}", response={200: out.RunDetailOut, **ERRORS_READ})
 def get_run(request: HttpRequest, run_id: UUID):
-    return selectors.run_detail(selectors.get_visible_run(request.auth, run_id))
+    return selectors.run_detail(selectors.get_visible_run(caller(request), run_id))
 
 
 @router.get("/runs/{run_id}/effects", response={200: out.EffectListOut, **ERRORS_READ})
 def list_effects(request: HttpRequest, run_id: UUID):
-    return {"effects": selectors.ledger(selectors.get_visible_run(request.auth, run_id))}
+    return {"effects": selectors.ledger(selectors.get_visible_run(caller(request), run_id))}
 
 
 @router.get("/runs/{run_id}/history", response={200: out.HistoryOut, **ERRORS_READ})
@@ -117,7 +117,7 @@ def get_history(request: HttpRequest, run_id: UUID):
     with (
         snapshot()
     ):  # the run's head and its events from one snapshot, while workers keep appending
-        run = selectors.get_visible_run(request.auth, run_id)
+        run = selectors.get_visible_run(caller(request), run_id)
         return {
             "events": [
                 {
@@ -156,7 +156,10 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
 
     async def beat():
         return await sync_to_async(services.heartbeat)(
-            actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, run_id=run_id
+            actor=caller(request),
+            lease_id=lease_id,
+            fencing_token=body.fencing_token,
+            run_id=run_id,
         )
 
     bus = get_bus()
@@ -205,7 +208,10 @@ def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     """The worker acknowledges pause/cancel at a step boundary and gives the lease back."""
     _lease_run_id(request, lease_id)
     run = services.release_lease(
-        actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, reason=body.reason
+        actor=caller(request),
+        lease_id=lease_id,
+        fencing_token=body.fencing_token,
+        reason=body.reason,
     )
     return {"run_id": str(run.pk), "state": run.state}
 
