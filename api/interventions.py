@@ -87,6 +87,7 @@ def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
         external_ref=body.external_ref,
         reason=body.reason,
         source="operator",
+        override_reason=body.override_reason,
     )
     return effect_dict(effect)
 

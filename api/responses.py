@@ -114,6 +114,8 @@ class ApprovalRowOut(Out):
     action: str
     digest: str
     deadline: str | None
+    required_role: str | None = None
+    policy: str | None = None  # the agent's approval policy that required it, if one did
 
 
 class RunDetailOut(RunSummaryOut):
@@ -231,6 +233,8 @@ class EffectOut(Out):
     reconciled: bool
     reconciliation: JSON | None
     compensates: str | None
+    # a late outcome that contradicts a reconciled status: what was reported, when, by whom
+    discrepancy: JSON | None = None
 
 
 class EffectDeniedOut(ErrorOut):

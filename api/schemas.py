@@ -220,6 +220,9 @@ class ReconcileIn(Schema):
     evidence: str = Field(min_length=1, max_length=5000)
     external_ref: str = Field(default="", max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
+    # Like the reconcile intervention: someone other than the run's decision authority needs an
+    # override with a reason (and a role that may override).
+    override_reason: str = Field(default="", max_length=2000)
 
 
 class RunFilter(Schema):
