@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 from ninja import Query, Router
-from pydantic import Field
 
+from api import responses as out
 from api.auth import caller, refuse
-from api.schemas import Schema
+from api.responses import ERRORS_READ
+from api.schemas import AuditFilter
 from audit.models import AuditEvent
 from audit.services import verify_chain
 from core.actors import Actor
@@ -23,14 +24,6 @@ def _viewer(request: HttpRequest) -> Actor:
     return actor
 
 
-class AuditFilter(Schema):
-    run_id: str | None = Field(default=None, max_length=36)
-    action: str | None = Field(default=None, max_length=60)
-    outcome: str | None = Field(default=None, max_length=10)
-    after_seq: int = Field(default=0, ge=0, le=2**63 - 1)  # seq is a bigint
-    limit: int = Field(default=100, ge=1, le=1000)
-
-
 def audit_dict(e: AuditEvent) -> dict:
     return e.hashed_fields() | {
         "created_at": e.created_at.isoformat(),
@@ -39,7 +32,7 @@ def audit_dict(e: AuditEvent) -> dict:
     }
 
 
-@router.get("/audit", response=dict)
+@router.get("/audit", response={200: out.AuditListOut, **ERRORS_READ})
 def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
     _viewer(request)
     qs = AuditEvent.objects.filter(seq__gt=filters.after_seq)
@@ -52,7 +45,7 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
     return {"events": [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]}
 
 
-@router.get("/audit/verify", response=dict)
+@router.get("/audit/verify", response={200: out.ChainReportOut, **ERRORS_READ})
 def verify(request: HttpRequest):
     _viewer(request)
     return verify_chain().as_dict()

@@ -52,12 +52,24 @@ class TokenAuth(HttpBearer):
 
 
 class SessionAuth(APIKeyCookie):
-    """The console's session; CSRF is enforced for unsafe methods by ninja's cookie auth."""
+    """The console's session; CSRF is enforced for unsafe methods by ninja's cookie auth.
+
+    Only a request that *is* a session request is checked for CSRF: one that presents a bearer token
+    is decided by that token alone, and one without a logged-in session has nothing to forge. So a
+    bad or revoked token answers 401 on every method, never "CSRF check failed"."""
 
     param_name = "sessionid"
 
     def __init__(self) -> None:
         super().__init__(csrf=True)
+
+    def __call__(self, request: HttpRequest) -> Actor | None:
+        if request.headers.get("Authorization"):
+            return None
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        return super().__call__(request)
 
     def authenticate(self, request: HttpRequest, key: Any) -> Actor | None:
         user = getattr(request, "user", None)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
 from uuid import UUID
 
 from django.http import HttpRequest
-from ninja import Router, Schema
+from ninja import Router
 from ninja.responses import Status
-from pydantic import Field
 
+from api import responses as out
 from api.auth import caller
+from api.responses import ERRORS_READ, ERRORS_WRITE
+from api.schemas import InterventionIn, ReconcileIn
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.metrics import observe_intervention
@@ -21,14 +22,6 @@ from interventions.selectors import receipt_dict
 from runs.selectors import get_visible_run
 
 router = Router(tags=["run control"])
-
-
-class InterventionIn(Schema):
-    kind: str = Field(min_length=1, max_length=30)
-    reason: str = Field(default="", max_length=2000)
-    scope: Literal["run", "tree"] = "run"
-    options: dict[str, Any] = {}
-    override_reason: str = Field(default="", max_length=2000)
 
 
 def _operator(request: HttpRequest) -> Actor:
@@ -43,19 +36,19 @@ def _req(body: InterventionIn) -> base.Request:
         kind=body.kind,
         reason=body.reason,
         scope=body.scope,
-        options=body.options,
+        options=body.options.as_dict(),
         override_reason=body.override_reason,
     )
 
 
-@router.post("/runs/{run_id}/interventions/preview", response=dict)
+@router.post("/runs/{run_id}/interventions/preview", response={200: out.PreviewOut, **ERRORS_WRITE})
 def preview(request: HttpRequest, run_id: UUID, body: InterventionIn):
     actor = _operator(request)
     get_visible_run(actor, run_id)
     return base.preview(actor=actor, run_id=run_id, req=_req(body))
 
 
-@router.post("/runs/{run_id}/interventions", response={202: dict})
+@router.post("/runs/{run_id}/interventions", response={202: out.ReceiptOut, **ERRORS_WRITE})
 def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
     actor = caller(request)  # workers are refused inside base.issue, so the refusal is audited
     with observe_intervention(body.kind):
@@ -63,7 +56,7 @@ def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
     return Status(202, receipt_dict(intervention))
 
 
-@router.get("/interventions/{intervention_id}", response=dict)
+@router.get("/interventions/{intervention_id}", response={200: out.ReceiptOut, **ERRORS_READ})
 def get_intervention(request: HttpRequest, intervention_id: UUID):
     actor = _operator(request)
     intervention = Intervention.objects.filter(pk=intervention_id).first()
@@ -73,24 +66,14 @@ def get_intervention(request: HttpRequest, intervention_id: UUID):
     return receipt_dict(intervention)
 
 
-@router.get("/runs/{run_id}/interventions", response=dict)
+@router.get("/runs/{run_id}/interventions", response={200: out.ReceiptListOut, **ERRORS_READ})
 def list_interventions(request: HttpRequest, run_id: UUID):
     actor = _operator(request)
     run = get_visible_run(actor, run_id)
     return {"interventions": [receipt_dict(i) for i in run.interventions.order_by("created_at")]}
 
 
-class ReconcileIn(Schema):
-    outcome: Literal["committed", "failed"]
-    evidence: str = Field(min_length=1, max_length=5000)
-    external_ref: str = Field(default="", max_length=200)
-    reason: str = Field(min_length=1, max_length=2000)
-    # Like the reconcile intervention: someone other than the run's decision authority needs an
-    # override with a reason (and a role that may override).
-    override_reason: str = Field(default="", max_length=2000)
-
-
-@router.post("/effects/{effect_id}/reconcile", response=dict)
+@router.post("/effects/{effect_id}/reconcile", response={200: out.EffectOut, **ERRORS_WRITE})
 def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
     from interventions.reconcile import reconcile_effect
     from runs.services import effect_dict
@@ -109,7 +92,7 @@ def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
     return effect_dict(effect)
 
 
-@router.get("/contracts", response=dict)
+@router.get("/contracts", response={200: out.ContractsOut, **ERRORS_READ})
 def contracts(request: HttpRequest):
     """Machine-readable contracts of every intervention, the state table and the permission matrix."""
     return contracts_document()

@@ -9,9 +9,10 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.responses import Status
-from pydantic import Field
 
+from api import responses as out
 from api.auth import caller, refuse
+from api.responses import ERRORS_READ, ERRORS_WRITE
 from api.schemas import (
     ApprovalIn,
     CheckpointIn,
@@ -22,8 +23,8 @@ from api.schemas import (
     HeartbeatIn,
     OutcomeIn,
     ReleaseIn,
+    RunFilter,
     RunIn,
-    Schema,
 )
 from audit.services import snapshot
 from core.actors import Actor
@@ -73,7 +74,7 @@ def _worker_for_run(request: HttpRequest, run_id) -> Actor:
     return actor
 
 
-@router.post("/runs", response={201: dict})
+@router.post("/runs", response={201: out.RunDetailOut, **ERRORS_WRITE})
 def create_run(request: HttpRequest, body: RunIn):
     actor: Actor = caller(request)
     if not actor.is_worker and not may(actor.roles, "start_run"):
@@ -87,18 +88,12 @@ def create_run(request: HttpRequest, body: RunIn):
         versions=body.versions,
         authority=[g.dict() for g in body.authority],
         deadline=body.deadline,
-        retry_policy=body.retry_policy,
+        retry_policy=body.retry_policy.model_dump(exclude_unset=True),
     )
     return Status(201, selectors.run_detail(run))
 
 
-class RunFilter(Schema):
-    agent: str | None = Field(default=None, max_length=100)
-    state: str | None = Field(default=None, max_length=300)
-    limit: int = Field(default=50, ge=1, le=500)
-
-
-@router.get("/runs", response=dict)
+@router.get("/runs", response={200: out.RunListOut, **ERRORS_READ})
 def list_runs(request: HttpRequest, filters: Query[RunFilter]):
     return {
         "runs": selectors.list_runs(
@@ -107,17 +102,17 @@ def list_runs(request: HttpRequest, filters: Query[RunFilter]):
     }
 
 
-@router.get("/runs/{run_id}", response=dict)
+@router.get("/runs/{run_id}", response={200: out.RunDetailOut, **ERRORS_READ})
 def get_run(request: HttpRequest, run_id: UUID):
     return selectors.run_detail(selectors.get_visible_run(caller(request), run_id))
 
 
-@router.get("/runs/{run_id}/effects", response=dict)
+@router.get("/runs/{run_id}/effects", response={200: out.EffectListOut, **ERRORS_READ})
 def list_effects(request: HttpRequest, run_id: UUID):
     return {"effects": selectors.ledger(selectors.get_visible_run(caller(request), run_id))}
 
 
-@router.get("/runs/{run_id}/history", response=dict)
+@router.get("/runs/{run_id}/history", response={200: out.HistoryOut, **ERRORS_READ})
 def get_history(request: HttpRequest, run_id: UUID):
     with (
         snapshot()
@@ -139,7 +134,7 @@ def get_history(request: HttpRequest, run_id: UUID):
         }
 
 
-@router.post("/runs/{run_id}/claim", response=dict)
+@router.post("/runs/{run_id}/claim", response={200: out.ClaimOut, **ERRORS_WRITE})
 def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
     actor = _worker_for_run(request, run_id)
     return services.claim_run(
@@ -153,7 +148,7 @@ def _lease_run_id(request: HttpRequest, lease_id: UUID):
     return str(run_id)
 
 
-@router.post("/leases/{lease_id}/heartbeat", response=dict)
+@router.post("/leases/{lease_id}/heartbeat", response={200: out.HeartbeatOut, **ERRORS_WRITE})
 async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
     """Keeps the lease and returns the directive. With ``wait_s`` it long-polls: it answers as soon
     as the directive changes (woken by PostgreSQL NOTIFY), or when ``wait_s`` passes."""
@@ -208,7 +203,7 @@ def _run_state(run_id: str) -> str:
     return Run.objects.values_list("state", flat=True).get(pk=run_id)
 
 
-@router.post("/leases/{lease_id}/release", response=dict)
+@router.post("/leases/{lease_id}/release", response={200: out.RunStateOut, **ERRORS_WRITE})
 def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     """The worker acknowledges pause/cancel at a step boundary and gives the lease back."""
     _lease_run_id(request, lease_id)
@@ -221,7 +216,15 @@ def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     return {"run_id": str(run.pk), "state": run.state}
 
 
-@router.post("/runs/{run_id}/effects", response={200: dict, 201: dict, 409: dict})
+@router.post(
+    "/runs/{run_id}/effects",
+    response={
+        **ERRORS_WRITE,
+        200: out.EffectOut,
+        201: out.EffectOut,
+        409: out.EffectDeniedOut,
+    },
+)
 def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
     actor = _worker_for_run(request, run_id)
     result = services.declare_effect(
@@ -243,7 +246,7 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
     return Status(201 if result.decision == "authorized" else 200, payload)
 
 
-@router.post("/effects/{effect_id}/outcome", response=dict)
+@router.post("/effects/{effect_id}/outcome", response={200: out.EffectOut, **ERRORS_WRITE})
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
     run_id = services.effects.effect_run_id(effect_id)
     actor = _worker_for_run(request, run_id)
@@ -259,7 +262,7 @@ def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
     return services.effect_dict(effect)
 
 
-@router.post("/runs/{run_id}/checkpoints", response={201: dict})
+@router.post("/runs/{run_id}/checkpoints", response={201: out.CheckpointWrittenOut, **ERRORS_WRITE})
 def write_checkpoint(request: HttpRequest, run_id: UUID, body: CheckpointIn):
     actor = _worker_for_run(request, run_id)
     cp = services.write_checkpoint(
@@ -272,7 +275,7 @@ def write_checkpoint(request: HttpRequest, run_id: UUID, body: CheckpointIn):
     return Status(201, {"id": cp.pk, "seq": cp.seq, "step": cp.step, "hash": cp.hash})
 
 
-@router.post("/runs/{run_id}/events", response={201: dict})
+@router.post("/runs/{run_id}/events", response={201: out.EventsAppendedOut, **ERRORS_WRITE})
 def append_events(request: HttpRequest, run_id: UUID, body: EventsIn):
     actor = _worker_for_run(request, run_id)
     seqs = services.append_events(
@@ -284,7 +287,7 @@ def append_events(request: HttpRequest, run_id: UUID, body: EventsIn):
     return Status(201, {"seqs": seqs})
 
 
-@router.post("/runs/{run_id}/approvals", response={201: dict})
+@router.post("/runs/{run_id}/approvals", response={201: out.ApprovalRequestedOut, **ERRORS_WRITE})
 def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
     actor = _worker_for_run(request, run_id)
     approval = services.request_approval(
@@ -311,7 +314,7 @@ def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
     )
 
 
-@router.post("/runs/{run_id}/finish", response=dict)
+@router.post("/runs/{run_id}/finish", response={200: out.RunStateOut, **ERRORS_WRITE})
 def finish(request: HttpRequest, run_id: UUID, body: FinishIn):
     actor = _worker_for_run(request, run_id)
     run = services.finish_attempt(

@@ -2,46 +2,75 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from ninja import Schema as NinjaSchema
-from pydantic import Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
+
+from core.limits import MAX_INT, datetime_problem, json_problem
 
 Name = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")
 # Fencing tokens are stored as PostgreSQL bigint: a larger number is bad input (422), not a 500 from
 # the database ("bigint out of range") when a refused declaration is recorded with it.
-MAX_FENCING_TOKEN = 2**63 - 1
-
-
-def _storable(value: Any) -> None:
-    """PostgreSQL refuses NUL characters in text and jsonb, and jsonb refuses NaN/Infinity: such input
-    would fail at INSERT time as a 500, so it is refused here as a 422 naming the field."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("must not contain NUL (\\u0000) characters")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("numbers must be finite")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _storable(key)
-            _storable(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _storable(item)
+MAX_FENCING_TOKEN = MAX_INT
 
 
 class Schema(NinjaSchema):
-    """Every request body and query of the API: values the database can store, or a 422."""
+    """Every request body and query of the API: values the database can store and a page can render
+    (core.limits), or a 422 naming the field -- and, inside a JSON document, the path in it."""
 
     @field_validator("*", mode="after")
     @classmethod
     def _storable_in_postgres(cls, value: Any) -> Any:
-        _storable(value)
+        problem = json_problem(value)
+        if problem:
+            where, why = problem
+            raise ValueError(f"{where}: {why}" if where else why)
         return value
+
+
+class StrictOptions(Schema):
+    """Nested options: every key known, every value of its exact type (no "3" for 3, no "never")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _sane_datetime(value: datetime) -> datetime:
+    if why := datetime_problem(value):
+        raise ValueError(why)
+    return value
+
+
+# tz-aware and inside core.limits' window: psycopg must be able to read back what PostgreSQL stores.
+SaneDatetime = Annotated[AwareDatetime, AfterValidator(_sane_datetime)]
+
+
+class RetryPolicy(StrictOptions):
+    """A run's retry policy (interventions.retry.DEFAULT_POLICY holds the defaults)."""
+
+    max_attempts: StrictInt = Field(default=3, ge=1, le=100)
+    backoff_s: StrictInt | StrictFloat = Field(default=2, ge=0, le=86_400, allow_inf_nan=False)
+    backoff_factor: StrictInt | StrictFloat = Field(default=2, ge=1, le=10, allow_inf_nan=False)
+    max_backoff_s: StrictInt | StrictFloat = Field(
+        default=300, ge=0, le=86_400, allow_inf_nan=False
+    )
+    retryable: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        default=[], max_length=50
+    )
+    non_retryable: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        default=[], max_length=50
+    )
 
 
 class GrantRequest(Schema):
@@ -58,8 +87,8 @@ class RunIn(Schema):
     parent_run_id: UUID | None = None
     versions: dict[str, Any] = {}
     authority: list[GrantRequest] = Field(default=[], max_length=50)
-    deadline: datetime | None = None
-    retry_policy: dict[str, Any] = {}
+    deadline: SaneDatetime | None = None
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
 
 
 class ClaimIn(Schema):
@@ -133,3 +162,78 @@ class FinishIn(Schema):
     outcome: Literal["succeeded", "failed"]
     failure_class: str = Field(default="", max_length=100)
     error: str = Field(default="", max_length=5000)
+
+
+Text150 = Annotated[str, Field(min_length=1, max_length=150)]
+
+
+class CompensationOptions(StrictOptions):
+    """Bounds as interventions.compensate.OPTION_BOUNDS."""
+
+    max_attempts: StrictInt = Field(default=3, ge=1, le=10)
+    backoff_s: StrictInt | StrictFloat = Field(default=1.0, ge=0, le=300, allow_inf_nan=False)
+    claim_ttl_s: StrictInt = Field(default=60, ge=1, le=3600)
+
+
+class InterventionOptions(CompensationOptions):
+    """Every option any intervention reads; each contract checks which of them it needs."""
+
+    suspend_authority: StrictBool = False  # pause
+    reobserve_assumptions: StrictBool = False  # resume
+    checkpoint_seq: StrictInt | None = Field(default=None, ge=0, le=MAX_INT)  # retry
+    to: Text150 | None = None  # transfer: a username
+    # transfer: which facets (assignment, decision_authority, execution_lease) the contract checks
+    facets: list[Annotated[str, Field(max_length=50)]] = Field(default=[], max_length=10)
+    to_worker: Text150 | None = None  # transfer
+    approval_id: UUID | None = None  # approve, reject
+    grant_id: UUID | None = None  # revoke/suspend/restore authority
+    scope: str | None = Field(default=None, min_length=1, max_length=200)
+    prefer: Literal["redrive", "compensate", "escalate"] | None = None  # recover
+    compensation: CompensationOptions | None = None  # recover with prefer=compensate
+
+    # UUIDs arrive as JSON strings: strict mode would refuse every one of them.
+    @field_validator("approval_id", "grant_id", mode="before")
+    @classmethod
+    def _uuid_from_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return UUID(value)
+            except ValueError:
+                raise ValueError("must be a UUID") from None
+        return value
+
+    def as_dict(self) -> dict[str, Any]:
+        """Only what the caller sent (the contracts apply their own defaults), as JSON values."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class InterventionIn(Schema):
+    kind: str = Field(min_length=1, max_length=30)
+    reason: str = Field(default="", max_length=2000)
+    scope: Literal["run", "tree"] = "run"
+    options: InterventionOptions = Field(default_factory=InterventionOptions)
+    override_reason: str = Field(default="", max_length=2000)
+
+
+class ReconcileIn(Schema):
+    outcome: Literal["committed", "failed"]
+    evidence: str = Field(min_length=1, max_length=5000)
+    external_ref: str = Field(default="", max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+    # Like the reconcile intervention: someone other than the run's decision authority needs an
+    # override with a reason (and a role that may override).
+    override_reason: str = Field(default="", max_length=2000)
+
+
+class RunFilter(Schema):
+    agent: str | None = Field(default=None, max_length=100)
+    state: str | None = Field(default=None, max_length=300)
+    limit: int = Field(default=50, ge=1, le=500)
+
+
+class AuditFilter(Schema):
+    run_id: str | None = Field(default=None, max_length=36)
+    action: str | None = Field(default=None, max_length=60)
+    outcome: str | None = Field(default=None, max_length=10)
+    after_seq: int = Field(default=0, ge=0, le=MAX_INT)  # seq is a bigint
+    limit: int = Field(default=100, ge=1, le=1000)

@@ -5,7 +5,7 @@ several workers race for is settled by the run's row lock: one wins, the others 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from ninja import Router
 from pydantic import Field
 
+from api import responses as out
 from api.auth import caller, refuse
 from api.schemas import Schema
 from core.actors import Actor
@@ -25,7 +26,9 @@ router = Router(tags=["worker protocol"])
 
 class WorkIn(Schema):
     worker: str = Field(min_length=1, max_length=150)
-    agents: list[str] = Field(default_factory=list, max_length=50)
+    agents: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        default_factory=list, max_length=50
+    )
     versions: dict[str, Any] = {}
     wait_s: float = Field(default=0, ge=0, le=60)
 
@@ -51,7 +54,7 @@ def _try_claim(actor: Actor, ids: list[int], body: WorkIn) -> dict[str, Any] | N
     return None
 
 
-@router.post("/work/claim", response=dict)
+@router.post("/work/claim", response={200: out.WorkOut, **out.ERRORS_WRITE})
 async def claim_work(request: HttpRequest, body: WorkIn):
     """The oldest claimable run of the given agents (default: every agent the token may act for),
     claimed for this worker; ``{"claim": null}`` if none became claimable within ``wait_s``."""

@@ -9,7 +9,7 @@ import tempfile
 import uuid
 from urllib.parse import urlencode
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import FileResponse, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -18,10 +18,20 @@ from django.views.decorators.http import require_GET
 from audit.models import AuditEvent
 from audit.services import export_jsonl, verify_chain
 from console.runs import ConsoleRequest, console_view, is_fragment, present
+from core.limits import parse_seq
 from core.roles import may
 
 PAGE = 100
 FILTERS = ("action", "actor", "outcome", "object_type", "component", "run")
+
+
+def _seq_param(request: HttpRequest, name: str) -> int | None:
+    """A sequence number from the query string, or a 400 page naming it (never a 500 from int() or
+    from PostgreSQL's bigint)."""
+    try:
+        return parse_seq(request.GET.get(name))
+    except ValueError as exc:
+        raise BadRequest(f"{name}: {exc}") from None
 
 
 def audit_filters(request: HttpRequest) -> dict[str, str]:
@@ -46,9 +56,9 @@ def audit_context(request: ConsoleRequest) -> dict:
             qs = qs.filter(run_id=uuid.UUID(filters["run"]))
         except ValueError:
             qs = qs.none()
-    before = request.GET.get("before", "")
-    if before.isdigit():
-        qs = qs.filter(seq__lt=int(before))
+    before = _seq_param(request, "before")
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
     rows = list(qs.order_by("-seq")[: PAGE + 1])
     more = len(rows) > PAGE
     rows = rows[:PAGE]
@@ -101,10 +111,10 @@ def audit_export(request: ConsoleRequest) -> FileResponse:
     goes to a temporary file instead of memory."""
     if not may(request.roles, "audit_export"):
         raise PermissionDenied("exporting the audit log needs the audit_export permission")
-    since = request.GET.get("since_seq", "0")
+    since = _seq_param(request, "since_seq") or 0
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024, mode="w+b")
     writer = _Utf8Writer(spool)
-    export_jsonl(writer, int(since) if since.isdigit() else 0)
+    export_jsonl(writer, since)
     spool.seek(0)
     name = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}.jsonl"
     return FileResponse(

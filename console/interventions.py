@@ -31,6 +31,7 @@ from console.runs import (
 )
 from core.auth import actor_for_user
 from core.errors import Conflict, DomainError, Forbidden, Invalid
+from core.limits import parse_seq
 from core.metrics import observe_intervention
 from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions import base
@@ -82,7 +83,7 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
             raw = data.get(name, "").strip()
             if raw:
                 try:
-                    options[name] = int(raw)
+                    options[name] = parse_seq(raw)  # digits only, inside bigint
                 except ValueError:
                     raise Invalid(
                         "checkpoint must be a whole number", field="options.checkpoint_seq"

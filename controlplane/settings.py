@@ -15,6 +15,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from core.limits import MAX_BODY_BYTES
+
 from .embedded import embedded_broker_wal
 from .env import env_bool, env_int, env_list, env_str
 from .telemetry import json_formatter
@@ -65,9 +67,15 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # After auth, so its console error page renders with the user; before every view.
+    "controlplane.edge.InputGuardMiddleware",
     # Last, so it sees the login view's verdict: turns a lockout into django-axes' 429 page.
     "axes.middleware.AxesMiddleware",
 ]
+
+# Input limits (core/limits.py, README "Input limits"): a body past this is a 413/400, not a read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"

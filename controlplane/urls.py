@@ -22,3 +22,10 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("metrics", metrics, name="metrics"),  # Prometheus; who may scrape: controlplane/metrics.py
 ]
+
+# Error pages in the caller's language: JSON under /api/ (a path the API cannot route, a UUID that
+# does not parse), the console's HTML elsewhere.
+handler400 = "controlplane.edge.bad_request"
+handler403 = "controlplane.edge.forbidden"
+handler404 = "controlplane.edge.not_found"
+handler500 = "controlplane.edge.server_error"

@@ -179,6 +179,9 @@ def child_env() -> dict[str, str]:
     )
     # The demo agents think at human speed (demo_agents/common.py), so an operator can watch and pause.
     env.setdefault("DEMO_STEP_SECONDS", "3")
+    # The traffic also starts runs of the LangGraph and OpenAI Agents SDK agents (served by every
+    # demo worker: demo_agents.worker's default agent list).
+    env.setdefault("DEMO_FRAMEWORK_AGENTS", "1")
     env.setdefault("DEMO_DISPATCH_SECONDS", "1.5")
     token_file = VAR / "demo-worker-token"
     if token_file.exists():

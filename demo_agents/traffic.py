@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import random
 import signal
 import sys
@@ -156,7 +157,7 @@ class Traffic:
         # Plain runs and approvals also go to the framework-built agents, so the console shows
         # governed LangGraph and OpenAI Agents SDK runs beside the SDK ones.
         agent = "purchasing"
-        if kind in ("ok", "approval"):
+        if kind in ("ok", "approval") and os.environ.get("DEMO_FRAMEWORK_AGENTS") == "1":
             agent = self.rng.choices(FRAMEWORK_AGENTS, FRAMEWORK_WEIGHTS)[0]
         return self.client.create_run(
             agent,

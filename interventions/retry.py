@@ -28,8 +28,33 @@ DEFAULT_POLICY = {
 }
 
 
+# (low, high) of each number in a policy; the API refuses anything else at the edge (api/schemas.py
+# RetryPolicy), and this reader keeps the defaults for a value stored before it did.
+POLICY_BOUNDS = {
+    "max_attempts": (1, 100),
+    "backoff_s": (0, 86_400),
+    "backoff_factor": (1, 10),
+    "max_backoff_s": (0, 86_400),
+}
+
+
+def _sane(name: str, value: Any) -> bool:
+    if name in POLICY_BOUNDS:
+        low, high = POLICY_BOUNDS[name]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return number and low <= value <= high  # NaN compares false: refused too
+    if name in ("retryable", "non_retryable"):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return False
+
+
 def policy(run: Run) -> dict[str, Any]:
-    return DEFAULT_POLICY | (run.retry_policy or {})
+    """The run's policy over the defaults. A stored value of the wrong type or out of bounds (a
+    policy {"max_attempts": "never"} accepted before the edge checked it) falls back to its default:
+    a recovery job or a retry preview must never fail on the policy and trap the run."""
+    stored = run.retry_policy if isinstance(run.retry_policy, dict) else {}
+    sane = {k: v for k, v in stored.items() if k in DEFAULT_POLICY and _sane(k, v)}
+    return DEFAULT_POLICY | sane
 
 
 def _last_attempt(run: Run) -> Attempt | None:

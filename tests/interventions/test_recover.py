@@ -357,3 +357,17 @@ def test_the_sweep_starts_forgotten_recoveries_and_requeues_lost_jobs(
     monkeypatch.setattr(run_recovery, "delay", requeued.append)
     assert sweep_recoveries() == {"started": [], "requeued": [str(intervention.pk)]}
     assert requeued == [str(intervention.pk)]
+
+
+def test_a_retry_policy_stored_before_the_edge_checked_it_does_not_trap_recovery(
+    worker, world, django_capture_on_commit_callbacks
+):
+    """{"max_attempts": "never"} once sent the recovery job into a TypeError loop, leaving the run in
+    recovering for good. The API refuses it now; one already stored is read with the defaults."""
+    run = orphaned_run(worker, world)
+    Run.objects.filter(pk=run["id"]).update(retry_policy={"max_attempts": "never", "backoff_s": []})
+    intervention = recover_now(run["id"], django_capture_on_commit_callbacks)
+    job = intervention.receipt["job"]
+    assert intervention.status == "completed" and job["action"] == "redrive", job
+    assert job["report"]["attempts"]["max"] == 3  # the default, in place of "never"
+    assert Run.objects.get(pk=run["id"]).state == "queued"

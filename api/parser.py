@@ -1,0 +1,75 @@
+"""The request body parser of /api/v1: JSON a client could have meant, or a 400 saying why.
+
+ninja's default (``json.loads(request.body)``) turns a deep nesting into a RecursionError and reports
+every failure as "Cannot parse request body". This one bounds the depth before anything walks the
+document and raises ``BodyRefused`` with a reason; api.app answers it as a 400
+``{"error": "malformed_body", "detail": ..., "field": "body"}``. A body
+past ``DATA_UPLOAD_MAX_MEMORY_SIZE`` raises Django's ``RequestDataTooBig`` on ``request.body`` (413).
+NaN and Infinity are parsed, so that the schema refuses them naming the field they are in.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpRequest
+from ninja.parser import Parser
+
+from core.limits import MAX_JSON_DEPTH
+
+# Refused before parsing, so json.loads never recurses near the interpreter's limit. Deeper than a
+# field may be (MAX_JSON_DEPTH) with room to spare, so that the schema, not this guard, refuses a
+# merely too-deep field -- naming it.
+MAX_BODY_DEPTH = 2 * MAX_JSON_DEPTH
+
+
+class BodyRefused(ValueError):
+    def __init__(self, detail: str, field: str = "body"):
+        super().__init__(detail)
+        self.field = field
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest bracket nesting of a JSON text, strings skipped. Linear, no recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+class StrictJsonParser(Parser):
+    def parse_body(self, request: HttpRequest) -> dict[str, Any]:
+        raw = request.body  # RequestDataTooBig past the configured size
+        if not raw.strip():
+            return {}
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BodyRefused(f"the body is not valid UTF-8 (byte {exc.start})") from None
+        if _depth(raw) > MAX_BODY_DEPTH:
+            raise BodyRefused(f"the body nests deeper than {MAX_BODY_DEPTH} levels")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            where = f"line {exc.lineno} column {exc.colno}"
+            raise BodyRefused(f"malformed JSON: {exc.msg} at {where}") from None
+        except ValueError as exc:  # e.g. an integer longer than Python will convert
+            raise BodyRefused(f"malformed JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise BodyRefused("the body must be a JSON object")
+        return data
