@@ -14,7 +14,13 @@ from interventions.base import Contract, Request, children_in_scope, descendants
 from interventions.models import Intervention
 from runs.models import Run
 from runs.services.common import apply_transition, lock_run
+from runs.services.lifecycle import end_live_leases
 from runs.states import Event, State, transition
+
+
+# A cascade stops children's work; it does not force a child's cooperative cancel nor interrupt a
+# compensation under way (those stay an explicit decision on that run).
+NOT_CASCADED = frozenset({State.CANCELLING, State.COMPENSATING})
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
@@ -29,7 +35,10 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 
 def _cancel_one(run: Run, req: Request, actor: Actor) -> None:
+    forced = run.state == State.CANCELLING  # a second cancel: stop waiting for the worker
     apply_transition(run, Event.CANCEL, actor=actor, reason=req.reason, data={"scope": req.scope})
+    if forced:
+        end_live_leases(run, f"cancel forced by {actor.label}: {req.reason}")
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
@@ -37,7 +46,10 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     if req.scope == "tree":
         for child in descendants(run):
             locked = lock_run(child.pk)
-            if transition(locked.state, Event.CANCEL) is not None:
+            if (
+                transition(locked.state, Event.CANCEL) is not None
+                and locked.state not in NOT_CASCADED
+            ):
                 _cancel_one(locked, req, actor)
     return {
         "state": run.state,
