@@ -17,7 +17,6 @@ from runs.services.common import apply_transition, lock_run
 from runs.services.lifecycle import end_live_leases
 from runs.states import Event, State, transition
 
-
 # A cascade stops children's work; it does not force a child's cooperative cancel nor interrupt a
 # compensation under way (those stay an explicit decision on that run).
 NOT_CASCADED = frozenset({State.CANCELLING, State.COMPENSATING})

@@ -48,7 +48,9 @@ SWEEP_BATCH = 200
 class JobKind:
     name: str
     task: Any  # a Celery task called with (target_id,)
-    give_up: Callable[[Job], None]  # in the give-up transaction: conclude the target, with the error
+    give_up: Callable[
+        [Job], None
+    ]  # in the give-up transaction: conclude the target, with the error
 
 
 KINDS: dict[str, JobKind] = {}
@@ -128,7 +130,9 @@ def perform(
         return work()
     try:
         result = work()
-    except Exception as exc:  # the job's own bug or a dependency down: counted, retried, then given up
+    except (
+        Exception
+    ) as exc:  # the job's own bug or a dependency down: counted, retried, then given up
         log.exception("%s job %s failed (delivery %s)", kind, target_id, job.attempts)
         _failed_attempt(job.pk, f"{type(exc).__name__}: {exc}")
         return {"failed": f"{type(exc).__name__}: {exc}"}

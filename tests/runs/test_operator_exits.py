@@ -82,7 +82,7 @@ def test_wherever_a_run_goes_an_incident_commander_can_end_it(walk):
 
 
 def test_a_job_that_gives_up_leaves_the_run_where_an_operator_can_act():
-    for state, edges in TRANSITIONS.items():
+    for edges in TRANSITIONS.values():
         if Event.JOB_FAILED in edges:
             target = edges[Event.JOB_FAILED].target
             assert target == State.NEEDS_ATTENTION
