@@ -125,7 +125,7 @@ def perform(
     plan waiting for a backoff is not); ``come_back_in(result)`` how long until its own next delivery."""
     job = _begin(kind, str(target_id))
     if job is False:
-        return {"skipped": f"the {kind} job already ended"}
+        return {"skipped": "already concluded"}  # done, or given up
     if job is None:  # no outbox row (a direct call or a message from before the outbox)
         return work()
     try:

@@ -52,7 +52,7 @@ def test_the_job_row_commits_with_the_decision_and_a_second_delivery_is_a_no_op(
     revalidate_run(resp.json()["id"])
     job.refresh_from_db()
     assert (job.status, job.attempts, job.failures) == ("done", 1, 0) and job.finished_at
-    assert revalidate_run(resp.json()["id"]) == {"skipped": "the revalidation job already ended"}
+    assert revalidate_run(resp.json()["id"]) == {"skipped": "already concluded"}
     job.refresh_from_db()
     assert (job.status, job.attempts) == ("done", 1)  # the duplicate did not even start
     assert HistoryEvent.objects.filter(run_id=run_id, kind="revalidation").count() == 1
@@ -86,7 +86,7 @@ def test_a_poisoned_job_gives_up_after_max_attempts_and_the_run_needs_attention(
     audit = AuditEvent.objects.get(action="job.failed", object_id=str(job.pk))
     assert audit.outcome == "error" and audit.context["run_state"] == "needs_attention"
     # a later delivery (a late message, the sweep) does nothing to a job that gave up
-    assert run_recovery(str(recovery.pk)) == {"skipped": "the recovery job already ended"}
+    assert run_recovery(str(recovery.pk)) == {"skipped": "already concluded"}
     assert Job.objects.get(pk=job.pk).attempts == 3
 
     # The run page says what failed, how often, and the operator's exits are offered.
