@@ -22,13 +22,24 @@ from runs.states import Event, State, transition
 NOT_CASCADED = frozenset({State.CANCELLING, State.COMPENSATING})
 
 
+def _children(run: Run, req: Request) -> list[dict[str, Any]]:
+    rows = children_in_scope(run, req, Event.CANCEL)
+    for row in rows:
+        if row["in_scope"] and row["state"] in NOT_CASCADED:
+            row["will_change"] = False
+            row["note"] = (
+                f"a {row['state']} child is not cancelled by the cascade; cancel it itself"
+            )
+    return rows
+
+
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "stops": "all future work: no new effect is authorised; the worker is told to cancel at its next boundary, "
         "and is forced out when its lease expires",
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
-        "children": children_in_scope(run, req, Event.CANCEL),
+        "children": _children(run, req),
         "note": "committed effects remain committed; use compensate to repair them",
     }
 
@@ -59,7 +70,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         else None,
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
-        "children": children_in_scope(run, req, Event.CANCEL),
+        "children": _children(run, req),
     }
 
 

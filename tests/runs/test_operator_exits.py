@@ -114,3 +114,28 @@ def test_the_exit_is_honoured_by_the_services(state, worker, as_user):
         resp = intervene(ian, run["id"], event.value, reason=f"exit from {state.value}")
         assert resp.status_code in (200, 201, 202), (state, event, resp.content)
     assert Run.objects.get(pk=run["id"]).state == State.CLOSED
+
+
+@pytest.mark.django_db
+def test_a_second_cancel_stops_waiting_for_the_worker_and_fences_it_out(worker, as_user):
+    from runs.models import ExecutionLease, Run
+    from tests.conftest import claim, start_run
+    from tests.interventions.helpers import intervene
+
+    run = start_run(worker)
+    lease = claim(worker, run["id"])["lease"]
+    ian = as_user("ian")
+    assert intervene(ian, run["id"], "cancel").status_code == 202
+    assert Run.objects.get(pk=run["id"]).state == State.CANCELLING  # waiting for the worker
+    assert ExecutionLease.objects.get(run_id=run["id"]).status == "active"
+
+    resp = intervene(ian, run["id"], "cancel", reason="the worker does not answer")
+    assert resp.status_code == 202, resp.content
+    assert Run.objects.get(pk=run["id"]).state == State.CANCELLED
+    ended = ExecutionLease.objects.get(run_id=run["id"])
+    assert ended.status == "expired" and "cancel forced by" in ended.end_reason
+    # the worker's next heartbeat learns it no longer holds the run
+    beat = worker.post(
+        f"/leases/{lease['id']}/heartbeat", {"fencing_token": lease["fencing_token"]}
+    )
+    assert beat.status_code == 409 and beat.json()["error"] == "lease_lost", beat.content
