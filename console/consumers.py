@@ -33,6 +33,7 @@ TREE_LIMIT = 200  # groups joined for one run page: the run and its descendants
 class LiveConsumer(AsyncWebsocketConsumer):
     coalesce_s = 0.15
     resync_s = 30.0
+    _task: asyncio.Task[None] | None
 
     async def connect(self) -> None:
         user = self.scope.get("user")

@@ -24,8 +24,10 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
 
 from audit.models import AuditEvent
+from core.actors import Actor
 from core.auth import actor_for_user
 from core.roles import may, roles_of
 from interventions.base import descendants
@@ -44,6 +46,14 @@ AUDIT_LIMIT = 50
 # --- console plumbing shared by every console view ------------------------------------------------
 
 
+class ConsoleRequest(HttpRequest):
+    """A request inside a console view: HtmxMiddleware set ``htmx``, console_view set the rest."""
+
+    htmx: HtmxDetails
+    roles: frozenset[str]
+    actor: Actor
+
+
 def console_view(view):
     """Login, then the "view" role; sets request.roles and request.actor (component "console").
 
@@ -51,7 +61,7 @@ def console_view(view):
     swapping the login form into a fragment."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs):
+    def wrapper(request: ConsoleRequest, *args, **kwargs):
         if not request.user.is_authenticated:
             if getattr(request, "htmx", False):
                 back = urlencode({"next": request.htmx.current_url_abs_path or "/"})
@@ -69,7 +79,7 @@ def console_view(view):
 def is_fragment(request: HttpRequest) -> bool:
     """An htmx swap (not a boosted navigation, not a history restore) gets only the partial."""
     htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted and not htmx.history_restore_request
+    return htmx is not None and bool(htmx) and not htmx.boosted and not htmx.history_restore_request
 
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -168,7 +178,7 @@ def list_context(actor, filters: dict[str, Any]) -> dict[str, Any]:
 
 @console_view
 @require_GET
-def run_list(request: HttpRequest) -> HttpResponse:
+def run_list(request: ConsoleRequest) -> HttpResponse:
     ctx = list_context(request.actor, list_filters(request.GET))
     if is_fragment(request):
         return render(request, "runs/list.html#run-live", ctx)
@@ -306,7 +316,7 @@ def visible_run_or_404(actor, run_id: Any) -> Run:
 
 @console_view
 @require_GET
-def run_page(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_page(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     run = visible_run_or_404(request.actor, run_id)
     ctx = detail_context(run, request.user, request.roles)
     part = request.GET.get("part", "")

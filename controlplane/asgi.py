@@ -3,6 +3,7 @@ import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
 
 from controlplane.handler import get_asgi_application
 
@@ -15,7 +16,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from console.routing import websocket_urlpatterns  # noqa: E402
 
-http_app = django_asgi_app
+http_app: ASGIHandler = django_asgi_app  # or the static files handler below, also an ASGIHandler
 if settings.DEBUG:
     # The console's CSS and vendored htmx under plain `daphne` too, as runserver would. In production
     # (DEBUG off) serve STATIC_ROOT (manage.py collectstatic) from the proxy in front.

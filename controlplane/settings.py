@@ -115,7 +115,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
     # so an early redelivery is harmless; the beat sweeps cover a lost message too).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
     }
     CHANNEL_LAYERS = {
@@ -172,6 +172,25 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
 }
 
+# --- audit anchors (README "Security") --------------------------------------------------------------
+# The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
+# (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
+ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
+ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.DirectorySink")
+ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
+# Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
+ANCHOR_SIGNING_KEY = env_str("ANCHOR_SIGNING_KEY", "")
+ANCHOR_DEMO_KEY_FILE = str(VAR_DIR / "anchor-signing-key.pem")
+# PEM public key files trusted by `audit_verify --anchors`; unset: the signing key's public half.
+ANCHOR_VERIFY_KEYS = env_list("ANCHOR_VERIFY_KEYS", [])
+# Each anchor also signs the history heads of the runs that moved in the last three intervals, up to:
+ANCHOR_MAX_RUNS = env_int("ANCHOR_MAX_RUNS", 2000)
+if ANCHOR_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["audit-anchor"] = {
+        "task": "audit.tasks.write_anchor",
+        "schedule": ANCHOR_INTERVAL_S,
+    }
+
 # --- control-plane behaviour -------------------------------------------------------------------
 LEASE_TTL_S = env_int("LEASE_TTL_S", 30)
 HEARTBEAT_MAX_WAIT_S = env_int("HEARTBEAT_MAX_WAIT_S", 25)
@@ -194,6 +213,9 @@ CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the <body hx-headers>,
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# /metrics answers these client addresses (REMOTE_ADDR; X-Forwarded-For can be forged) without a
+# token; any other caller needs the bearer token of an admin (README "Metrics").
+METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", ["127.0.0.1", "::1"])
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from api.app import api
+from controlplane.metrics import metrics
 
 urlpatterns = [
     path("", include("console.urls")),
@@ -18,4 +19,5 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),  # read-only audit review and model browsing for staff
     path("api/v1/", api.urls),
+    path("metrics", metrics, name="metrics"),  # Prometheus; who may scrape: controlplane/metrics.py
 ]

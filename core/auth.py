@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import TypedDict
 
 from django.http import HttpRequest
 
@@ -10,7 +11,15 @@ from core.actors import Actor
 from core.roles import primary_role, roles_of
 
 
-def request_meta(request: HttpRequest) -> dict[str, str]:
+class RequestMeta(TypedDict, total=False):
+    """Where a call came from: the Actor fields of the same names."""
+
+    source_ip: str
+    user_agent: str
+    request_id: str
+
+
+def request_meta(request: HttpRequest) -> RequestMeta:
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     return {
         "source_ip": (
@@ -26,7 +35,7 @@ def actor_for_user(
     user, request: HttpRequest | None = None, component: str = "api", token_id: int | None = None
 ) -> Actor:
     roles = roles_of(user)
-    meta = request_meta(request) if request is not None else {}
+    meta: RequestMeta = request_meta(request) if request is not None else {}
     return Actor(
         kind="user",
         name=user.get_username(),

@@ -16,7 +16,7 @@ pass their effect's key, compensators the compensation's key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -60,7 +60,7 @@ class WorldClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> WorldClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:

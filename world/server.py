@@ -87,6 +87,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -219,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
                     "idempotency_key_required",
                     "mutating calls need an Idempotency-Key header (1-255 characters)",
                 )
-            run: Callable[[], Result] = lambda: world.mutate(system, action, body, key)  # noqa: E731
+            run: Callable[[], Result] = partial(world.mutate, system, action, body, key)
         elif method == "GET" and len(parts) == 3 and parts[1] == "by-key":
             action, key = "by_key", parts[2]  # recorded, so a test can see reconciliation asking
             run = lambda: self._by_key(system, parts[2])  # noqa: E731
@@ -234,8 +235,8 @@ class Handler(BaseHTTPRequestHandler):
                 404, {"error": "not_found", "detail": f"no route {method} /{'/'.join(parts)}"}
             )
 
-        fault = world.take_fault(system, action)
-        kind = fault["kind"] if fault else None
+        fault = world.take_fault(system, action) or {}
+        kind = fault.get("kind")
         if kind == "down":
             return self._refuse(
                 system,
@@ -286,7 +287,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.world.record(
             self.command, self.path, system, action, key, body, status, fault=fault
         )
-        payload = {"error": error, "detail": detail}
+        payload: dict[str, Any] = {"error": error, "detail": detail}
         if fault:
             payload["injected"] = True
         self._send(status, payload)

@@ -317,7 +317,7 @@ class World:
                 ),
             )
 
-    def requests(self, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+    def requests(self, filters: dict[str, str | None], limit: int) -> list[dict[str, Any]]:
         where, params = [], []
         for column in ("system", "action", "idempotency_key"):
             if filters.get(column):

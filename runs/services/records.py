@@ -190,11 +190,11 @@ def request_approval(
     args = args or {}
     with decision(actor, "approval.request", "run", run_id, run_id):
         run = lock_run(run_id)
-        check_fencing(run, fencing_token)
+        lease = check_fencing(run, fencing_token)
         now = timezone.now()
         approval = Approval.objects.create(
             run=run,
-            attempt_id=run.current_attempt_id,
+            attempt_id=lease.attempt_id,  # the fenced lease's attempt: the current one
             requested_by=actor.label,
             tool=tool,
             action=action,

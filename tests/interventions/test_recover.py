@@ -224,6 +224,7 @@ def test_tampered_history_escalates_to_a_human(worker, world, django_capture_on_
         "ok": False,
         "first_broken_seq": victim.seq,
         "problem": "edited",
+        "detail": f"seq {victim.seq}'s stored hash does not match its content",
     }
     assert Run.objects.get(pk=run["id"]).state == "paused"
     assert AuditEvent.objects.filter(run_id=run["id"], action="run.recovery_escalate").exists()
