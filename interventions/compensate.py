@@ -332,7 +332,8 @@ def _claim_next_step(plan_id: str, task_id: str, actor: Actor) -> StepClaim | di
         now = timezone.now()
         if Run.objects.filter(pk=plan.run_id, state=State.CANCELLED).exists():
             # An operator cancelled the compensation: no further step is called.
-            close_open_steps(plan, f"not run: {State.CANCELLED.value} by an operator", now)
+            why = f"not run: {State.CANCELLED.value} by an operator"
+            close_open_steps(lock_run(plan.run_id), plan, why, actor, now)
             return _finish_plan(plan, actor)
         if (
             step.status == CompensationStep.RUNNING
@@ -642,9 +643,10 @@ def _compensation_failed_for_good(
     )
 
 
-def close_open_steps(plan: CompensationPlan, why: str, now) -> None:
-    """End the plan's open steps ``failed`` (plan row locked by the caller). A compensation already
-    called may have committed: its effect becomes unknown, so a new plan waits for reconciliation."""
+def close_open_steps(run: Run, plan: CompensationPlan, why: str, actor: Actor, now) -> None:
+    """End the plan's open steps ``failed`` (plan and run locked by the caller). A compensation
+    already called may have committed: its effect becomes unknown, so a new plan waits for
+    reconciliation."""
     for step in plan.steps.select_related("compensation_effect").filter(
         status__in=CompensationStep.OPEN
     ):
@@ -653,6 +655,12 @@ def close_open_steps(plan: CompensationPlan, why: str, now) -> None:
             comp.status, comp.outcome_at = Effect.UNKNOWN, now
             comp.outcome_detail = {"error": "not_heard", "message": why}
             comp.save(update_fields=["status", "outcome_at", "outcome_detail"])
+            append_history(  # every ledger status change has its history event (runs.integrity)
+                run,
+                "effect_outcome",
+                {"effect": str(comp.pk), "status": comp.status, "kind": Effect.COMPENSATION},
+                actor=actor,
+            )
         step.status, step.finished_at, step.claimed_until = CompensationStep.FAILED, now, None
         step.last_error = {"error": "closed", "message": why, "at": now.isoformat()}
         step.save(update_fields=["status", "finished_at", "claimed_until", "last_error"])
@@ -667,7 +675,7 @@ def give_up_plan(job) -> None:
         return
     now = timezone.now()
     why = f"the compensation job gave up after {job.failures} failure(s): {job.last_error}"
-    close_open_steps(plan, why, now)
+    close_open_steps(lock_run(plan.run_id), plan, why, system_actor("jobs"), now)
     plan.status, plan.finished_at, plan.updated_at = CompensationPlan.FAILED, now, now
     plan.result = {"plan_status": plan.status, "summary": why, "gave_up": True}
     plan.save(update_fields=["status", "finished_at", "updated_at", "result"])

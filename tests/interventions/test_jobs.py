@@ -21,6 +21,7 @@ from interventions.resume import revalidate_run
 from runs.models import ExecutionLease, HistoryEvent, Run
 from tests.conftest import claim, start_run
 from tests.interventions.helpers import intervene
+from tests.interventions.test_compensate import FakeWorld, saga_run
 
 pytestmark = pytest.mark.django_db
 
@@ -171,3 +172,85 @@ def test_a_failed_reconcile_job_leaves_the_run_in_its_state_with_the_banner(
     assert page.login(username="ian", password="pw-ian")
     html = page.get(f"/runs/{run_id}/").content.decode()
     assert "The reconcile job failed" in html and "reconciler registry unavailable" in html
+
+
+# -- compensation: a cancel stops the plan; a job that gives up closes it ---------------------------
+
+
+@pytest.fixture
+def world():
+    """test_compensate's fake world: compensators that record what they undid."""
+    from interventions import registry
+
+    registry.load_adapters()
+    saved = dict(registry._compensators)
+    fake = FakeWorld()
+    for tool, action in [
+        ("inventory", "reserve"),
+        ("shipping", "create_label"),
+        ("payments", "charge"),
+    ]:
+        registry.compensator(tool, action)(fake.compensate)
+    yield fake
+    registry._compensators.clear()
+    registry._compensators.update(saved)
+
+
+def test_a_cancel_during_compensation_stops_the_plan_before_its_next_step(worker, as_user, world):
+    from interventions.compensate import run_compensation_plan
+    from interventions.models import CompensationPlan
+    from runs.integrity import verify_ledger
+
+    run = saga_run(worker)
+    resp = intervene(as_user("ian"), run["id"], "compensate", reason="order cancelled")
+    assert resp.status_code == 202, resp.content
+    plan_id = resp.json()["receipt"]["plan_id"]
+    assert intervene(as_user("ian"), run["id"], "cancel", reason="stop undoing").status_code == 202
+
+    outcome = run_compensation_plan(plan_id)
+    assert outcome["finished"] and world.applied == {}  # no compensator was called
+    plan = CompensationPlan.objects.get(pk=plan_id)
+    assert plan.status == "failed"
+    assert {s.status for s in plan.steps.all()} == {"failed"}
+    assert all("cancelled by an operator" in s.last_error["message"] for s in plan.steps.all())
+    assert Run.objects.get(pk=run["id"]).state == "cancelled"  # the plan's end does not move it
+    assert verify_ledger()["ok"]
+
+
+def test_a_compensation_job_that_gives_up_closes_its_plan_and_hands_the_run_over(
+    worker, as_user, world, monkeypatch, settings
+):
+    from interventions import compensate
+    from interventions.models import CompensationPlan
+    from runs.integrity import verify_ledger
+    from runs.models import Effect
+
+    settings.JOB_MAX_ATTEMPTS = 2
+    run = saga_run(worker)
+    resp = intervene(as_user("ian"), run["id"], "compensate", reason="order cancelled")
+    plan_id = resp.json()["receipt"]["plan_id"]
+
+    def crash(claim):  # after the step's claim committed: its compensation effect is in flight
+        raise RuntimeError("adapter module failed to import")
+
+    monkeypatch.setattr(compensate, "_call_compensator", crash)
+    for _ in range(2):
+        # the same message delivered again (same task id): it takes its own step claim over
+        out = compensate.execute_compensation_plan.apply(args=(plan_id,), task_id="m-1").get()
+        assert "RuntimeError" in out["failed"]
+
+    job = Job.objects.get(kind="compensation", target_id=plan_id)
+    assert (job.status, job.failures) == ("failed", 2)
+    plan = CompensationPlan.objects.get(pk=plan_id)
+    assert plan.status == "failed" and plan.result["gave_up"]
+    assert {s.status for s in plan.steps.all()} == {"failed"}
+    # the compensation that may have been called is unknown: another plan waits for a reconcile
+    [comp] = Effect.objects.filter(run_id=run["id"], kind="compensation")
+    assert comp.status == "unknown"
+    assert Run.objects.get(pk=run["id"]).state == "needs_attention"
+    intervention = Intervention.objects.get(pk=resp.json()["id"])
+    assert (
+        intervention.status == "failed" and intervention.receipt["job"]["plan_status"] == "failed"
+    )
+    assert verify_ledger()["ok"]
+    assert intervene(as_user("ian"), run["id"], "close", reason="done by hand").status_code == 202
