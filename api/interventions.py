@@ -85,6 +85,9 @@ class ReconcileIn(Schema):
     evidence: str = Field(min_length=1, max_length=5000)
     external_ref: str = Field(default="", max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
+    # Like the reconcile intervention: someone other than the run's decision authority needs an
+    # override with a reason (and a role that may override).
+    override_reason: str = Field(default="", max_length=2000)
 
 
 @router.post("/effects/{effect_id}/reconcile", response=dict)
@@ -101,6 +104,7 @@ def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
         external_ref=body.external_ref,
         reason=body.reason,
         source="operator",
+        override_reason=body.override_reason,
     )
     return effect_dict(effect)
 

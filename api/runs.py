@@ -304,6 +304,8 @@ def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
             "id": str(approval.pk),
             "status": approval.status,
             "digest": approval.digest,
+            "required_role": approval.required_role,
+            "policy": approval.policy.spec if approval.policy else None,
             "deadline": approval.deadline.isoformat() if approval.deadline else None,
         },
     )

@@ -10,3 +10,4 @@ class AuditConfig(AppConfig):
         from .models import AuditEvent
 
         register_append_only(AuditEvent)
+        from . import signals  # noqa: F401  (connects the login/logout/lockout receivers)

@@ -39,6 +39,7 @@ from interventions.contracts import CONTRACTS as SPECS
 from interventions.contracts import contracts_document
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.reconcile import reconcile_effect
+from interventions.registry import redact
 from interventions.selectors import receipt_dict
 from interventions.transfer import FACETS
 from runs.models import Approval, AuthorityGrant, Effect, Run
@@ -676,6 +677,7 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
             external_ref=request.POST.get("external_ref", "").strip()[:200],
             reason=request.POST["reason"].strip(),
             source="operator",
+            override_reason=request.POST.get("override_reason", "").strip()[:2000],
         )
     except DomainError as err:
         ctx["error"] = error_dict(err)
@@ -691,10 +693,11 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
 
 
 def inbox_context(actor) -> dict[str, Any]:
-    """Pending approvals this user's roles may decide (required role satisfied, permission to approve)."""
+    """Pending approvals this user's roles may decide (required role satisfied, permission to approve):
+    one row per decision (run + action digest), sensitive args masked by the adapter's redaction."""
     roles = actor.roles
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
-    rows = []
+    rows, seen = [], set()
     if may(roles, "approve") or may(roles, "reject"):
         pending = (
             Approval.objects.filter(
@@ -704,10 +707,13 @@ def inbox_context(actor) -> dict[str, Any]:
             .order_by("deadline", "requested_at")
         )
         for a in pending:
+            if (a.run_id, a.digest) in seen:
+                continue  # the same decision asked twice: it is decided once
+            seen.add((a.run_id, a.digest))
             rows.append(
                 {
                     "a": a,
-                    "args": present(a.args),
+                    "args": present(redact(a.tool, a.args)),
                     "self": actor.label in (a.requested_by, a.run.created_by),
                     "may_approve": may(roles, "approve"),
                     "may_reject": may(roles, "reject"),

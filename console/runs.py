@@ -278,6 +278,7 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "offered": offered_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "effects": effects,
+        "discrepancies": [e for e in effects if e["status"] == "discrepancy"],
         "grants": [{"g": g, "status": g.effective_status()} for g in grants],
         "timeline": [
             {"e": e, "data": present(e.data)}

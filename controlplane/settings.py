@@ -8,6 +8,8 @@ settings that `manage.py check --deploy` inspects.
 
 from __future__ import annotations
 
+import ipaddress
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -19,7 +21,14 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
 
 PRODUCTION = env_bool("CONTROLPLANE_PRODUCTION", False)
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+# Off unless asked for: Django's debug page shows settings and local variables to whoever triggers an
+# error. Production refuses it outright rather than trusting a stray DEBUG=1 in an environment file.
+DEBUG = env_bool("DEBUG", False)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG=1 is refused when CONTROLPLANE_PRODUCTION=1")
+# The console's CSS and vendored htmx from the ASGI app itself (controlplane/asgi.py), independent of
+# DEBUG, so the demo and the tests need no debug mode; production serves STATIC_ROOT from the proxy.
+SERVE_STATIC = env_bool("SERVE_STATIC", not PRODUCTION)
 SECRET_KEY = env_str("SECRET_KEY", "" if PRODUCTION else "dev-insecure-only-for-the-embedded-demo")
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set when CONTROLPLANE_PRODUCTION=1")
@@ -38,6 +47,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    "axes",
     "audit",
     "runs",
     "interventions",
@@ -52,6 +62,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, so it sees the login view's verdict: turns a lockout into django-axes' 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -206,6 +218,36 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "core.throttle.LoginThrottleBackend",  # django-axes: refuses a locked-out username+IP first
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failures for one username from one client
+# IP, that pair is locked out for LOGIN_LOCKOUT_MINUTES (a successful login resets the count). The
+# client IP is core.auth.client_ip, the same the audit records (TRUSTED_PROXIES below).
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "core.auth.client_ip"
+AXES_DISABLE_ACCESS_LOG = True  # successful logins and logouts are in the audit chain instead
+AXES_VERBOSE = False
+# Deleting an attempt in the admin would lift a lockout with nothing in the audit chain: not offered.
+AXES_ENABLE_ADMIN = False
+# Reverse proxies (IPs or CIDRs) whose X-Forwarded-For / X-Forwarded-Proto / X-Request-ID are believed.
+# Empty (the default): the audit's source_ip is the connection's peer and its request_id is generated.
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"TRUSTED_PROXIES: {_exc}") from None
+# Live console sockets: at most this many open per login session; the session and the user are
+# re-checked at every push and at least every WS_SESSION_CHECK_S seconds (logout/deactivation closes).
+WS_MAX_PER_SESSION = env_int("WS_MAX_PER_SESSION", 8)
+WS_SESSION_CHECK_S = env_int("WS_SESSION_CHECK_S", 5)
+# Even with DEBUG=1 the error page must not show connection URLs with their passwords.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "controlplane.debug.SecretSafeReporterFilter"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 SESSION_COOKIE_HTTPONLY = True
@@ -243,5 +285,6 @@ LOGGING = {
         # propagate to ours: every request line of the dev server was printed twice.
         "django": {"handlers": [], "level": env_str("LOG_LEVEL", "INFO"), "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # one INFO line per login; the audit chain has them
     },
 }

@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from api.app import api
+from console.accounts import LogoutView
 from controlplane.metrics import metrics
 
 urlpatterns = [
@@ -14,7 +15,7 @@ urlpatterns = [
     ),
     path(
         "accounts/logout/",
-        auth_views.LogoutView.as_view(next_page="/accounts/login/"),
+        LogoutView.as_view(next_page="/accounts/login/"),
         name="logout",
     ),
     path("admin/", admin.site.urls),  # read-only audit review and model browsing for staff

@@ -106,13 +106,19 @@ def _ledger_row(e: Effect) -> dict[str, Any]:
         "external_ref": e.external_ref,
         "declared_at": e.declared_at.isoformat(),
         "compensation_status": e.compensation_status or None,
+        "discrepancy": e.discrepancy if e.status == Effect.DISCREPANCY else None,
     }
 
 
 def build_plan(run: Run) -> dict[str, Any]:
     """Pure read: what a compensation of this run would do now."""
+    # A discrepancy (the world reported committed against a reconciled failed, or the reverse) is
+    # offered too: the world may hold it, and undoing it is what an operator most likely needs.
     committed = Effect.objects.filter(
-        run=run, kind=Effect.ACTION, decision=Effect.AUTHORIZED, status=Effect.COMMITTED
+        run=run,
+        kind=Effect.ACTION,
+        decision=Effect.AUTHORIZED,
+        status__in=(Effect.COMMITTED, Effect.DISCREPANCY),
     ).order_by("-declared_at", "-outcome_at")
     steps: list[dict[str, Any]] = []
     called_out, skipped = [], []

@@ -4,6 +4,7 @@ from runs.models import (
     Agent,
     ApiToken,
     Approval,
+    ApprovalPolicy,
     Attempt,
     AuthorityGrant,
     Checkpoint,
@@ -27,9 +28,35 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class ApprovalPolicyInline(admin.TabularInline):
+    """Shown, never edited here: policies change through runs.services.agents (audited)."""
+
+    model = ApprovalPolicy
+    fields = readonly_fields = ("tool", "action", "condition", "approver_role", "created_by")
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
-    list_display = ["name", "allowed_scopes", "created_at"]
+    list_display = ["name", "allowed_scopes", "approval_policies", "created_at"]
+    inlines = [ApprovalPolicyInline]
+
+    @admin.display(description="approval policies")
+    def approval_policies(self, obj):
+        return "; ".join(p.spec for p in obj.approval_policies.all()) or "—"
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(ReadOnlyAdmin):
+    list_display = ["agent", "tool", "action", "condition", "approver_role", "created_by"]
+    list_filter = ["agent", "tool"]
 
 
 @admin.register(ApiToken)

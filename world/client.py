@@ -178,6 +178,10 @@ class WorldClient:
                 return {"found": False, "committed": False, "system": system, "key": key}
             raise
 
+    def void_key(self, system: str, key: str) -> Json:
+        """``POST /{system}/by-key/{key}/void``: nothing will ever commit under ``key`` (unless it had)."""
+        return self._call("POST", f"/{system}/by-key/{quote(key, safe='')}/void")
+
     # -- admin ----------------------------------------------------------------------------------
     def set_fault(
         self,

@@ -19,8 +19,8 @@ from core.errors import Conflict, DomainError, NotFound
 from core.live import push_run_update
 from core.rows import select_row
 from runs.integrity import history_fields, walk_history
-from runs.models import AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
-from runs.states import Event, State, transition
+from runs.models import Approval, AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
+from runs.states import APPROVAL_LIVE_STATES, Event, State, transition
 
 NOTIFY_CHANNEL = "cp_runs"
 
@@ -204,8 +204,40 @@ def apply_transition(
         reason=reason,
         context=context,
     )
+    if run.state not in APPROVAL_LIVE_STATES:
+        supersede_pending_approvals(run, actor=actor, why=f"run {event.value}: now {run.state}")
     notify_run_changed(run)
     return edge.target
+
+
+def supersede_pending_approvals(run: Run, *, actor: Actor, why: str) -> list[str]:
+    """A run that moved on (cancelled, retried, recovered, a new attempt) no longer waits for the
+    decisions it asked for: each pending approval becomes ``superseded`` (history + audit), can no
+    longer be approved and leaves the inbox. Caller holds the run lock."""
+    pending = list(
+        Approval.objects.filter(run=run, status=Approval.PENDING).values_list("pk", flat=True)
+    )
+    if not pending:
+        return []
+    now = timezone.now()
+    Approval.objects.filter(pk__in=pending, status=Approval.PENDING).update(
+        status=Approval.SUPERSEDED, decided_at=now, decision_reason=why
+    )
+    for approval_id in pending:
+        data = {"approval": str(approval_id), "status": Approval.SUPERSEDED, "why": why}
+        append_history(
+            run, "approval_superseded", data, attempt=run.current_attempt_id, actor=actor
+        )
+        record_audit(
+            actor=actor,
+            action="approval.superseded",
+            object_type="approval",
+            object_id=approval_id,
+            run_id=run.pk,
+            reason=why,
+            context={**data, "run_state": run.state},
+        )
+    return [str(a) for a in pending]
 
 
 @contextmanager

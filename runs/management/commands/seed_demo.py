@@ -10,8 +10,10 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
+from core.actors import system_actor
 from core.roles import ROLES
-from runs.models import Agent, ApiToken
+from runs.models import ApiToken
+from runs.services.agents import register_agent
 
 DEMO_AGENTS = {
     "purchasing": (
@@ -28,6 +30,8 @@ DEMO_AGENTS = {
     "address-verifier": (["address:verify"], "child runs: verifies a shipping address"),
     "refunds": (["payments:refund", "notifications:*"], "refunds a charge and tells the customer"),
 }
+# The purchasing agent's big charges need a human, by its registration, whatever the worker asks.
+DEMO_APPROVALS = {"purchasing": ["payments:charge amount>200 approver"]}
 DEMO_USERS = {
     "admin": "admin",
     "vera": "viewer",
@@ -55,9 +59,14 @@ class Command(BaseCommand):
                 user.is_superuser = user.is_staff = role == "admin"
                 user.save()
             user.groups.add(Group.objects.get(name=role))
+        seeder = system_actor("seed_demo", name="manage.py")
         for name, (scopes, description) in DEMO_AGENTS.items():
-            Agent.objects.update_or_create(
-                name=name, defaults={"allowed_scopes": scopes, "description": description}
+            register_agent(
+                actor=seeder,
+                name=name,
+                scopes=scopes,
+                description=description,
+                approvals=DEMO_APPROVALS.get(name, []),
             )
         token_file = Path(settings.VAR_DIR) / "demo-worker-token"
         token_file.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import runs.states
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0005_compensation_failed_state"),
+        ("runs", "0006_approval_policies_discrepancy"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
