@@ -18,9 +18,11 @@ from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
 from core.live import push_run_update
 from core.rows import select_row
+from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
 from runs.models import Approval, AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
 from runs.states import APPROVAL_LIVE_STATES, Event, State, transition
+from runs.work import work_key
 
 NOTIFY_CHANNEL = "cp_runs"
 
@@ -156,6 +158,8 @@ def notify_run_changed(run: Run) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
+            if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
+                cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, work_key(run.agent_id)])
     transaction.on_commit(lambda: push_run_update(run.pk))
 
 
@@ -245,6 +249,10 @@ def decision(
     actor: Actor, action: str, object_type: str, object_id: Any, run_id: Any = None
 ) -> Iterator[None]:
     """One transaction per decision. A refused decision rolls back, then is audited on its own."""
+    ids = {f"{object_type}_id": object_id, "action": action}
+    if run_id is not None:
+        ids["run_id"] = run_id
+    annotate(**ids)
     try:
         with transaction.atomic():
             yield
