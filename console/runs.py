@@ -32,6 +32,7 @@ from core.auth import actor_for_user
 from core.roles import may, roles_of
 from interventions.base import descendants
 from interventions.contracts import CONTRACTS as CONTRACT_SPECS
+from interventions.jobs import attention
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
 from runs.models import Agent, AuthorityGrant, Effect, HistoryEvent, Run
@@ -273,6 +274,7 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "user": user,
         "nav": "runs",
         "facets": holders(run),
+        "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
         "offered": offered_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "effects": effects,

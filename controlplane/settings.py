@@ -172,7 +172,15 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 RECOVERY_SCAN_INTERVAL_S = env_int("RECOVERY_SCAN_INTERVAL_S", 5)
+# Follow-up jobs (interventions/jobs.py): a job not finished JOB_TIMEOUT_S after its delivery is
+# delivered again by the sweep; after JOB_MAX_ATTEMPTS failed deliveries it is given up and the run
+# goes to needs_attention. Failed deliveries are retried after JOB_RETRY_BACKOFF_S, doubling.
+JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 5)
+JOB_TIMEOUT_S = env_int("JOB_TIMEOUT_S", 120)
+JOB_RETRY_BACKOFF_S = env_int("JOB_RETRY_BACKOFF_S", 2)
+JOB_SWEEP_INTERVAL_S = env_int("JOB_SWEEP_INTERVAL_S", 10)
 CELERY_BEAT_SCHEDULE = {
+    "sweep-jobs": {"task": "interventions.jobs.sweep_jobs", "schedule": JOB_SWEEP_INTERVAL_S},
     "scan-expired-leases": {
         "task": "interventions.recover.scan_expired_leases",
         "schedule": RECOVERY_SCAN_INTERVAL_S,

@@ -14,7 +14,23 @@ from interventions.base import Contract, Request, children_in_scope, descendants
 from interventions.models import Intervention
 from runs.models import Run
 from runs.services.common import apply_transition, lock_run
+from runs.services.lifecycle import end_live_leases
 from runs.states import Event, State, transition
+
+# A cascade stops children's work; it does not force a child's cooperative cancel nor interrupt a
+# compensation under way (those stay an explicit decision on that run).
+NOT_CASCADED = frozenset({State.CANCELLING, State.COMPENSATING})
+
+
+def _children(run: Run, req: Request) -> list[dict[str, Any]]:
+    rows = children_in_scope(run, req, Event.CANCEL)
+    for row in rows:
+        if row["in_scope"] and row["state"] in NOT_CASCADED:
+            row["will_change"] = False
+            row["note"] = (
+                f"a {row['state']} child is not cancelled by the cascade; cancel it itself"
+            )
+    return rows
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
@@ -23,13 +39,16 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "and is forced out when its lease expires",
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
-        "children": children_in_scope(run, req, Event.CANCEL),
+        "children": _children(run, req),
         "note": "committed effects remain committed; use compensate to repair them",
     }
 
 
 def _cancel_one(run: Run, req: Request, actor: Actor) -> None:
+    forced = run.state == State.CANCELLING  # a second cancel: stop waiting for the worker
     apply_transition(run, Event.CANCEL, actor=actor, reason=req.reason, data={"scope": req.scope})
+    if forced:
+        end_live_leases(run, f"cancel forced by {actor.label}: {req.reason}")
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
@@ -37,7 +56,10 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     if req.scope == "tree":
         for child in descendants(run):
             locked = lock_run(child.pk)
-            if transition(locked.state, Event.CANCEL) is not None:
+            if (
+                transition(locked.state, Event.CANCEL) is not None
+                and locked.state not in NOT_CASCADED
+            ):
                 _cancel_one(locked, req, actor)
     return {
         "state": run.state,
@@ -48,7 +70,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         else None,
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
-        "children": children_in_scope(run, req, Event.CANCEL),
+        "children": _children(run, req),
     }
 
 

@@ -36,14 +36,14 @@ from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import EffectsUnresolved, Invalid
-from interventions import facts
+from interventions import facts, jobs
 from interventions.base import Contract, Request, finish_job, register
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.registry import CompensationResult, EffectInfo, get_compensator
 from runs.models import Effect, Run
 from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
-from runs.states import Event, transition
+from runs.states import Event, State, transition
 
 log = logging.getLogger(__name__)
 
@@ -272,9 +272,8 @@ def start_plan(
         reason=intervention.reason,
         context={**summary, "options": options, "intervention": str(intervention.pk)},
     )
-    plan_id = str(plan.pk)
-    # robust: the decision is committed either way; a lost enqueue is picked up by the sweep.
-    transaction.on_commit(lambda: execute_compensation_plan.delay(plan_id), robust=True)
+    # The outbox row commits with the plan; a lost message is delivered again by the job sweep.
+    jobs.enqueue("compensation", plan.pk, run)
     return plan
 
 
@@ -294,10 +293,18 @@ class StepClaim:
 
 @shared_task(bind=True, acks_late=True)
 def execute_compensation_plan(self, plan_id: str) -> dict[str, Any]:
-    """Thin: drive the plan; if a step waits for its backoff, come back then (a new message)."""
-    outcome = run_compensation_plan(plan_id, task_id=self.request.id or "")
+    """Thin: drive the plan; if a step waits for its backoff, come back then (a new message). The
+    job is done when the plan has ended; until then the sweep re-delivers a lost message."""
+    task_id = self.request.id or ""
+    outcome = jobs.perform(
+        "compensation",
+        plan_id,
+        lambda: run_compensation_plan(plan_id, task_id=task_id),
+        finished=lambda out: bool(out.get("finished")),
+        come_back_in=lambda out: float(out.get("countdown") or 0),
+    )
     if outcome.get("countdown") is not None:
-        execute_compensation_plan.apply_async((plan_id,), countdown=outcome["countdown"])
+        jobs.deliver("compensation", str(plan_id), countdown=outcome["countdown"])
     return outcome
 
 
@@ -329,6 +336,11 @@ def _claim_next_step(plan_id: str, task_id: str, actor: Actor) -> StepClaim | di
         if step is None:
             return _finish_plan(plan, actor)
         now = timezone.now()
+        if Run.objects.filter(pk=plan.run_id, state=State.CANCELLED).exists():
+            # An operator cancelled the compensation: no further step is called.
+            why = f"not run: {State.CANCELLED.value} by an operator"
+            close_open_steps(lock_run(plan.run_id), plan, why, actor, now)
+            return _finish_plan(plan, actor)
         if (
             step.status == CompensationStep.RUNNING
             and step.claimed_until is not None
@@ -637,6 +649,51 @@ def _compensation_failed_for_good(
     )
 
 
+def close_open_steps(run: Run, plan: CompensationPlan, why: str, actor: Actor, now) -> None:
+    """End the plan's open steps ``failed`` (plan and run locked by the caller). A compensation
+    already called may have committed: its effect becomes unknown, so a new plan waits for
+    reconciliation."""
+    for step in plan.steps.select_related("compensation_effect").filter(
+        status__in=CompensationStep.OPEN
+    ):
+        comp = step.compensation_effect
+        if comp is not None and comp.status == Effect.IN_FLIGHT:
+            comp.status, comp.outcome_at = Effect.UNKNOWN, now
+            comp.outcome_detail = {"error": "not_heard", "message": why}
+            comp.save(update_fields=["status", "outcome_at", "outcome_detail"])
+            append_history(  # every ledger status change has its history event (runs.integrity)
+                run,
+                "effect_outcome",
+                {"effect": str(comp.pk), "status": comp.status, "kind": Effect.COMPENSATION},
+                actor=actor,
+            )
+        step.status, step.finished_at, step.claimed_until = CompensationStep.FAILED, now, None
+        step.last_error = {"error": "closed", "message": why, "at": now.isoformat()}
+        step.save(update_fields=["status", "finished_at", "claimed_until", "last_error"])
+        Effect.objects.filter(pk=step.effect_id).update(compensation_status=FAILED)
+
+
+def give_up_plan(job) -> None:
+    """The compensation job failed JOB_MAX_ATTEMPTS times: the plan ends failed with the error, and
+    the run is handed to an operator (interventions.jobs moves it to needs_attention)."""
+    plan = CompensationPlan.objects.select_for_update().filter(pk=job.target_id).first()
+    if plan is None or plan.status in CompensationPlan.FINAL:
+        return
+    now = timezone.now()
+    why = f"the compensation job gave up after {job.failures} failure(s): {job.last_error}"
+    close_open_steps(lock_run(plan.run_id), plan, why, system_actor("jobs"), now)
+    plan.status, plan.finished_at, plan.updated_at = CompensationPlan.FAILED, now, now
+    plan.result = {"plan_status": plan.status, "summary": why, "gave_up": True}
+    plan.save(update_fields=["status", "finished_at", "updated_at", "result"])
+    intervention = Intervention.objects.select_for_update().get(pk=plan.intervention_id)
+    result = {"plan_status": plan.status, "summary": why, "plan": plan_dict(plan)}
+    if intervention.kind == "compensate" and intervention.status == Intervention.PENDING:
+        finish_job(intervention, Intervention.FAILED, result)
+    else:
+        intervention.receipt = {**intervention.receipt, "compensation": result}
+        intervention.save(update_fields=["receipt"])
+
+
 def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
     """Every step is done or failed: name the ending, move the run, answer on the receipt."""
     steps = list(plan.steps.select_related("effect").order_by("position"))
@@ -739,3 +796,6 @@ def sweep_compensation_plans() -> list[str]:
     for plan_id in plan_ids:
         execute_compensation_plan.delay(plan_id)
     return plan_ids
+
+
+jobs.register_kind("compensation", execute_compensation_plan, give_up_plan)

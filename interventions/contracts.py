@@ -54,7 +54,8 @@ CONTRACTS: dict[str, dict[str, Any]] = {
         "summary": "stops future work; committed effects stay committed",
         "stops": [
             "authorisation of new effects",
-            "new steps (directive 'cancel'); forced at lease expiry",
+            "new steps (directive 'cancel'); forced at lease expiry, or at once by a second cancel",
+            "a recovery or compensation under way (a compensation step already called finishes)",
         ],
         "continues": ["in-flight effects' outcomes are recorded"],
         "cascade": "scope 'run' or 'tree'",

@@ -44,3 +44,4 @@ class Intervention(models.Model):
 
 
 from interventions.models_compensation import *  # noqa: E402, F403  (CompensationPlan, CompensationStep)
+from interventions.models_jobs import *  # noqa: E402, F403  (Job: the follow-up job outbox)

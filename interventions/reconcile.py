@@ -23,7 +23,7 @@ from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Forbidden, Invalid
 from core.roles import may
-from interventions import facts
+from interventions import facts, jobs
 from interventions.base import Contract, Request, authorize, register
 from interventions.models import Intervention
 from interventions.registry import (
@@ -229,11 +229,17 @@ def _settle_not_found(effect: Effect, answer: ReconcileResult) -> ReconcileResul
 @shared_task(acks_late=True)
 def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
     """The job behind a "reconcile" intervention: ask the world about every unresolved effect."""
+    return jobs.perform("reconcile", intervention_id, lambda: _reconcile_all(intervention_id))
+
+
+def _reconcile_all(intervention_id: str) -> dict[str, Any]:
     from django.db import transaction
 
     from interventions.base import finish_job
 
     intervention = Intervention.objects.get(pk=intervention_id)
+    if intervention.status != Intervention.PENDING:
+        return {"skipped": "already concluded"}
     results = [
         auto_reconcile(e.pk)
         for e in Effect.objects.filter(
@@ -246,6 +252,8 @@ def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
     still = [r for r in results if r["outcome"] == "unknown"]
     with transaction.atomic():
         locked = Intervention.objects.select_for_update().get(pk=intervention_id)
+        if locked.status != Intervention.PENDING:  # a concurrent delivery concluded it first
+            return {"skipped": "already concluded"}
         finish_job(
             locked,
             Intervention.COMPLETED if not still else Intervention.FAILED,
@@ -262,12 +270,14 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
-    from django.db import transaction
-
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
-    transaction.on_commit(lambda: reconcile_run_effects.delay(str(intervention.pk)))
-    return {"unresolved_effects": facts.unknown_effects(run), "job": {"status": "queued"}}
+    job = jobs.enqueue("reconcile", intervention.pk, run)
+    return {
+        "unresolved_effects": facts.unknown_effects(run),
+        "job": {"status": "queued", "id": str(job.pk)},
+    }
 
 
 register(Contract(kind="reconcile", event=None, preview=preview, apply=apply))
+jobs.register_kind("reconcile", reconcile_run_effects, jobs.give_up_intervention)

@@ -29,7 +29,7 @@ from audit.chain import canonical, normalise
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Invalid
-from interventions import facts
+from interventions import facts, jobs
 from interventions.base import (
     Contract,
     Request,
@@ -314,13 +314,12 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     apply_transition(run, Event.RECOVER, actor=actor, reason=req.reason, data={"prefer": prefer})
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
-    intervention_id = str(intervention.pk)
-    transaction.on_commit(lambda: run_recovery.delay(intervention_id), robust=True)
+    job = jobs.enqueue("recovery", intervention.pk, run)
     return {
         "state": run.state,
         "prefer": prefer,
         "dead_lease": _dead_lease(run),
-        "job": {"status": "queued"},
+        "job": {"status": "queued", "id": str(job.pk)},
         "fencing": f"writes carrying fencing token {run.fencing_token} or older are refused",
     }
 
@@ -410,7 +409,12 @@ def scan_expired_leases() -> list[str]:
 
 @shared_task(acks_late=True)
 def run_recovery(intervention_id: str) -> dict[str, Any]:
-    """Idempotent: a second delivery finds the intervention concluded (or the run moved on) and stops."""
+    """Idempotent: a second delivery finds the job done, or the intervention concluded (or the run
+    moved on), and stops."""
+    return jobs.perform("recovery", intervention_id, lambda: _recover(intervention_id))
+
+
+def _recover(intervention_id: str) -> dict[str, Any]:
     intervention = Intervention.objects.select_related("run").get(pk=intervention_id)
     if intervention.status != Intervention.PENDING or intervention.run.state != State.RECOVERING:
         return {"skipped": "already concluded"}
@@ -556,3 +560,6 @@ def sweep_recoveries(grace_s: int = STALL_GRACE_S) -> dict[str, list[str]]:
     for intervention_id in stuck:
         run_recovery.delay(intervention_id)
     return {"started": started, "requeued": stuck}
+
+
+jobs.register_kind("recovery", run_recovery, jobs.give_up_intervention)

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.actors import Actor, system_actor
-from interventions import facts
+from interventions import facts, jobs
 from interventions.base import Contract, Request, finish_job, lock_pending_job, register
 from interventions.models import Intervention
 from interventions.revalidation import build_report
@@ -49,17 +49,21 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     )
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
-    transaction.on_commit(lambda: revalidate_run.delay(str(intervention.pk)))
+    job = jobs.enqueue("revalidation", intervention.pk, run)
     return {
         "state": run.state,
         "resume_from": {"seq": cp.seq, "step": cp.step} if cp else None,
-        "job": {"kind": "revalidation", "status": "queued"},
+        "job": {"kind": "revalidation", "status": "queued", "id": str(job.pk)},
     }
 
 
 @shared_task(acks_late=True)
 def revalidate_run(intervention_id: str) -> dict[str, Any]:
-    """Idempotent: a second delivery finds the intervention concluded and does nothing."""
+    """Idempotent: a second delivery finds the job done or the intervention concluded: nothing."""
+    return jobs.perform("revalidation", intervention_id, lambda: _revalidate(intervention_id))
+
+
+def _revalidate(intervention_id: str) -> dict[str, Any]:
     intervention = Intervention.objects.select_related("run__agent").get(pk=intervention_id)
     if intervention.status != Intervention.PENDING:
         return {"skipped": "already concluded"}
@@ -139,3 +143,4 @@ def conclude_resume(
 
 
 register(Contract(kind="resume", event=Event.RESUME, preview=preview, apply=apply))
+jobs.register_kind("revalidation", revalidate_run, jobs.give_up_intervention)

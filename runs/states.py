@@ -36,6 +36,9 @@ class State(StrEnum):
     FAILED = "failed"
     SUCCEEDED = "succeeded"
     CLOSED = "closed"  # accountable owner closed the case; nothing more happens
+    # A follow-up job (revalidation, recovery, compensation) failed JOB_MAX_ATTEMPTS times: the run is
+    # handed to an operator instead of staying in the job's transient state forever.
+    NEEDS_ATTENTION = "needs_attention"
 
 
 class Event(StrEnum):
@@ -65,6 +68,7 @@ class Event(StrEnum):
     RECOVERY_COMPENSATE = "recovery_compensate"
     COMPENSATION_COMPLETED = "compensation_completed"
     COMPENSATION_FAILED = "compensation_failed"
+    JOB_FAILED = "job_failed"  # a follow-up job gave up after JOB_MAX_ATTEMPTS
 
 
 @dataclass(frozen=True)
@@ -116,12 +120,15 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
         E.REVALIDATION_PASSED: T(S.QUEUED),
         E.REVALIDATION_BLOCKED: T(S.PAUSED),
         E.CANCEL: T(S.CANCELLED),
+        E.JOB_FAILED: T(S.NEEDS_ATTENTION),
     },
     S.CANCELLING: {
         E.WORKER_STOPPED: T(S.CANCELLED),
         E.FINISH_SUCCEEDED: T(S.CANCELLED),
         E.FINISH_FAILED: T(S.CANCELLED),
         E.LEASE_EXPIRED: T(S.CANCELLED),
+        # The operator's exit: stop waiting for the worker (its lease is ended now, not at expiry).
+        E.CANCEL: T(S.CANCELLED),
     },
     S.CANCELLED: {
         E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
@@ -135,10 +142,26 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
         E.RECOVERY_REDRIVE: T(S.QUEUED),
         E.RECOVERY_ESCALATE: T(S.PAUSED),
         E.RECOVERY_COMPENSATE: T(S.COMPENSATING),
+        # The operator's exit: the recovery job finds the run moved on and concludes nothing.
+        E.CANCEL: T(S.CANCELLED),
+        E.JOB_FAILED: T(S.NEEDS_ATTENTION),
     },
     S.COMPENSATING: {
         E.COMPENSATION_COMPLETED: T(S.COMPENSATED),
         E.COMPENSATION_FAILED: T(S.COMPENSATION_FAILED),
+        # The operator's exit: the plan stops before its next step (a step already called finishes
+        # and is recorded); the plan ends and the run stays cancelled.
+        E.CANCEL: T(S.CANCELLED),
+        E.JOB_FAILED: T(S.NEEDS_ATTENTION),
+    },
+    S.NEEDS_ATTENTION: {
+        E.PAUSE: T(S.PAUSED),
+        E.CANCEL: T(S.CANCELLED),
+        E.CLOSE: T(S.CLOSED),
+        E.RESUME: T(S.REVALIDATING),
+        E.RETRY: T(S.QUEUED, guard="previous_attempt_accounted_for"),
+        E.RECOVER: T(S.RECOVERING),
+        E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
     },
     S.COMPENSATION_FAILED: {
         E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
@@ -178,6 +201,7 @@ DIRECTIVES: dict[State, str] = {
     S.FAILED: "stop",
     S.SUCCEEDED: "stop",
     S.CLOSED: "stop",
+    S.NEEDS_ATTENTION: "stop",
 }
 
 # States in which a worker holds (or may hold) the execution lease and may write facts.

@@ -498,3 +498,16 @@ def expire_leases(*, actor: Actor, now=None) -> list[str]:
                 )
                 touched.append(str(run.pk))
     return touched
+
+
+def end_live_leases(run: Run, why: str, *, now=None) -> list[str]:
+    """Inside the caller's transaction, run locked: an operator stopped waiting for the worker (a
+    forced cancel). Its lease ends now instead of at expiry; its later writes are fenced out."""
+    now = now or timezone.now()
+    ended = []
+    for lease in ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE):
+        _end_lease(lease, ExecutionLease.EXPIRED, why, now)
+        ended.append(str(lease.pk))
+    if ended:
+        _end_attempt(run, Attempt.STOPPED, now, "cancelled", why)
+    return ended

@@ -214,7 +214,7 @@ def test_a_failure_is_recorded_and_retried_with_backoff_then_succeeds(
     monkeypatch.setattr(
         execute_compensation_plan,
         "apply_async",
-        lambda args, countdown: enqueued.append((args, countdown)),
+        lambda args, countdown, **publish: enqueued.append((args, countdown)),
     )
 
     first = execute_compensation_plan.apply(args=(str(plan.pk),)).get()

@@ -199,7 +199,12 @@ def test_intervention_needs_a_reason_and_a_valid_state(worker, as_user):
 
 def test_contracts_document_reads_the_state_table_and_matrix(worker, as_user):
     doc = as_user("vera").get("/contracts").json()
-    assert doc["contracts"]["pause"]["from_states"] == ["awaiting_approval", "queued", "running"]
+    assert doc["contracts"]["pause"]["from_states"] == [
+        "awaiting_approval",
+        "needs_attention",
+        "queued",
+        "running",
+    ]
     assert "incident_commander" in doc["contracts"]["compensate"]["may_issue"]
     assert any(r["event"] == "pause" and r["to"] == "pausing" for r in doc["state_machine"])
 

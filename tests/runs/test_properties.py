@@ -66,6 +66,7 @@ OPERATOR_EVENTS = [
     Event.RECOVERY_COMPENSATE,
     Event.COMPENSATION_COMPLETED,
     Event.COMPENSATION_FAILED,
+    Event.JOB_FAILED,
 ]
 
 run_index = st.integers(min_value=0, max_value=1)
