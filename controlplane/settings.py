@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    "pgtrigger",
     "audit",
     "runs",
     "interventions",
