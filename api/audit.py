@@ -9,6 +9,7 @@ from pydantic import Field
 from api.auth import refuse
 from api.schemas import Schema
 from audit.models import AuditEvent
+from audit.selectors import audit_events
 from audit.services import verify_chain
 from core.actors import Actor
 from core.roles import may
@@ -24,9 +25,14 @@ def _viewer(request: HttpRequest) -> Actor:
 
 
 class AuditFilter(Schema):
+    """The console's audit filters (audit.selectors.audit_events), plus paging by seq."""
+
     run_id: str | None = Field(default=None, max_length=36)
     action: str | None = Field(default=None, max_length=60)
+    actor: str | None = Field(default=None, max_length=150)
     outcome: str | None = Field(default=None, max_length=10)
+    object_type: str | None = Field(default=None, max_length=30)
+    component: str | None = Field(default=None, max_length=30)
     after_seq: int = Field(default=0, ge=0, le=2**63 - 1)  # seq is a bigint
     limit: int = Field(default=100, ge=1, le=1000)
 
@@ -42,13 +48,15 @@ def audit_dict(e: AuditEvent) -> dict:
 @router.get("/audit", response=dict)
 def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
     _viewer(request)
-    qs = AuditEvent.objects.filter(seq__gt=filters.after_seq)
-    if filters.run_id:
-        qs = qs.filter(run_id=filters.run_id) if _uuid_ok(filters.run_id) else qs.none()
-    if filters.action:
-        qs = qs.filter(action=filters.action)
-    if filters.outcome:
-        qs = qs.filter(outcome=filters.outcome)
+    qs = audit_events(
+        action=filters.action or "",
+        actor=filters.actor or "",
+        outcome=filters.outcome or "",
+        object_type=filters.object_type or "",
+        component=filters.component or "",
+        run_id=filters.run_id or "",
+        after_seq=filters.after_seq,
+    )
     return {"events": [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]}
 
 
@@ -56,13 +64,3 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
 def verify(request: HttpRequest):
     _viewer(request)
     return verify_chain().as_dict()
-
-
-def _uuid_ok(value: str) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(value)
-        return True
-    except ValueError:
-        return False

@@ -181,7 +181,7 @@ def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    unresolved = facts.unknown_effects(run)
+    unresolved = facts.unresolved_effects(run)
     return {
         "plan": build_plan(run),
         "options": plan_options(req.options),
@@ -196,7 +196,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def require_resolved(run: Run) -> None:
     """Guard ``no_unresolved_effects``: compensating around an unknown outcome would guess."""
-    unresolved = facts.unknown_effects(run)
+    unresolved = facts.unresolved_effects(run)
     if unresolved:
         names = ", ".join(
             f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved

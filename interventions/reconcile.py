@@ -48,7 +48,7 @@ def reconcile_effect(
     with decision(actor, "effect.reconcile", "effect", effect_id, run_id):
         run = lock_run(run_id)
         effect = Effect.objects.select_for_update().get(pk=effect_id)
-        if effect.status not in Effect.UNRESOLVED:
+        if not effect.unresolved:
             raise Conflict(
                 f"effect is already {effect.status}; only in_flight or unknown effects are reconciled",
                 status=effect.status,
@@ -96,7 +96,7 @@ def reconcile_effect(
                 "evidence": evidence,
                 "source": source,
                 "idempotency_key": effect.idempotency_key,
-                "unresolved_effects": facts.unknown_effects(run),
+                "unresolved_effects": facts.unresolved_effects(run),
             },
         )
         notify_run_changed(run)
@@ -107,7 +107,7 @@ def auto_reconcile(effect_id: Any, actor: Actor | None = None) -> dict[str, Any]
     """Ask the external system by idempotency key (network: outside any transaction), then record."""
     actor = actor or system_actor("reconciler")
     effect = Effect.objects.get(pk=effect_id)
-    if effect.status not in Effect.UNRESOLVED:
+    if not effect.unresolved:
         return {"effect": str(effect.pk), "outcome": effect.status, "already": True}
     reconciler = get_reconciler(effect.tool)
     if reconciler is None:
@@ -165,9 +165,7 @@ def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
     intervention = Intervention.objects.get(pk=intervention_id)
     results = [
         auto_reconcile(e.pk)
-        for e in Effect.objects.filter(
-            run_id=intervention.run_id, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
-        )
+        for e in Effect.objects.filter(run_id=intervention.run_id).unresolved()
         if not (
             e.status == Effect.IN_FLIGHT and Run.objects.get(pk=e.run_id).state in LEASED_STATES
         )
@@ -185,7 +183,7 @@ def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence",
     }
 
@@ -196,7 +194,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
     transaction.on_commit(lambda: reconcile_run_effects.delay(str(intervention.pk)))
-    return {"unresolved_effects": facts.unknown_effects(run), "job": {"status": "queued"}}
+    return {"unresolved_effects": facts.unresolved_effects(run), "job": {"status": "queued"}}
 
 
 register(Contract(kind="reconcile", event=None, preview=preview, apply=apply))

@@ -45,6 +45,13 @@ class AuthorityGrant(models.Model):
         return self.status
 
 
+class EffectQuerySet(models.QuerySet):
+    def unresolved(self) -> EffectQuerySet:
+        """Authorised effects whose outcome is not known yet (in flight or unknown): the one rule for
+        "unresolved" that finishing, compensating, retrying, recovery and every page read."""
+        return self.filter(Effect.unresolved_q())
+
+
 class Effect(models.Model):
     """One external side effect (or a denied attempt at one). The ledger answers "what escaped"."""
 
@@ -89,6 +96,8 @@ class Effect(models.Model):
     reconciled = models.BooleanField(default=False)
     reconciliation = models.JSONField(null=True, blank=True)  # {outcome, evidence, by, at, source}
 
+    objects = EffectQuerySet.as_manager()
+
     class Meta:
         ordering = ["declared_at"]
         constraints = [
@@ -120,4 +129,11 @@ class Effect(models.Model):
 
     @property
     def unresolved(self) -> bool:
-        return self.status in self.UNRESOLVED
+        return self.decision == self.AUTHORIZED and self.status in self.UNRESOLVED
+
+    @classmethod
+    def unresolved_q(cls, prefix: str = "") -> models.Q:
+        """``Effect.objects.unresolved()`` as a Q, for filters through a relation (``"effects__"``)."""
+        return models.Q(
+            **{f"{prefix}decision": cls.AUTHORIZED, f"{prefix}status__in": list(cls.UNRESOLVED)}
+        )
