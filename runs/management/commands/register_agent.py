@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.models import Agent
+from core.errors import DomainError
+from runs.services.accounts import cli_actor, register_agent
 
 
 class Command(BaseCommand):
@@ -14,13 +15,13 @@ class Command(BaseCommand):
         parser.add_argument("--description", default="")
 
     def handle(self, *args, name, scope, description, **opts):
-        for s in scope:
-            tool, sep, action = s.partition(":")
-            if not (tool and sep and action):
-                raise CommandError(f"scope {s!r} must look like tool:action or tool:*")
-        agent, created = Agent.objects.update_or_create(
-            name=name, defaults={"allowed_scopes": scope, "description": description}
-        )
+        try:
+            agent, created = register_agent(
+                actor=cli_actor(), name=name, scopes=scope, description=description
+            )
+        except DomainError as err:
+            raise CommandError(err.detail)
         self.stdout.write(
-            f"{'registered' if created else 'updated'} agent {agent.name} with scopes {', '.join(scope) or '(none)'}"
+            f"{'registered' if created else 'updated'} agent {agent.name} "
+            f"with scopes {', '.join(scope) or '(none)'}"
         )

@@ -1,5 +1,6 @@
 """Seed the demo: role users (logins printed), agents with their scopes, and a worker token for the
-demo agents (written to var/demo-worker-token, mode 600). Idempotent."""
+demo agents (written to var/demo-worker-token, mode 600). Idempotent: a second run changes nothing
+and so writes no audit event; every change goes through runs/services/accounts.py."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import os
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand
 
 from core.roles import ROLES
 from runs.models import Agent, ApiToken
+from runs.services.accounts import (
+    cli_actor,
+    create_user,
+    ensure_roles,
+    issue_token,
+    register_agent,
+    set_user_roles,
+)
 
 DEMO_AGENTS = {
     "purchasing": (
@@ -43,22 +52,26 @@ class Command(BaseCommand):
     help = "Seed demo users (one per role), agents and the demo worker token."
 
     def handle(self, *args, **opts):
-        for name in ROLES:
-            Group.objects.get_or_create(name=name)
+        actor = cli_actor()
+        ensure_roles(actor=actor)
         password = os.environ.get("DEMO_PASSWORD", "controlplane-demo")
         for username, role in DEMO_USERS.items():
-            user, created = User.objects.get_or_create(
-                username=username, defaults={"is_staff": role == "admin"}
-            )
-            if created:
-                user.set_password(password)
-                user.is_superuser = user.is_staff = role == "admin"
-                user.save()
-            user.groups.add(Group.objects.get(name=role))
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                create_user(
+                    actor=actor,
+                    username=username,
+                    password=password,
+                    roles=[role],
+                    staff=role == "admin",
+                )
+            elif role not in user.groups.values_list("name", flat=True):
+                roles = {*user.groups.filter(name__in=ROLES).values_list("name", flat=True), role}
+                set_user_roles(actor=actor, user=user, roles=roles)
         for name, (scopes, description) in DEMO_AGENTS.items():
-            Agent.objects.update_or_create(
-                name=name, defaults={"allowed_scopes": scopes, "description": description}
-            )
+            agent = Agent.objects.filter(name=name).first()
+            if agent is None or (agent.allowed_scopes, agent.description) != (scopes, description):
+                register_agent(actor=actor, name=name, scopes=scopes, description=description)
         token_file = Path(settings.VAR_DIR) / "demo-worker-token"
         token_file.parent.mkdir(parents=True, exist_ok=True)
         secret = token_file.read_text().strip() if token_file.exists() else ""
@@ -68,8 +81,8 @@ class Command(BaseCommand):
                 token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
             ).exists()
         ):
-            _, secret = ApiToken.issue(
-                kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
+            _, secret = issue_token(
+                actor=actor, kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
             )
             token_file.write_text(secret + "\n")
             token_file.chmod(0o600)
