@@ -309,7 +309,7 @@ def run_compensation_plan(plan_id: str, *, task_id: str = "") -> dict[str, Any]:
 
 
 def _claim_next_step(plan_id: str, task_id: str, actor: Actor) -> StepClaim | dict[str, Any]:
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         plan = CompensationPlan.objects.select_for_update().get(pk=plan_id)
         if plan.status in CompensationPlan.FINAL:
             return {"status": plan.status, "finished": True}
@@ -464,7 +464,7 @@ def _record_attempt(
     plan_id: str, claim: StepClaim, result: CompensationResult, actor: Actor
 ) -> dict[str, Any] | None:
     """None: go on with the next step. A dict: stop here (and, with a countdown, come back later)."""
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         plan = CompensationPlan.objects.select_for_update().get(pk=plan_id)
         run = lock_run(plan.run_id)
         step = (

@@ -171,7 +171,7 @@ def reconcile_run_effects(intervention_id: str) -> dict[str, Any]:
         )
     ]
     still = [r for r in results if r["outcome"] == "unknown"]
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = Intervention.objects.select_for_update().get(pk=intervention_id)
         finish_job(
             locked,

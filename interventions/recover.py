@@ -388,7 +388,7 @@ def _reconcile_one(effect: Effect, actor: Actor) -> dict[str, Any]:
 
 def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]) -> dict[str, Any]:
     actor = system_actor("recovery")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = lock_pending_job(intervention_id, State.RECOVERING)
         if locked is None:
             return {"skipped": "already concluded, or the run has moved on"}

@@ -73,7 +73,7 @@ def conclude_resume(
     intervention_id: str, report: dict[str, Any], refreshed: list
 ) -> dict[str, Any]:
     actor = system_actor("revalidation")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = lock_pending_job(intervention_id, State.REVALIDATING)
         if locked is None:
             return {"skipped": "already concluded, or the run has moved on"}

@@ -1,4 +1,4 @@
-"""Shared steps of every decision: lock, transition check, history append, snapshot, notify, audit."""
+"""Shared steps of every decision: lock, transition check, history append, snapshot, audit, notify."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ NOTIFY_CHANNEL = "cp_runs"
 
 
 def lock_run(run_id: Any) -> Run:
-    """Lock the run row for the rest of the transaction. Every decision about a run starts here,
-    so decisions on one run are serialised by the database (pause vs declare, claim vs claim)."""
+    """Lock the run row for the rest of the transaction. Every decision about an existing run takes
+    it before reading what it decides on, so decisions on one run are serialised by the database
+    (pause vs declare, claim vs claim)."""
     # ``Run.objects.select_for_update().get(pk=run_id)`` without the compiler (core.rows): every
     # protocol call starts here. The run row only: joining the agent row into a FOR UPDATE would lock it
     # too, serialising every run of an agent and deadlocking against transactions whose deferred FK

@@ -463,7 +463,7 @@ def expire_leases(*, actor: Actor, now=None) -> list[str]:
     for lease_id, run_id in ExecutionLease.objects.filter(
         status=ExecutionLease.ACTIVE, expires_at__lte=now
     ).values_list("pk", "run_id"):
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             run = lock_run(run_id)
             lease = ExecutionLease.objects.filter(
                 pk=lease_id, status=ExecutionLease.ACTIVE, expires_at__lte=now
