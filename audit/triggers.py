@@ -9,7 +9,7 @@ import pgtrigger
 def append_only(prefix: str) -> list[pgtrigger.Trigger]:
     """Refuse UPDATE and DELETE row by row, and TRUNCATE (a statement, which row triggers never see).
 
-    ``prefix`` names the triggers (pgtrigger wants names unique per model, at most 43 characters).
+    ``prefix`` names the triggers (pgtrigger wants trigger names unique per model).
     Someone with the database's owner role can still switch triggers off; the hash chains catch what
     they then change (``audit_verify``, ``verify_history``)."""
     return [

@@ -52,6 +52,8 @@ class Checkpoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run")
         ]
+        # A checkpoint is written once and hashed; recovery restarts from it and checks the hash.
+        triggers = append_only("checkpoint")
 
 
 class Assumption(models.Model):

@@ -16,7 +16,7 @@ from audit.models import AuditChainHead, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor
 from runs import services
-from runs.models import Attempt, ExecutionLease, HistoryEvent, Run
+from runs.models import Attempt, Checkpoint, ExecutionLease, HistoryEvent, Run
 from runs.services import common
 from tests.conftest import claim, declare, start_run
 
@@ -137,7 +137,7 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
 # --- append-only, enforced by PostgreSQL ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("table", ["audit_auditevent", "runs_historyevent"])
+@pytest.mark.parametrize("table", ["audit_auditevent", "runs_historyevent", "runs_checkpoint"])
 @pytest.mark.parametrize(
     ("statement", "refusal"),
     [
@@ -147,9 +147,17 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
     ],
 )
 def test_update_delete_and_truncate_are_refused_by_the_database(worker, table, statement, refusal):
-    model = {"audit_auditevent": AuditEvent, "runs_historyevent": HistoryEvent}[table]
+    model = {
+        "audit_auditevent": AuditEvent,
+        "runs_historyevent": HistoryEvent,
+        "runs_checkpoint": Checkpoint,
+    }[table]
     run = start_run(worker)
-    claim(worker, run["id"])
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    resp = worker.post(
+        f"/runs/{run['id']}/checkpoints", {"fencing_token": token, "step": "s", "state": {}}
+    )
+    assert resp.status_code == 201
     rows = model.objects.count()
     assert rows > 0
     with pytest.raises(DatabaseError, match=refusal), transaction.atomic():
