@@ -143,7 +143,7 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
     [
         ("UPDATE {table} SET hash = 'x'", "Cannot update rows"),
         ("DELETE FROM {table}", "Cannot delete rows"),
-        ("TRUNCATE {table}", "Cannot truncate"),  # a statement: row triggers never see it
+        ("TRUNCATE {table} CASCADE", "Cannot truncate"),  # a statement: row triggers never see it
     ],
 )
 def test_update_delete_and_truncate_are_refused_by_the_database(worker, table, statement, refusal):
