@@ -33,9 +33,10 @@ browser:  ## Debian's chromium for the browser tests (Playwright drives /usr/bin
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "could not install chromium: the browser test will say it is skipped"
 
-lint: venv  ## formatting, lint and the layering contract (no upward import, checked by import-linter)
+lint: venv  ## formatting, lint, types (mypy, config in pyproject.toml) and the layering contract (import-linter)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 test: venv browser lint  ## lint, then the whole suite on PostgreSQL + Redis (never silently on SQLite)

@@ -158,7 +158,7 @@ def world_effect(
     if not step:
         raise ValueError("world_effect needs a step")
     base = f"{ctx.run_id}:{step}:{tool}:{action}"
-    kw = dict(
+    kw: dict[str, Any] = dict(
         args=args,
         step=step,
         compensate=compensate,

@@ -18,6 +18,9 @@ skips what is already in ``ctx.state``):
 5. ``charge``    -- effect ``payments:charge``, compensation ``payments:refund``. Above
    ``APPROVAL_THRESHOLD`` (default 200) a planned approval boundary: the agent requests approval for
    exactly these args, waits (the run is ``awaiting_approval``), then declares citing the approval.
+   The server enforces the same boundary: the demo registers ``payments:charge amount>200 approver``
+   for this agent (seed_demo), so a charge above 200 without an approval is denied
+   ``approval_required`` whatever the worker does. Keep the two numbers in step.
 6. ``notify``    -- effect ``notifications:enqueue`` declared *reversible* with compensation
    ``notifications:cancel``: while queued it can be cancelled; once the world has sent it the cancel is
    refused (``already_sent``) and the compensation plan reports it irreversible. (Declaring it
@@ -310,6 +313,7 @@ def _approval(ctx: RunContext, args: dict[str, Any], amount: float) -> str:
                 "approval_timed_out", f"approval {approval_id} was not decided in time"
             )
     if not approval.approved:
+        ctx.check_directive()  # a cancel or pause that superseded the request is honoured as such
         cls = (
             "approval_rejected" if approval.status == "rejected" else f"approval_{approval.status}"
         )

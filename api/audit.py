@@ -6,7 +6,7 @@ from django.http import HttpRequest
 from ninja import Query, Router
 from pydantic import Field
 
-from api.auth import refuse
+from api.auth import caller, refuse
 from api.schemas import Schema
 from audit.models import AuditEvent
 from audit.selectors import audit_events
@@ -18,7 +18,7 @@ router = Router(tags=["audit"])
 
 
 def _viewer(request: HttpRequest) -> Actor:
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if actor.is_worker or not may(actor.roles, "view"):
         raise refuse(request, "audit is for people with a console role")
     return actor

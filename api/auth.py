@@ -7,6 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.utils import timezone
+from ninja.errors import AuthenticationError
 from ninja.security import APIKeyCookie, HttpBearer
 
 from core.actors import Actor
@@ -44,10 +45,9 @@ class TokenAuth(HttpBearer):
                 **request_meta(request),
             )
         else:
-            if not row.user.is_active:
+            if row.user is None or not row.user.is_active:  # operator tokens always have a user
                 return None
             actor = actor_for_user(row.user, request, component="api", token_id=row.pk)
-        request.actor = actor
         return actor
 
 
@@ -63,11 +63,18 @@ class SessionAuth(APIKeyCookie):
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:
             return None
-        request.actor = actor_for_user(user, request, component="console")
-        return request.actor
+        return actor_for_user(user, request, component="console")
 
 
 API_AUTH = [TokenAuth(), SessionAuth()]
+
+
+def caller(request: HttpRequest) -> Actor:
+    """The Actor that API_AUTH accepted for this request (ninja stores it in ``request.auth``)."""
+    actor = getattr(request, "auth", None)
+    if not isinstance(actor, Actor):  # only a route declared with auth=None could get here
+        raise AuthenticationError()
+    return actor
 
 
 def refuse(request: HttpRequest, detail: str):
@@ -79,7 +86,7 @@ def refuse(request: HttpRequest, detail: str):
     from core.errors import Forbidden
 
     record_audit(
-        actor=request.auth,
+        actor=caller(request),
         action="api.denied",
         object_type="endpoint",
         object_id=request.path[:64],

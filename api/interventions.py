@@ -10,8 +10,10 @@ from ninja import Router, Schema
 from ninja.responses import Status
 from pydantic import Field
 
+from api.auth import caller
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
+from core.metrics import observe_intervention
 from interventions import base
 from interventions.contracts import contracts_document
 from interventions.models import Intervention
@@ -30,7 +32,7 @@ class InterventionIn(Schema):
 
 
 def _operator(request: HttpRequest) -> Actor:
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if actor.is_worker:
         raise Forbidden("a worker token can never issue an intervention")
     return actor
@@ -55,8 +57,9 @@ def preview(request: HttpRequest, run_id: UUID, body: InterventionIn):
 
 @router.post("/runs/{run_id}/interventions", response={202: dict})
 def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
-    actor: Actor = request.auth  # workers are refused inside base.issue, so the refusal is audited
-    intervention = base.issue(actor=actor, run_id=run_id, req=_req(body))
+    actor = caller(request)  # workers are refused inside base.issue, so the refusal is audited
+    with observe_intervention(body.kind):
+        intervention = base.issue(actor=actor, run_id=run_id, req=_req(body))
     return Status(202, receipt_dict(intervention))
 
 
@@ -82,6 +85,9 @@ class ReconcileIn(Schema):
     evidence: str = Field(min_length=1, max_length=5000)
     external_ref: str = Field(default="", max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
+    # Like the reconcile intervention: someone other than the run's decision authority needs an
+    # override with a reason (and a role that may override).
+    override_reason: str = Field(default="", max_length=2000)
 
 
 @router.post("/effects/{effect_id}/reconcile", response=dict)
@@ -98,6 +104,7 @@ def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
         external_ref=body.external_ref,
         reason=body.reason,
         source="operator",
+        override_reason=body.override_reason,
     )
     return effect_dict(effect)
 

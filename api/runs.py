@@ -11,7 +11,7 @@ from ninja import Query, Router
 from ninja.responses import Status
 from pydantic import Field
 
-from api.auth import refuse
+from api.auth import caller, refuse
 from api.schemas import (
     ApprovalIn,
     CheckpointIn,
@@ -38,7 +38,7 @@ router = Router(tags=["worker protocol"])
 
 
 def _worker(request: HttpRequest) -> Actor:
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if not actor.is_worker:
         raise refuse(request, "only worker tokens may make worker-protocol writes")
     return actor
@@ -75,7 +75,7 @@ def _worker_for_run(request: HttpRequest, run_id) -> Actor:
 
 @router.post("/runs", response={201: dict})
 def create_run(request: HttpRequest, body: RunIn):
-    actor: Actor = request.auth
+    actor: Actor = caller(request)
     if not actor.is_worker and not may(actor.roles, "start_run"):
         raise refuse(request, "your role may not start runs")
     run = services.create_run(
@@ -102,19 +102,19 @@ class RunFilter(Schema):
 def list_runs(request: HttpRequest, filters: Query[RunFilter]):
     return {
         "runs": selectors.list_runs(
-            request.auth, agent=filters.agent, state=filters.state, limit=filters.limit
+            caller(request), agent=filters.agent, state=filters.state, limit=filters.limit
         )
     }
 
 
 @router.get("/runs/{run_id}", response=dict)
 def get_run(request: HttpRequest, run_id: UUID):
-    return selectors.run_detail(selectors.get_visible_run(request.auth, run_id))
+    return selectors.run_detail(selectors.get_visible_run(caller(request), run_id))
 
 
 @router.get("/runs/{run_id}/effects", response=dict)
 def list_effects(request: HttpRequest, run_id: UUID):
-    return {"effects": selectors.ledger(selectors.get_visible_run(request.auth, run_id))}
+    return {"effects": selectors.ledger(selectors.get_visible_run(caller(request), run_id))}
 
 
 @router.get("/runs/{run_id}/history", response=dict)
@@ -122,7 +122,7 @@ def get_history(request: HttpRequest, run_id: UUID):
     with (
         snapshot()
     ):  # the run's head and its events from one snapshot, while workers keep appending
-        run = selectors.get_visible_run(request.auth, run_id)
+        run = selectors.get_visible_run(caller(request), run_id)
         return {
             "events": [
                 {
@@ -161,7 +161,10 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
 
     async def beat():
         return await sync_to_async(services.heartbeat)(
-            actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, run_id=run_id
+            actor=caller(request),
+            lease_id=lease_id,
+            fencing_token=body.fencing_token,
+            run_id=run_id,
         )
 
     bus = get_bus()
@@ -210,7 +213,10 @@ def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     """The worker acknowledges pause/cancel at a step boundary and gives the lease back."""
     _lease_run_id(request, lease_id)
     run = services.release_lease(
-        actor=request.auth, lease_id=lease_id, fencing_token=body.fencing_token, reason=body.reason
+        actor=caller(request),
+        lease_id=lease_id,
+        fencing_token=body.fencing_token,
+        reason=body.reason,
     )
     return {"run_id": str(run.pk), "state": run.state}
 
@@ -298,6 +304,8 @@ def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
             "id": str(approval.pk),
             "status": approval.status,
             "digest": approval.digest,
+            "required_role": approval.required_role,
+            "policy": approval.policy.spec if approval.policy else None,
             "deadline": approval.deadline.isoformat() if approval.deadline else None,
         },
     )

@@ -29,3 +29,6 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+from audit import admin_accounts  # noqa: E402,F401  (audited User and Group admin pages)

@@ -31,6 +31,7 @@ def insert_and_update(
         return
     meta = obj._meta
     auto = meta.auto_field
+    assert auto is not None and auto.column, f"{model.__name__} has no auto primary key to return"
     # The columns Model.save() inserts for a new row whose auto primary key is not set.
     fields = [f for f in meta.local_concrete_fields if f is not auto and not f.generated]
     insert = sql.InsertQuery(model)
@@ -42,6 +43,7 @@ def insert_and_update(
     update = (
         update_model._base_manager.using(using).filter(pk=update_pk).query.chain(sql.UpdateQuery)
     )
+    assert isinstance(update, sql.UpdateQuery)  # chain(klass) returns a klass; the stubs say Query
     update.add_update_values(values)
     update_sql, update_params = update.get_compiler(using=using).as_sql()
 

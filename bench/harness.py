@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -107,10 +107,10 @@ def ensure_database(database_url: str, fresh: bool = False) -> bool:
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(database_url)
-    name = params.get("dbname")
+    name = str(params.get("dbname") or "")
     if not name:
         raise SystemExit(f"DATABASE_URL names no database: {redact(database_url)}")
-    admin = {k: v for k, v in params.items() if k != "dbname"}
+    admin: dict[str, Any] = {k: v for k, v in params.items() if k != "dbname"}
     with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
         if fresh:
             conn.execute(
@@ -176,11 +176,19 @@ def dbname_of(database_url: str) -> str:
     return str(conninfo_to_dict(database_url).get("dbname", ""))
 
 
+def scalar(conn: Any, query: str) -> Any:
+    """The one value of a query that always returns one row (SHOW, count(*))."""
+    row = conn.execute(query).fetchone()
+    if row is None:
+        raise RuntimeError(f"{query!r} returned no row")
+    return row[0]
+
+
 def postgres_facts(database_url: str) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        facts: dict[str, Any] = {"version": conn.execute("SHOW server_version").fetchone()[0]}
+        facts: dict[str, Any] = {"version": scalar(conn, "SHOW server_version")}
         for setting in (
             "synchronous_commit",
             "fsync",
@@ -190,7 +198,7 @@ def postgres_facts(database_url: str) -> dict[str, Any]:
             "commit_delay",
         ):
             try:
-                facts[setting] = conn.execute(f"SHOW {setting}").fetchone()[0]
+                facts[setting] = scalar(conn, f"SHOW {setting}")
             except psycopg.Error:
                 pass
         facts["host"] = conn.info.host
@@ -331,7 +339,7 @@ def stop_processes(procs) -> None:
 
 def run_workers(
     ctx, servers: Servers, count: int, target, args_of, timeout: float, what: str
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
+) -> tuple[list[dict[str, Any]], CpuUse]:
     """Start ``count`` processes running ``target(*args_of(i), barrier, results)``, release them together
     from a barrier, and collect one report from each (a dict; ``{"fatal": …}`` if one failed). Returns
     the reports and the CPU the servers, PostgreSQL and the machine spent from the barrier to the last
@@ -422,6 +430,13 @@ def machine_cpu() -> tuple[float, float]:
     return (total - idle) / _TICK, total / _TICK
 
 
+class CpuUse(TypedDict):
+    servers_cpu_s: float
+    postgres_cpu_s: float
+    machine_busy_s: float
+    machine_busy_pct: float | None  # None when no machine time passed
+
+
 class CpuMeter:
     """CPU spent by the servers, by the PostgreSQL backends of the benchmark's database and by the whole
     machine between start() and stop()."""
@@ -441,7 +456,7 @@ class CpuMeter:
     def start(self) -> None:
         self.t0 = self._sample()
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> CpuUse:
         s0, pg0, busy0, total0 = self.t0
         s1, pg1, busy1, total1 = self._sample()
         servers, busy, total = s1 - s0, busy1 - busy0, total1 - total0

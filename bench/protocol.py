@@ -191,9 +191,10 @@ def worker_main(
         number = 0
         while True:
             if counter is not None:
-                number = _take_run(counter, total_runs)
-                if number is None:
+                taken = _take_run(counter, total_runs)
+                if taken is None:
                     break
+                number = taken
             elif stop.is_set():
                 break
             base = servers[(index + number) % len(servers)] + "/api/v1"
@@ -244,7 +245,7 @@ def run_phase(
         timeout,
         "phase",
     )
-    return summarise(workers, total_runs, reports, cpu)
+    return summarise(workers, total_runs, reports, dict(cpu))
 
 
 def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> dict[str, Any]:
@@ -306,9 +307,9 @@ def effect_rows(database_url: str) -> int | None:
 
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
-            return conn.execute(
-                "SELECT count(*) FROM runs_effect WHERE status = 'committed'"
-            ).fetchone()[0]
+            return harness.scalar(
+                conn, "SELECT count(*) FROM runs_effect WHERE status = 'committed'"
+            )
     except psycopg.Error:
         return None
 
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         harness.revoke_token(env, prefix)
     rows_after = effect_rows(database_url)
     facts["committed_effect_rows_added"] = (
-        (rows_after - rows_before) if None not in (rows_before, rows_after) else None
+        (rows_after - rows_before) if rows_before is not None and rows_after is not None else None
     )
     result = build_result(args, database_url, redis_url, facts, phases, raw, floors)
     out = Path(args.out)

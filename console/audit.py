@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 from audit.models import AuditEvent
 from audit.selectors import audit_events
 from audit.services import export_jsonl, verify_chain
-from console.common import console_view, is_fragment, present
+from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.roles import may
 
 PAGE = 100
@@ -28,7 +28,7 @@ def audit_filters(request: HttpRequest) -> dict[str, str]:
     return {name: request.GET.get(name, "").strip() for name in FILTERS}
 
 
-def audit_context(request: HttpRequest) -> dict:
+def audit_context(request: ConsoleRequest) -> dict:
     filters = audit_filters(request)
     before = request.GET.get("before", "")
     qs = audit_events(
@@ -57,7 +57,7 @@ def audit_context(request: HttpRequest) -> dict:
 
 @console_view
 @require_GET
-def audit_page(request: HttpRequest) -> HttpResponse:
+def audit_page(request: ConsoleRequest) -> HttpResponse:
     ctx = audit_context(request)
     if is_fragment(request):
         return render(request, "audit/list.html#events", ctx)
@@ -87,7 +87,7 @@ def audit_verify(request: HttpRequest) -> HttpResponse:
 
 @console_view
 @require_GET
-def audit_export(request: HttpRequest) -> FileResponse:
+def audit_export(request: ConsoleRequest) -> FileResponse:
     """JSON Lines, one event per line with its hashes (role audit_export). Spooled, so a long chain
     goes to a temporary file instead of memory."""
     if not may(request.roles, "audit_export"):

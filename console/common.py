@@ -14,11 +14,21 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
 
+from core.actors import Actor
 from core.auth import actor_for_user
 from core.roles import may, roles_of
 from runs.models import Run
 from runs.selectors import visible_runs
+
+
+class ConsoleRequest(HttpRequest):
+    """A request inside a console view: HtmxMiddleware set ``htmx``, console_view set the rest."""
+
+    htmx: HtmxDetails
+    roles: frozenset[str]
+    actor: Actor
 
 
 def console_view(view):
@@ -28,7 +38,7 @@ def console_view(view):
     swapping the login form into a fragment."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs):
+    def wrapper(request: ConsoleRequest, *args, **kwargs):
         if not request.user.is_authenticated:
             if getattr(request, "htmx", False):
                 back = urlencode({"next": request.htmx.current_url_abs_path or "/"})
@@ -46,7 +56,7 @@ def console_view(view):
 def is_fragment(request: HttpRequest) -> bool:
     """An htmx swap (not a boosted navigation, not a history restore) gets only the partial."""
     htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted and not htmx.history_restore_request
+    return htmx is not None and bool(htmx) and not htmx.boosted and not htmx.history_restore_request
 
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -9,6 +9,12 @@ core.live.push_run_update sends {"type": "run.changed", "run_id"} to "runs" and 
 committed transition. Bursts (a pause cascading over a tree) are coalesced into one render. A slow
 resync re-renders anyway, for hints lost on the way (or sent by a process on another channel layer,
 as Celery workers are under the embedded in-memory layer).
+
+A socket lives no longer than its login: the session and the user (active, password unchanged, still
+allowed to view) are re-checked before every push and every WS_SESSION_CHECK_S seconds, and at once
+when a logout or an admin change sends "session.check" to the user's group; a failed check closes the
+socket with 4401 (or 4403 when only the role was lost). At most WS_MAX_PER_SESSION sockets per
+session (console/socket_cap.py); one more is refused with 4429.
 """
 
 from __future__ import annotations
@@ -19,24 +25,31 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
-from core.live import RUNS_GROUP, run_group
+from console import socket_cap
+from core.live import RUNS_GROUP, run_group, user_group
 from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
 
-# Close codes (4000-4999 are the application's): the handshake is refused before accept.
-UNAUTHENTICATED, FORBIDDEN, NOT_FOUND = 4401, 4403, 4404
+# Close codes (4000-4999 are the application's): at connect the handshake is refused before accept
+# (the client sees HTTP 403); later, a socket whose login ended is closed with 4401/4403.
+UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_MANY = 4401, 4403, 4404, 4429
 TREE_LIMIT = 200  # groups joined for one run page: the run and its descendants
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
     coalesce_s = 0.15
     resync_s = 30.0
+    _task: asyncio.Task[None] | None
 
     async def connect(self) -> None:
+        self.closed, self.admitted = False, False
         user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
+        session = self.scope.get("session")
+        self.session_key: str = getattr(session, "session_key", None) or ""
+        if user is None or not user.is_authenticated or not self.session_key:
             await self.close(code=UNAUTHENTICATED)
             return
         if not await database_sync_to_async(lambda: may(roles_of(user), "view"))():
@@ -47,19 +60,39 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.joined is None:
             await self.close(code=NOT_FOUND)
             return
+        if not await self._admit():
+            await self.close(code=TOO_MANY)
+            return
+        self.joined.append(user_group(user.pk))
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         self._dirty, self._task = False, None
         await self.accept()
         await self.push()  # (re)connect: re-render from the database
         self._resync = asyncio.create_task(self._resync_loop())
+        self._watch = asyncio.create_task(self._session_loop())
 
     async def disconnect(self, code: int) -> None:
+        self.closed = True
         for group in getattr(self, "joined", None) or []:
             await self.channel_layer.group_discard(group, self.channel_name)
-        for task in (getattr(self, "_task", None), getattr(self, "_resync", None)):
-            if task is not None:
+        for name in ("_task", "_resync", "_watch"):
+            task = getattr(self, name, None)
+            if task is not None and task is not asyncio.current_task():
                 task.cancel()
+        if getattr(self, "admitted", False):
+            try:
+                await socket_cap.release(self.session_key, self.channel_name)
+            except Exception:  # the entry goes stale and stops counting on its own
+                log.warning("could not release the socket slot", exc_info=True)
+
+    async def _admit(self) -> bool:
+        try:
+            self.admitted = await socket_cap.admit(self.session_key, self.channel_name)
+        except Exception:  # Redis down: the console stays usable; the cap is back with Redis
+            log.warning("socket cap unavailable; admitting", exc_info=True)
+            return True
+        return self.admitted
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """The console sends nothing that matters; actions go through the HTTP views."""
@@ -82,13 +115,49 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(self.resync_s)
             await self.run_changed({"run_id": None})
 
+    # -- the login behind the socket -------------------------------------------------------------
+
+    async def session_check(self, event: dict[str, Any]) -> None:
+        """A logout or an admin change for this user: re-check now rather than at the next tick."""
+        await self.still_allowed()
+
+    async def _session_loop(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(settings.WS_SESSION_CHECK_S)
+            if await self.still_allowed() and self.admitted:
+                try:
+                    await socket_cap.refresh(self.session_key, self.channel_name)
+                except Exception:
+                    log.warning("could not refresh the socket slot", exc_info=True)
+
+    async def still_allowed(self) -> bool:
+        """Re-read the session and the user from the database; close the socket if either is gone."""
+        if self.closed:
+            return False
+        try:
+            code, user = await database_sync_to_async(session_verdict)(
+                self.session_key, self.user.pk
+            )
+        except Exception:  # a database hiccup is not a logout; the next check decides
+            log.exception("session check failed for %s", self.scope.get("path"))
+            return True
+        if code is None:
+            self.user = user  # renders see the roles as they are now, not as they were at connect
+            return True
+        if not self.closed:
+            self.closed = True
+            await self.close(code=code)
+        return False
+
     async def push(self) -> None:
+        if not await self.still_allowed():
+            return
         try:
             html = await database_sync_to_async(self.render)()
         except Exception:  # a failed render must not kill the socket; the next hint retries
             log.exception("live render failed for %s", self.scope.get("path"))
             return
-        if html:
+        if html and not self.closed:
             await self.send(text_data=html)
 
     # -- per page --------------------------------------------------------------------------------
@@ -101,6 +170,35 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     def render(self) -> str:
         raise NotImplementedError
+
+
+def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
+    """(None, user) while the session still logs this user in and the user may view; else the close
+    code.
+
+    django.contrib.auth.get_user does what an HTTP request would: the session must exist and not be
+    expired, name this user, carry the hash of their current password, and the user must be active.
+    """
+    from importlib import import_module
+    from types import SimpleNamespace
+
+    from django.contrib.auth import get_user
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # get_user reads only .session
+    if not user.is_authenticated or user.pk != user_id:
+        return UNAUTHENTICATED, None
+    if not may(roles_of(user), "view"):
+        return FORBIDDEN, None
+    return None, user
+
+
+class NotFoundConsumer(AsyncWebsocketConsumer):
+    """Any socket path without a route: a clean close (4404), not an error in the ASGI router."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self.close(code=NOT_FOUND)
 
 
 class RunListConsumer(LiveConsumer):

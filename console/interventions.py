@@ -18,17 +18,26 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.common import console_view, is_fragment, kind_label, present, visible_run_or_404
+from console.common import (
+    ConsoleRequest,
+    console_view,
+    is_fragment,
+    kind_label,
+    present,
+    visible_run_or_404,
+)
 from console.reports import receipt_rest, report_for
 from console.runs import detail_context
 from core.auth import actor_for_user
 from core.errors import Conflict, DomainError, Forbidden, Invalid
+from core.metrics import observe_intervention
 from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions import base
 from interventions.approvals import SATISFIES
 from interventions.contracts import CONTRACT_SPECS, contracts_document
 from interventions.models import Intervention
 from interventions.reconcile import reconcile_effect
+from interventions.registry import redact
 from interventions.selectors import receipt_dict
 from interventions.transfer import FACETS
 from runs.models import Approval, AuthorityGrant, Effect, Run
@@ -120,16 +129,16 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
             data["approval_id"] = str(first.pk)
     if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
         wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
-        first = run.grants.filter(status=wanted).order_by("granted_at").first()
-        if first:
-            data["grant_id"] = str(first.pk)
+        grant = run.grants.filter(status=wanted).order_by("granted_at").first()
+        if grant:
+            data["grant_id"] = str(grant.pk)
     if kind == "transfer" and not data.getlist("facets"):
         data.setlist("facets", ["assignment", "decision_authority"])
     return data
 
 
 def dialog_context(
-    request: HttpRequest, run: Run, req: base.Request, form: QueryDict
+    request: ConsoleRequest, run: Run, req: base.Request, form: QueryDict
 ) -> dict[str, Any]:
     roles, owner = request.roles, run.decision_authority
     not_owner = req.kind in base.OWNER_BOUND and owner is not None and owner.pk != request.user.pk
@@ -139,7 +148,7 @@ def dialog_context(
         or (req.kind == "retry" and may(roles, "override"))
     )
     contract = base.get_contract(req.kind) if req.kind in CONTRACT_SPECS else None
-    ctx = {
+    ctx: dict[str, Any] = {
         "run": run,
         "kind": req.kind,
         "label": kind_label(req.kind),
@@ -173,7 +182,7 @@ def dialog_context(
     return ctx
 
 
-def with_preview(request: HttpRequest, run: Run, req: base.Request, ctx: dict[str, Any]) -> int:
+def with_preview(request: ConsoleRequest, run: Run, req: base.Request, ctx: dict[str, Any]) -> int:
     """Adds the preview (or the domain error it raised) to ctx; returns the HTTP status."""
     try:
         if not may(request.roles, req.kind):
@@ -192,7 +201,7 @@ def with_preview(request: HttpRequest, run: Run, req: base.Request, ctx: dict[st
 
 @console_view
 @require_GET
-def intervention_new(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     """Open the dialog for one kind, with its first preview."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.GET.get("kind", "")
@@ -217,7 +226,7 @@ def intervention_new(request: HttpRequest, run_id: UUID) -> HttpResponse:
 
 @console_view
 @require_POST
-def intervention_preview(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     """Re-preview as the options change (hx-trigger="change" on the form)."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.POST.get("kind", "")
@@ -233,7 +242,7 @@ def intervention_preview(request: HttpRequest, run_id: UUID) -> HttpResponse:
 
 @console_view
 @require_POST
-def intervention_issue(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     """Confirm: one call to interventions.base.issue, then the receipt (and fresh run sections)."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.POST.get("kind", "")
@@ -247,7 +256,8 @@ def intervention_issue(request: HttpRequest, run_id: UUID) -> HttpResponse:
             )
             stale.code = "preview_stale"
             raise stale
-        intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
+        with observe_intervention(req.kind):
+            intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
     except DomainError as err:
         req = _safe_request(kind, request.POST)
         ctx = (
@@ -269,7 +279,9 @@ def _safe_request(kind: str, data: QueryDict) -> base.Request:
         return base.Request(kind=kind, reason="")
 
 
-def receipt_response(request: HttpRequest, intervention: Intervention, origin: str) -> HttpResponse:
+def receipt_response(
+    request: ConsoleRequest, intervention: Intervention, origin: str
+) -> HttpResponse:
     run = Run.objects.select_related("agent", "assignee", "decision_authority").get(
         pk=intervention.run_id
     )
@@ -280,13 +292,13 @@ def receipt_response(request: HttpRequest, intervention: Intervention, origin: s
         "label": kind_label(intervention.kind),
         "receipt": present(receipt_rest(intervention, ctx["rep"])),
     }
-    html = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
+    html: str = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.
     html += out_of_band(request, run, origin)
     return HttpResponse(html)
 
 
-def out_of_band(request: HttpRequest, run: Run, origin: str) -> str:
+def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
     if origin == "inbox":
         return render_to_string(
             "interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
@@ -299,7 +311,7 @@ def out_of_band(request: HttpRequest, run: Run, origin: str) -> str:
 
 @console_view
 @require_GET
-def intervention_job(request: HttpRequest, intervention_id: UUID) -> HttpResponse:
+def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's job status, re-read after every push (and every few seconds while pending)."""
     intervention = Intervention.objects.filter(pk=intervention_id).first()
     if intervention is None:
@@ -323,7 +335,7 @@ def job_context(intervention: Intervention) -> dict[str, Any]:
 
 @console_view
 @require_http_methods(["GET", "POST"])
-def reconcile(request: HttpRequest, effect_id: UUID) -> HttpResponse:
+def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
     effect = Effect.objects.filter(pk=effect_id).select_related("run").first()
     if effect is None:
         raise Http404("no such effect")
@@ -354,6 +366,7 @@ def reconcile(request: HttpRequest, effect_id: UUID) -> HttpResponse:
             external_ref=request.POST.get("external_ref", "").strip()[:200],
             reason=request.POST["reason"].strip(),
             source="operator",
+            override_reason=request.POST.get("override_reason", "").strip()[:2000],
         )
     except DomainError as err:
         ctx["error"] = error_dict(err)
@@ -369,10 +382,11 @@ def reconcile(request: HttpRequest, effect_id: UUID) -> HttpResponse:
 
 
 def inbox_context(actor) -> dict[str, Any]:
-    """Pending approvals this user's roles may decide (required role satisfied, permission to approve)."""
+    """Pending approvals this user's roles may decide (required role satisfied, permission to approve):
+    one row per decision (run + action digest), sensitive args masked by the adapter's redaction."""
     roles = actor.roles
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
-    rows = []
+    rows, seen = [], set()
     if may(roles, "approve") or may(roles, "reject"):
         pending = (
             Approval.objects.filter(
@@ -382,10 +396,13 @@ def inbox_context(actor) -> dict[str, Any]:
             .order_by("deadline", "requested_at")
         )
         for a in pending:
+            if (a.run_id, a.digest) in seen:
+                continue  # the same decision asked twice: it is decided once
+            seen.add((a.run_id, a.digest))
             rows.append(
                 {
                     "a": a,
-                    "args": present(a.args),
+                    "args": present(redact(a.tool, a.args)),
                     "self": actor.label in (a.requested_by, a.run.created_by),
                     "may_approve": may(roles, "approve"),
                     "may_reject": may(roles, "reject"),
@@ -396,7 +413,7 @@ def inbox_context(actor) -> dict[str, Any]:
 
 @console_view
 @require_GET
-def approvals_inbox(request: HttpRequest) -> HttpResponse:
+def approvals_inbox(request: ConsoleRequest) -> HttpResponse:
     ctx = inbox_context(request.actor) | {"nav": "approvals"}
     return render(
         request,
@@ -423,7 +440,7 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
     doc = contracts_document()
     by_state: dict[str, list[dict[str, Any]]] = {s.value: [] for s in State}
     for row in as_table():
-        by_state[row["from"]].append(row)
+        by_state[str(row["from"])].append(row)
     matrix = [
         {"action": action, "cells": [role in roles for role in ROLES]}
         for action, roles in PERMISSIONS.items()

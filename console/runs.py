@@ -13,13 +13,20 @@ from uuid import UUID
 
 from django.contrib.auth import get_user_model
 from django.db.models import Count, Q
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
 from audit.models import AuditEvent
-from console.common import console_view, is_fragment, kind_label, present, visible_run_or_404
+from console.common import (
+    ConsoleRequest,
+    console_view,
+    is_fragment,
+    kind_label,
+    present,
+    visible_run_or_404,
+)
 from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
 from core.roles import may, roles_of
@@ -86,7 +93,7 @@ def list_context(actor, filters: dict[str, Any]) -> dict[str, Any]:
 
 @console_view
 @require_GET
-def run_list(request: HttpRequest) -> HttpResponse:
+def run_list(request: ConsoleRequest) -> HttpResponse:
     ctx = list_context(request.actor, list_filters(request.GET))
     if is_fragment(request):
         return render(request, "runs/list.html#run-live", ctx)
@@ -179,6 +186,7 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "offered": offered_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "effects": effects,
+        "discrepancies": [e for e in effects if e["status"] == "discrepancy"],
         "grants": [{"g": g, "status": g.effective_status()} for g in grants],
         "timeline": [
             {"e": e, "data": present(e.data)}
@@ -210,7 +218,7 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
 
 @console_view
 @require_GET
-def run_page(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_page(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     run = visible_run_or_404(request.actor, run_id)
     ctx = detail_context(run, request.user, request.roles)
     part = request.GET.get("part", "")

@@ -3,6 +3,7 @@ import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
 
 from controlplane.handler import get_asgi_application
 
@@ -11,14 +12,14 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.origin import SameOriginValidator  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
-http_app = django_asgi_app
-if settings.DEBUG:
-    # The console's CSS and vendored htmx under plain `daphne` too, as runserver would. In production
-    # (DEBUG off) serve STATIC_ROOT (manage.py collectstatic) from the proxy in front.
+http_app: ASGIHandler = django_asgi_app  # or the static files handler below, also an ASGIHandler
+if settings.SERVE_STATIC:
+    # The console's CSS and vendored htmx under plain `daphne` too, as runserver would (without DEBUG).
+    # In production serve STATIC_ROOT (manage.py collectstatic) from the proxy in front.
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
     http_app = ASGIStaticFilesHandler(django_asgi_app)
@@ -26,10 +27,8 @@ if settings.DEBUG:
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        # Origin must be one of ALLOWED_HOSTS (no cross-site socket riding the session cookie); the
-        # session identifies the user; the consumer then checks the role.
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # Origin must be this very site, scheme, host and port (no cross-site socket riding the session
+        # cookie); the session identifies the user; the consumer then checks the role.
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

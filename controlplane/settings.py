@@ -8,6 +8,8 @@ settings that `manage.py check --deploy` inspects.
 
 from __future__ import annotations
 
+import ipaddress
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -19,7 +21,14 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
 
 PRODUCTION = env_bool("CONTROLPLANE_PRODUCTION", False)
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+# Off unless asked for: Django's debug page shows settings and local variables to whoever triggers an
+# error. Production refuses it outright rather than trusting a stray DEBUG=1 in an environment file.
+DEBUG = env_bool("DEBUG", False)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG=1 is refused when CONTROLPLANE_PRODUCTION=1")
+# The console's CSS and vendored htmx from the ASGI app itself (controlplane/asgi.py), independent of
+# DEBUG, so the demo and the tests need no debug mode; production serves STATIC_ROOT from the proxy.
+SERVE_STATIC = env_bool("SERVE_STATIC", not PRODUCTION)
 SECRET_KEY = env_str("SECRET_KEY", "" if PRODUCTION else "dev-insecure-only-for-the-embedded-demo")
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set when CONTROLPLANE_PRODUCTION=1")
@@ -39,6 +48,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "channels",
     "pgtrigger",
+    "axes",
     "audit",
     "runs",
     "interventions",
@@ -53,6 +63,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, so it sees the login view's verdict: turns a lockout into django-axes' 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -116,7 +128,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
     # so an early redelivery is harmless; the beat sweeps cover a lost message too).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
     }
     CHANNEL_LAYERS = {
@@ -165,6 +177,25 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
 }
 
+# --- audit anchors (README "Security") --------------------------------------------------------------
+# The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
+# (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
+ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
+ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.DirectorySink")
+ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
+# Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
+ANCHOR_SIGNING_KEY = env_str("ANCHOR_SIGNING_KEY", "")
+ANCHOR_DEMO_KEY_FILE = str(VAR_DIR / "anchor-signing-key.pem")
+# PEM public key files trusted by `audit_verify --anchors`; unset: the signing key's public half.
+ANCHOR_VERIFY_KEYS = env_list("ANCHOR_VERIFY_KEYS", [])
+# Each anchor also signs the history heads of the runs that moved in the last three intervals, up to:
+ANCHOR_MAX_RUNS = env_int("ANCHOR_MAX_RUNS", 2000)
+if ANCHOR_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["audit-anchor"] = {
+        "task": "audit.tasks.write_anchor",
+        "schedule": ANCHOR_INTERVAL_S,
+    }
+
 # --- control-plane behaviour -------------------------------------------------------------------
 LEASE_TTL_S = env_int("LEASE_TTL_S", 30)
 HEARTBEAT_MAX_WAIT_S = env_int("HEARTBEAT_MAX_WAIT_S", 25)
@@ -180,6 +211,36 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "core.throttle.LoginThrottleBackend",  # django-axes: refuses a locked-out username+IP first
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failures for one username from one client
+# IP, that pair is locked out for LOGIN_LOCKOUT_MINUTES (a successful login resets the count). The
+# client IP is core.auth.client_ip, the same the audit records (TRUSTED_PROXIES below).
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "core.auth.client_ip"
+AXES_DISABLE_ACCESS_LOG = True  # successful logins and logouts are in the audit chain instead
+AXES_VERBOSE = False
+# Deleting an attempt in the admin would lift a lockout with nothing in the audit chain: not offered.
+AXES_ENABLE_ADMIN = False
+# Reverse proxies (IPs or CIDRs) whose X-Forwarded-For / X-Forwarded-Proto / X-Request-ID are believed.
+# Empty (the default): the audit's source_ip is the connection's peer and its request_id is generated.
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"TRUSTED_PROXIES: {_exc}") from None
+# Live console sockets: at most this many open per login session; the session and the user are
+# re-checked at every push and at least every WS_SESSION_CHECK_S seconds (logout/deactivation closes).
+WS_MAX_PER_SESSION = env_int("WS_MAX_PER_SESSION", 8)
+WS_SESSION_CHECK_S = env_int("WS_SESSION_CHECK_S", 5)
+# Even with DEBUG=1 the error page must not show connection URLs with their passwords.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "controlplane.debug.SecretSafeReporterFilter"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 SESSION_COOKIE_HTTPONLY = True
@@ -187,6 +248,9 @@ CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the <body hx-headers>,
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# /metrics answers these client addresses (REMOTE_ADDR; X-Forwarded-For can be forged) without a
+# token; any other caller needs the bearer token of an admin (README "Metrics").
+METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", ["127.0.0.1", "::1"])
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -214,5 +278,6 @@ LOGGING = {
         # propagate to ours: every request line of the dev server was printed twice.
         "django": {"handlers": [], "level": env_str("LOG_LEVEL", "INFO"), "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # one INFO line per login; the audit chain has them
     },
 }

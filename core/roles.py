@@ -58,3 +58,13 @@ def primary_role(roles: frozenset[str]) -> str:
         if role in roles:
             return role
     return ""
+
+
+# Roles that can be asked to approve, weakest first: a policy's approver role, and whether an
+# approval's required role is at least as strong as the policy's (runs.services.approvals).
+APPROVING_ROLES = (APPROVER, INCIDENT_COMMANDER, ADMIN)
+
+
+def approver_rank(role: str) -> int:
+    """Position in APPROVING_ROLES; an unknown role ranks above all (only an admin satisfies it)."""
+    return APPROVING_ROLES.index(role) if role in APPROVING_ROLES else len(APPROVING_ROLES)

@@ -17,10 +17,19 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import FieldError, ValidationError
 from django.db import connections, models, router
+from django.db.models.fields.related import RelatedField
 
 M = TypeVar("M", bound=models.Model)
+
+
+def _column(field: models.Field | models.ForeignObjectRel) -> str:
+    """The column a field is stored in; a reverse relation (or a field without a column) has none."""
+    column = None if isinstance(field, models.ForeignObjectRel) else field.column
+    if column is None:
+        raise FieldError(f"{field} has no column: rows only compares concrete columns")
+    return column
 
 
 @lru_cache(maxsize=64)
@@ -38,7 +47,7 @@ def _shape(model: type[models.Model], alias: str) -> tuple[str, tuple[str, ...],
         col = field.get_col(meta.db_table)
         found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
         converters.append((tuple(found), col) if found else None)
-    select = ", ".join(qn(field.column) for field in meta.concrete_fields)
+    select = ", ".join(qn(_column(field)) for field in meta.concrete_fields)
     return select, tuple(field.attname for field in meta.concrete_fields), tuple(converters)
 
 
@@ -54,11 +63,11 @@ def _statement(
     conn = connections[alias]
     qn = conn.ops.quote_name
     meta = model._meta
-    where = " AND ".join(f"{qn(meta.get_field(name).column)} = %s" for name in columns)
+    where = " AND ".join(f"{qn(_column(meta.get_field(name)))} = %s" for name in columns)
     sql = f"SELECT {_shape(model, alias)[0]} FROM {qn(meta.db_table)} WHERE {where}"
     if order_by:
         sql += " ORDER BY " + ", ".join(
-            f"{qn(meta.get_field(name.lstrip('-')).column)} {'DESC' if name.startswith('-') else 'ASC'}"
+            f"{qn(_column(meta.get_field(name.lstrip('-'))))} {'DESC' if name.startswith('-') else 'ASC'}"
             for name in order_by
         )
     if limit is not None:
@@ -88,7 +97,8 @@ def select_rows[M: models.Model](
     params = []
     for name, value in zip(names, equals.values(), strict=False):
         field = meta.get_field(name)
-        target = field.target_field if field.is_relation else field
+        relation = (RelatedField, models.ForeignObjectRel)  # the fields whose is_relation is true
+        target = field.target_field if isinstance(field, relation) else field
         if isinstance(value, models.Model):
             value = value.pk
         try:

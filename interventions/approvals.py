@@ -26,6 +26,7 @@ from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
 from interventions.base import Contract, Request, register, user_for
 from interventions.models import Intervention
+from interventions.registry import redact
 from runs.models import Approval, Run
 from runs.services.common import append_history, apply_transition, lock_run
 from runs.states import Event, transition
@@ -55,7 +56,7 @@ def shown_to_approver(run: Run, approval: Approval) -> dict[str, Any]:
         "approval": str(approval.pk),
         "tool": approval.tool,
         "action": approval.action,
-        "args": approval.args,
+        "args": redact(approval.tool, approval.args),
         "digest": approval.digest,
         "run_goal": run.goal,
         "run": str(run.pk),
@@ -64,6 +65,7 @@ def shown_to_approver(run: Run, approval: Approval) -> dict[str, Any]:
         "request_reason": approval.reason,
         "requested_at": approval.requested_at.isoformat(),
         "required_role": approval.required_role,
+        "policy": approval.policy.spec if approval.policy else None,
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
     }
 

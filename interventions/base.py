@@ -129,7 +129,7 @@ def children_in_scope(run: Run, req: Request, event: Event | None) -> list[dict[
                 "will_change": in_scope and applies,
                 "note": ""
                 if not in_scope
-                else ("" if applies else f"{event.value} does not apply to a {child.state} run"),
+                else ("" if applies else f"{event} does not apply to a {child.state} run"),
             }
         )
     return rows
@@ -190,16 +190,15 @@ def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
     contract = get_contract(req.kind)
     run = Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
     authorize(actor, run, req)
-    allowed = contract.event is None or transition(run.state, contract.event) is not None
+    step = transition(run.state, contract.event) if contract.event else None
+    allowed = contract.event is None or step is not None
     body = contract.preview(run, req, actor)
     return {
         "kind": req.kind,
         "run_id": str(run.pk),
         "state": run.state,
         "allowed": allowed,
-        "next_state": transition(run.state, contract.event).target.value
-        if contract.event and allowed
-        else run.state,
+        "next_state": step.target.value if step else run.state,
         "scope": req.scope,
         **body,
     }

@@ -106,15 +106,22 @@ def _ledger_row(e: Effect) -> dict[str, Any]:
         "external_ref": e.external_ref,
         "declared_at": e.declared_at.isoformat(),
         "compensation_status": e.compensation_status or None,
+        "discrepancy": e.discrepancy if e.status == Effect.DISCREPANCY else None,
     }
 
 
 def build_plan(run: Run) -> dict[str, Any]:
     """Pure read: what a compensation of this run would do now."""
+    # A discrepancy (the world reported committed against a reconciled failed, or the reverse) is
+    # offered too: the world may hold it, and undoing it is what an operator most likely needs.
     committed = Effect.objects.filter(
-        run=run, kind=Effect.ACTION, decision=Effect.AUTHORIZED, status=Effect.COMMITTED
+        run=run,
+        kind=Effect.ACTION,
+        decision=Effect.AUTHORIZED,
+        status__in=(Effect.COMMITTED, Effect.DISCREPANCY),
     ).order_by("-declared_at", "-outcome_at")
-    steps, called_out, skipped = [], [], []
+    steps: list[dict[str, Any]] = []
+    called_out, skipped = [], []
     for e in committed:
         row = _ledger_row(e)
         done_elsewhere = Effect.objects.filter(compensates=e, status=Effect.COMMITTED).exists()
@@ -123,7 +130,7 @@ def build_plan(run: Run) -> dict[str, Any]:
         elif why := _why_not_executable(e):
             called_out.append(row | {"why": why, "irreversible": e.irreversible})
         else:
-            spec = e.compensation
+            spec = e.compensation or {}  # set: _why_not_executable refuses an effect without one
             steps.append(
                 row
                 | {
@@ -324,6 +331,7 @@ def _claim_next_step(plan_id: str, task_id: str, actor: Actor) -> StepClaim | di
         now = timezone.now()
         if (
             step.status == CompensationStep.RUNNING
+            and step.claimed_until is not None
             and step.claimed_until > now
             and not (task_id and task_id == step.claimed_by)
         ):
@@ -494,6 +502,7 @@ def _step_done(
     now,
 ) -> None:
     comp = step.compensation_effect
+    assert comp is not None, "a claimed step has declared its compensation effect"
     comp.status, comp.outcome_at, comp.external_ref, comp.outcome_detail = (
         Effect.COMMITTED,
         now,
@@ -576,7 +585,7 @@ def _step_failed_attempt(run, plan, step, claim, result, actor, now) -> dict[str
         data["retry_in_s"] = delay
     else:
         step.status, step.finished_at, step.claimed_until = CompensationStep.FAILED, now, None
-        _compensation_failed_for_good(step, result, now)
+        _compensation_failed_for_good(run, step, result, actor, now)
     step.save(
         update_fields=[
             "failures",
@@ -608,14 +617,24 @@ def _step_failed_attempt(run, plan, step, claim, result, actor, now) -> dict[str
     )
 
 
-def _compensation_failed_for_good(step: CompensationStep, result: CompensationResult, now) -> None:
+def _compensation_failed_for_good(
+    run: Run, step: CompensationStep, result: CompensationResult, actor: Actor, now
+) -> None:
     # A failure we could not see the end of (no answer) may have committed: record it unknown, so the
     # guard blocks another plan until it is reconciled, instead of risking a second undo.
     comp = step.compensation_effect
+    assert comp is not None, "a claimed step has declared its compensation effect"
     comp.status = Effect.UNKNOWN if result.detail.get("ambiguous") else Effect.FAILED
     comp.outcome_at, comp.outcome_detail = now, {**result.detail, "failures": step.failures}
     comp.save(update_fields=["status", "outcome_at", "outcome_detail"])
     Effect.objects.filter(pk=step.effect_id).update(compensation_status=FAILED)
+    # Every ledger status change has its history event (runs.integrity checks the ledger against it).
+    append_history(
+        run,
+        "effect_outcome",
+        {"effect": str(comp.pk), "status": comp.status, "kind": Effect.COMPENSATION},
+        actor=actor,
+    )
 
 
 def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:

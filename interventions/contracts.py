@@ -84,8 +84,11 @@ CONTRACT_SPECS: dict[str, dict[str, Any]] = {
         "continues": ["everything"],
         "cascade": "this run only",
         "authority": "unchanged",
-        "jobs": ["ask each registered reconciler by idempotency key"],
-        "claims": ["evidence_recorded"],
+        "jobs": [
+            "ask each registered reconciler by idempotency key; 'never seen' is failed only once the "
+            "lease is fenced and the key voided by the adapter, or the commit window passed"
+        ],
+        "claims": ["evidence_recorded", "unknown_until_known", "late_contradiction_is_discrepancy"],
     },
     "compensate": {
         "event": Event.COMPENSATE,
@@ -127,7 +130,14 @@ CONTRACT_SPECS: dict[str, dict[str, Any]] = {
         "cascade": "this run only",
         "authority": "one declaration matching the digest",
         "jobs": [],
-        "claims": ["four_eyes", "digest_bound", "single_use"],
+        "claims": [
+            "four_eyes",
+            "digest_bound",
+            "single_use",
+            "policy_required_by_registration",
+            "policy_role_wins",
+            "superseded_when_the_run_moves_on",
+        ],
     },
     "reject": {
         "event": Event.REJECT,

@@ -3,6 +3,13 @@
 Either an operator records what they found (with evidence), or a registered reconciler asks the
 external system by idempotency key. Retry, resume and recovery refuse to proceed past an unknown
 effect; this is how it becomes known.
+
+Unknown stays unknown until it is known: "the system never saw this key" is not "failed" -- a frozen
+worker may still send the call. ``failed`` is concluded from not-seen only when the world can no
+longer commit the key: the effect's lease is fenced *and* the adapter's by-key void confirmed, or the
+provider's documented commit window (``registry.commit_window``) has passed since the declaration.
+An operator may also settle a ``discrepancy`` (a late outcome contradicting a reconciliation) with
+evidence; it needs the same role and decision authority as the reconcile intervention.
 """
 
 from __future__ import annotations
@@ -17,10 +24,15 @@ from core.actors import Actor, system_actor
 from core.errors import Conflict, Forbidden, Invalid
 from core.roles import may
 from interventions import facts
-from interventions.base import Contract, Request, register
+from interventions.base import Contract, Request, authorize, register
 from interventions.models import Intervention
-from interventions.registry import get_reconciler
-from runs.models import Effect, Run
+from interventions.registry import (
+    ReconcileResult,
+    get_commit_window,
+    get_key_voider,
+    get_reconciler,
+)
+from runs.models import Effect, ExecutionLease, Run
 from runs.services.common import append_history, decision, lock_run, notify_run_changed
 from runs.services.effects import effect_run_id
 from runs.states import LEASED_STATES
@@ -35,6 +47,7 @@ def reconcile_effect(
     external_ref: str = "",
     reason: str = "",
     source: str = "operator",
+    override_reason: str = "",
 ) -> Effect:
     if outcome not in (Effect.COMMITTED, Effect.FAILED):
         raise Invalid("outcome must be committed or failed", field="outcome")
@@ -47,10 +60,19 @@ def reconcile_effect(
     run_id = effect_run_id(effect_id)
     with decision(actor, "effect.reconcile", "effect", effect_id, run_id):
         run = lock_run(run_id)
+        override = {"override": False}
+        if actor.kind == "user":  # exactly the reconcile intervention's role + decision authority
+            override = authorize(
+                actor,
+                run,
+                Request(kind="reconcile", reason=reason, override_reason=override_reason),
+            )
         effect = Effect.objects.select_for_update().get(pk=effect_id)
-        if not effect.unresolved:
+        settles_discrepancy = effect.status == Effect.DISCREPANCY and source == "operator"
+        if not effect.unresolved and not settles_discrepancy:
             raise Conflict(
-                f"effect is already {effect.status}; only in_flight or unknown effects are reconciled",
+                f"effect is already {effect.status}; only in_flight or unknown effects (or a "
+                "discrepancy, by an operator) are reconciled",
                 status=effect.status,
             )
         if (
@@ -97,6 +119,7 @@ def reconcile_effect(
                 "source": source,
                 "idempotency_key": effect.idempotency_key,
                 "unresolved_effects": facts.unresolved_effects(run),
+                **override,
             },
         )
         notify_run_changed(run)
@@ -117,11 +140,13 @@ def auto_reconcile(effect_id: Any, actor: Actor | None = None) -> dict[str, Any]
             "why": f"no reconciler registered for {effect.tool}",
         }
     answer = reconciler(effect.tool, effect.action, effect.idempotency_key)
-    if answer.outcome == "unknown":
+    if answer.outcome == "not_found":
+        answer = _settle_not_found(effect, answer)
+    if answer.outcome in ("unknown", "not_found"):
         return {
             "effect": str(effect.pk),
             "outcome": "unknown",
-            "why": "the external system could not answer",
+            "why": answer.evidence.get("why") or "the external system could not answer",
             "evidence": answer.evidence,
         }
     outcome = Effect.COMMITTED if answer.outcome == "committed" else Effect.FAILED
@@ -153,6 +178,52 @@ def auto_reconcile(effect_id: Any, actor: Actor | None = None) -> dict[str, Any]
         "evidence": evidence,
         "external_ref": answer.external_ref,
     }
+
+
+def lease_fenced(effect: Effect) -> bool:
+    """Can the worker that declared ``effect`` still write as the run's lease holder? Fencing tokens
+    only grow, so once this is True it stays True."""
+    run = Run.objects.get(pk=effect.run_id)
+    if run.fencing_token != effect.fencing_token or run.state not in LEASED_STATES:
+        return True
+    lease = ExecutionLease.objects.filter(run=run, fencing_token=effect.fencing_token).first()
+    return lease is None or not lease.is_live()
+
+
+def _settle_not_found(effect: Effect, answer: ReconcileResult) -> ReconcileResult:
+    """ "Never seen" becomes ``failed`` only if the world can no longer commit the key; else unknown."""
+    seen = {"not_found": answer.evidence}
+    window = get_commit_window(effect.tool)
+    if window is not None:
+        passed = (timezone.now() - effect.declared_at).total_seconds()
+        if passed > window:
+            return ReconcileResult(
+                "failed", evidence={**seen, "commit_window_s": window, "elapsed_s": round(passed)}
+            )
+    # A compensation's key is reused by every retry of its plan step: voiding it would make the
+    # compensation impossible. Its plan settles it by retrying under the same key.
+    if effect.kind == Effect.COMPENSATION:
+        why = "not seen by the external system; the compensation plan retries this key"
+        return ReconcileResult("unknown", evidence={**seen, "why": why})
+    voider = get_key_voider(effect.tool)
+    if voider is not None and lease_fenced(effect):
+        voided = voider(effect.tool, effect.action, effect.idempotency_key)
+        if voided.outcome != "unknown":
+            return ReconcileResult(
+                voided.outcome,
+                external_ref=voided.external_ref,
+                evidence={**seen, "lease_fenced": True, "void": voided.evidence},
+            )
+        seen["void"] = voided.evidence
+    blockers = [
+        "no by-key void is registered"
+        if voider is None
+        else ("the void by key got no answer" if "void" in seen else "the worker's lease is live"),
+    ]
+    if window is not None:
+        blockers.append(f"the {window:g} s commit window has not passed")
+    why = "not seen by the external system, but it may still commit the key: " + "; ".join(blockers)
+    return ReconcileResult("unknown", evidence={**seen, "why": why})
 
 
 @shared_task(acks_late=True)

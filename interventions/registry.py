@@ -10,6 +10,17 @@ back. They do network I/O, so services call them *outside* any database transact
 - ``@reconciler(tool)``: ask the external system whether an idempotency key committed; returns
   :class:`ReconcileResult`.
 - ``@assumption_checker(name)``: re-read a fact a run relied on; returns :class:`AssumptionCheck`.
+- ``@key_voider(tool)``: make the external system refuse an idempotency key for good (a by-key
+  void/cancel); returns :class:`ReconcileResult`: ``failed`` once the key can never commit (voided
+  now or before), ``committed`` if it already had, ``unknown`` if the system could not answer.
+
+And two declarations (plain data):
+
+- ``commit_window(tool, seconds)``: the provider's documented window -- a call under a key is never
+  committed later than this after it was sent. Past it, a key the system never saw is ``failed``.
+- ``redaction(tool, {"card_number": "last4"})``: how sensitive args are shown to people (the inbox,
+  previews, the run page): ``last4`` keeps the last four characters, ``hide`` shows nothing.
+  Stored args are not changed (fingerprints and compensations need them).
 """
 
 from __future__ import annotations
@@ -60,6 +71,8 @@ class AssumptionCheck:
 
 
 Compensator = Callable[[EffectInfo, str], CompensationResult]
+KeyVoider = Callable[[str, str, str], ReconcileResult]  # (tool, action, idempotency_key)
+MASKS = ("last4", "hide")
 Reconciler = Callable[[str, str, str], ReconcileResult]  # (tool, action, idempotency_key)
 AssumptionChecker = Callable[
     [str, Any, dict[str, Any]], AssumptionCheck
@@ -68,6 +81,9 @@ AssumptionChecker = Callable[
 _compensators: dict[tuple[str, str], Compensator] = {}
 _reconcilers: dict[str, Reconciler] = {}
 _checkers: dict[str, AssumptionChecker] = {}
+_voiders: dict[str, KeyVoider] = {}
+_commit_windows: dict[str, float] = {}
+_redactions: dict[str, dict[str, str]] = {}
 _loaded = False
 
 
@@ -95,6 +111,27 @@ def assumption_checker(name: str) -> Callable[[AssumptionChecker], AssumptionChe
     return register
 
 
+def key_voider(tool: str) -> Callable[[KeyVoider], KeyVoider]:
+    def register(fn: KeyVoider) -> KeyVoider:
+        _voiders[tool] = fn
+        return fn
+
+    return register
+
+
+def commit_window(tool: str, seconds: float) -> None:
+    if not seconds > 0:
+        raise ValueError("a commit window is a positive number of seconds")
+    _commit_windows[tool] = float(seconds)
+
+
+def redaction(tool: str, fields: dict[str, str]) -> None:
+    for name, mask in fields.items():
+        if mask not in MASKS:
+            raise ValueError(f"redaction of {tool}.{name}: mask must be one of {MASKS}")
+    _redactions.setdefault(tool, {}).update(fields)
+
+
 def load_adapters() -> None:
     """Import the configured adapter modules once (they register on import)."""
     global _loaded
@@ -120,10 +157,50 @@ def get_assumption_checker(name: str) -> AssumptionChecker | None:
     return _checkers.get(name)
 
 
-def registered() -> dict[str, list[str]]:
+def get_key_voider(tool: str) -> KeyVoider | None:
+    load_adapters()
+    return _voiders.get(tool)
+
+
+def get_commit_window(tool: str) -> float | None:
+    load_adapters()
+    return _commit_windows.get(tool)
+
+
+def _mask(value: Any, mask: str) -> str:
+    if mask == "last4" and isinstance(value, (str, int)) and len(str(value)) > 4:
+        return "•" * 4 + str(value)[-4:]
+    return "•" * 4  # hide, or too short / not a string to keep any of it
+
+
+def redact(tool: str, args: Any) -> Any:
+    """``args`` as people may see them: every field the tool's adapter declared sensitive masked,
+    at any depth (a card number nested in ``payment.card_number`` is still a card number)."""
+    load_adapters()
+    rules = _redactions.get(tool)
+    if not rules:
+        return args
+    return _redact(args, rules)
+
+
+def _redact(node: Any, rules: dict[str, str]) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: _mask(v, rules[k]) if k in rules and v not in (None, "") else _redact(v, rules)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_redact(v, rules) for v in node]
+    return node
+
+
+def registered() -> dict[str, Any]:
     load_adapters()
     return {
         "compensators": sorted(f"{t}:{a}" for t, a in _compensators),
         "reconcilers": sorted(_reconcilers),
         "assumption_checkers": sorted(_checkers),
+        "key_voiders": sorted(_voiders),
+        "commit_windows": dict(sorted(_commit_windows.items())),
+        "redactions": {tool: dict(rules) for tool, rules in sorted(_redactions.items())},
     }

@@ -124,7 +124,7 @@ def check_assumptions(run: Run, reobserve: bool) -> tuple[Check, list[tuple[Assu
                 problem = f"changed: recorded {a.value!r}, now {result.current_value!r}" + (
                     f" ({result.detail})" if result.detail else ""
                 )
-        row = {
+        row: dict[str, Any] = {
             "key": a.key,
             "recorded": a.value,
             "observed_at": a.observed_at.isoformat(),

@@ -99,7 +99,7 @@ def _lease_holder(run: Run) -> dict[str, Any]:
     return {
         "worker": lease.worker if lease else None,
         "live": live,
-        "expires_at": lease.expires_at.isoformat() if live else None,
+        "expires_at": lease.expires_at.isoformat() if lease is not None and live else None,
         "pinned_to": run.execution_pin or None,
     }
 

@@ -24,7 +24,7 @@ class RunChangeBus:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._listener: asyncio.Task | None = None
-        self._ready: asyncio.Event | None = None
+        self._ready = asyncio.Event()  # replaced by a fresh one whenever a listener (re)starts
 
     @property
     def uses_notify(self) -> bool:

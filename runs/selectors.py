@@ -41,10 +41,8 @@ def run_summary(run: Run, unresolved: int | None = None) -> dict[str, Any]:
         "parent_run_id": str(run.parent_id) if run.parent_id else None,
         "attempt": run.attempt_count,
         "fencing_token": run.fencing_token,
-        "assignee": run.assignee.username if run.assignee_id else None,
-        "decision_authority": run.decision_authority.username
-        if run.decision_authority_id
-        else None,
+        "assignee": run.assignee.username if run.assignee else None,
+        "decision_authority": run.decision_authority.username if run.decision_authority else None,
         "created_at": run.created_at.isoformat(),
         "state_changed_at": run.state_changed_at.isoformat(),
         "deadline": run.deadline.isoformat() if run.deadline else None,
@@ -72,7 +70,7 @@ def run_detail(run: Run) -> dict[str, Any]:
                 "failure_class": a.failure_class,
                 "started_at": a.started_at.isoformat(),
                 "ended_at": a.ended_at.isoformat() if a.ended_at else None,
-                "started_from": a.started_from.seq if a.started_from_id else None,
+                "started_from": a.started_from.seq if a.started_from else None,
             }
             for a in run.attempts.select_related("started_from")
         ],

@@ -191,6 +191,14 @@ FINISHED_STATES = frozenset(
     {S.SUCCEEDED, S.FAILED, S.CANCELLED, S.COMPENSATED, S.COMPENSATION_FAILED, S.CLOSED}
 )
 
+# States in which a pending approval can still be decided. Entering any other state supersedes the
+# run's pending approvals (runs.services.common.apply_transition): the run moved on without them.
+APPROVAL_LIVE_STATES = frozenset({S.AWAITING_APPROVAL, S.PAUSING})
+
+# Statuses of an effect in the ledger (runs.models.Effect). ``discrepancy``: a late outcome
+# contradicted a reconciled status; both facts are kept and an operator must look.
+EFFECT_STATUSES = ("in_flight", "committed", "failed", "unknown", "discrepancy", "denied")
+
 # Denial reason for an effect declared while the run is not running.
 DENIAL_BY_STATE: dict[State, str] = {
     S.PAUSING: "run_paused",

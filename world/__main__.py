@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # SIGTERM -> KeyboardInterrupt, so the loop below exits cleanly and closes the database.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    host, port = server.server_address[:2]
+    host, port = server.socket.getsockname()[:2]
     # The "listening" line is what scripts and tests wait for (port 0 picks a free port).
     print(f"world listening on http://{host}:{port} db={args.db}", flush=True)
     try:

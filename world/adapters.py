@@ -19,6 +19,12 @@ reconcilers (inventory, shipping, payments, notifications) -- ``GET /{tool}/by-k
   committed -> "committed" (external_ref = the id the world created), a stored business refusal ->
   "failed", never seen -> "not_found", world down / no answer -> "unknown".
 
+key voiders (every tool) -- ``POST /{tool}/by-key/{key}/void``: the world refuses the key for good
+  ("failed": it can never commit), or says it already committed ("committed") / refused it ("failed").
+  A reconciler's "not_found" becomes ``failed`` only after this (DESIGN §9, unknown until known).
+
+redaction -- payments ``card`` / ``card_number`` are shown masked to the last four digits.
+
 assumption checkers (the assumption key names the sku; ``meta`` tunes the check):
   ``price`` (key ``price:sku-1``; recorded value = the price the run relied on) -- ok while the current
     price is within ``meta["tolerance"]`` (absolute, default 0) or ``meta["tolerance_pct"]`` (percent)
@@ -45,7 +51,9 @@ from interventions.registry import (
     ReconcileResult,
     assumption_checker,
     compensator,
+    key_voider,
     reconciler,
+    redaction,
 )
 
 from .client import DEFAULT_URL, WorldClient, WorldClientError, WorldError, WorldTimeout
@@ -57,6 +65,8 @@ UNDO = {
     ("payments", "charge"): ("refund", "charge_id"),
     ("notifications", "enqueue"): ("cancel", "notification_id"),
 }
+# The action a by-key answer names for a voided key (world.store.VOID_ACTION, over HTTP).
+VOID_ACTION = "void_key"
 # World refusals that a retry can never turn into a success.
 FINAL_ERRORS = {"already_sent", "idempotency_key_reused", "invalid_request"}
 
@@ -142,6 +152,12 @@ def reconcile(tool: str, action: str, idempotency_key: str) -> ReconcileResult:
     evidence = {"source": f"GET /{tool}/by-key/{idempotency_key}", **found}
     if not found.get("found"):
         return ReconcileResult("not_found", evidence=evidence)
+    if found.get("action") == VOID_ACTION:  # voided earlier: nothing can ever commit under it
+        return ReconcileResult("failed", evidence={**evidence, "voided": True})
+    return _known(found, action, evidence)
+
+
+def _known(found: dict[str, Any], action: str, evidence: dict[str, Any]) -> ReconcileResult:
     if found.get("action") != action:
         # The key committed a *different* operation: neither answer is true for this effect.
         return ReconcileResult("unknown", evidence={**evidence, "error": "action_mismatch"})
@@ -153,9 +169,25 @@ def reconcile(tool: str, action: str, idempotency_key: str) -> ReconcileResult:
     return ReconcileResult("failed", evidence=evidence)
 
 
+def void_key(tool: str, action: str, idempotency_key: str) -> ReconcileResult:
+    source = f"POST /{tool}/by-key/{idempotency_key}/void"
+    try:
+        with world_client() as client:
+            answer = client.void_key(tool, idempotency_key)
+    except WorldClientError as exc:
+        error = "timeout" if isinstance(exc, WorldTimeout) else getattr(exc, "error", "unavailable")
+        return ReconcileResult("unknown", evidence={"error": error, "message": str(exc)})
+    evidence = {"source": source, **answer}
+    if answer.get("voided"):
+        return ReconcileResult("failed", evidence=evidence)
+    return _known(answer, action, evidence)  # it happened before the void: report what did
+
+
 def _register_reconcilers() -> None:
     for tool in ("inventory", "shipping", "payments", "notifications"):
         reconciler(tool)(reconcile)
+        key_voider(tool)(void_key)
+    redaction("payments", {"card": "last4", "card_number": "last4"})
 
 
 def _sku(key: str, meta: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ pass their effect's key, compensators the compensation's key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -60,7 +60,7 @@ class WorldClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> WorldClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -177,6 +177,10 @@ class WorldClient:
             if exc.status == 404 and exc.error == "not_found":
                 return {"found": False, "committed": False, "system": system, "key": key}
             raise
+
+    def void_key(self, system: str, key: str) -> Json:
+        """``POST /{system}/by-key/{key}/void``: nothing will ever commit under ``key`` (unless it had)."""
+        return self._call("POST", f"/{system}/by-key/{quote(key, safe='')}/void")
 
     # -- admin ----------------------------------------------------------------------------------
     def set_fault(

@@ -15,7 +15,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 if TYPE_CHECKING:
     from .store import World
@@ -45,6 +45,14 @@ def fingerprint(action: str, body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@overload
+def _str(
+    body: dict[str, Any], name: str, required: Literal[True] = True, default: str | None = None
+) -> str: ...
+@overload
+def _str(
+    body: dict[str, Any], name: str, required: bool, default: str | None = None
+) -> str | None: ...
 def _str(
     body: dict[str, Any], name: str, required: bool = True, default: str | None = None
 ) -> str | None:

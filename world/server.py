@@ -52,7 +52,11 @@ notifications
 every system
   ``GET  /{system}/by-key/{key}`` -> 200 ``{"system","key","action","committed","status_code","result",
        "at"}`` when the key is known (``committed`` false for a stored business refusal), else 404
-       ``{"error":"not_found","committed":false}``. Reconciliation uses this.
+       ``{"error":"not_found","committed":false}``. Reconciliation uses this. A voided key shows
+       ``"action": "void_key"``, ``committed`` false.
+  ``POST /{system}/by-key/{key}/void`` -> 200 ``{"voided": true, "already"}`` if nothing happened under
+       the key: from now on every call under it is refused 409 ``key_voided`` (never committed); else
+       ``{"voided": false, ...by-key answer}``. Reconciliation uses this to make "never seen" final.
 
 Fault injection and test control (``/admin/*``; never faulted, not recorded)
 --------------------------------------------------------------------------
@@ -87,6 +91,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -219,10 +224,13 @@ class Handler(BaseHTTPRequestHandler):
                     "idempotency_key_required",
                     "mutating calls need an Idempotency-Key header (1-255 characters)",
                 )
-            run: Callable[[], Result] = lambda: world.mutate(system, action, body, key)  # noqa: E731
+            run: Callable[[], Result] = partial(world.mutate, system, action, body, key)
         elif method == "GET" and len(parts) == 3 and parts[1] == "by-key":
             action, key = "by_key", parts[2]  # recorded, so a test can see reconciliation asking
             run = lambda: self._by_key(system, parts[2])  # noqa: E731
+        elif method == "POST" and len(parts) == 4 and parts[1] == "by-key" and parts[3] == "void":
+            action, key = "void_key", parts[2]
+            run = lambda: (200, world.void_key(system, parts[2]), False, False)  # noqa: E731
         elif method == "GET" and parts[1:] == ["items"] and system == "inventory":
             action = "list_items"
             run = lambda: (200, {"items": world.items()}, False, False)  # noqa: E731
@@ -234,8 +242,8 @@ class Handler(BaseHTTPRequestHandler):
                 404, {"error": "not_found", "detail": f"no route {method} /{'/'.join(parts)}"}
             )
 
-        fault = world.take_fault(system, action)
-        kind = fault["kind"] if fault else None
+        fault = world.take_fault(system, action) or {}
+        kind = fault.get("kind")
         if kind == "down":
             return self._refuse(
                 system,
@@ -286,7 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.world.record(
             self.command, self.path, system, action, key, body, status, fault=fault
         )
-        payload = {"error": error, "detail": detail}
+        payload: dict[str, Any] = {"error": error, "detail": detail}
         if fault:
             payload["injected"] = True
         self._send(status, payload)

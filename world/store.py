@@ -26,6 +26,7 @@ SEED_ITEMS = [
     ("sku-5", 3.10, 0),
 ]
 FAULT_KINDS = ("timeout", "reject", "slow", "down")
+VOID_ACTION = "void_key"  # the idempotency row of a voided key (never a real action name)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (sku TEXT PRIMARY KEY, price REAL NOT NULL, stock INTEGER NOT NULL);
@@ -126,6 +127,9 @@ class World:
             row = self.conn.execute(
                 "SELECT * FROM idempotency WHERE system=? AND key=?", (system, key)
             ).fetchone()
+            if row is not None and row["action"] == VOID_ACTION:
+                detail = f"key {key!r} was voided in {system}: nothing will ever commit under it"
+                return 409, {"error": "key_voided", "detail": detail}, False, False
             if row is not None:
                 if row["fingerprint"] != fp:
                     return (
@@ -156,6 +160,25 @@ class World:
                 (system, key, action, fp, status, int(committed), json.dumps(result), time.time()),
             )
             return status, {**result, "replayed": False}, committed, False
+
+    def void_key(self, system: str, key: str) -> dict[str, Any]:
+        """Make ``key`` unusable for good unless something already happened under it: a tombstone in
+        the idempotency table, written under the same lock as every mutation, so a call racing the
+        void either committed first (and the answer says so) or is refused with ``key_voided``."""
+        with self.lock, self._tx():
+            row = self.conn.execute(
+                "SELECT * FROM idempotency WHERE system=? AND key=?", (system, key)
+            ).fetchone()
+            if row is None:
+                tombstone = {"error": "key_voided", "idempotency_key": key}
+                self.conn.execute(
+                    "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (system, key, VOID_ACTION, "", 409, 0, json.dumps(tombstone), time.time()),
+                )
+                return {"system": system, "key": key, "voided": True, "already": False}
+            if row["action"] == VOID_ACTION:
+                return {"system": system, "key": key, "voided": True, "already": True}
+        return {"voided": False, **(self.by_key(system, key) or {})}
 
     def by_key(self, system: str, key: str) -> dict[str, Any] | None:
         with self.lock:
@@ -317,7 +340,7 @@ class World:
                 ),
             )
 
-    def requests(self, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+    def requests(self, filters: dict[str, str | None], limit: int) -> list[dict[str, Any]]:
         where, params = [], []
         for column in ("system", "action", "idempotency_key"):
             if filters.get(column):

@@ -1,4 +1,4 @@
-from .agents import Agent, ApiToken
+from .agents import Agent, ApiToken, ApprovalPolicy
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .ledger import AuthorityGrant, Effect
 from .run import Approval, Attempt, ExecutionLease, Run
@@ -7,6 +7,7 @@ __all__ = [
     "Agent",
     "ApiToken",
     "Approval",
+    "ApprovalPolicy",
     "Assumption",
     "Attempt",
     "AuthorityGrant",

@@ -27,6 +27,33 @@ class Agent(models.Model):
         return self.name
 
 
+class ApprovalPolicy(models.Model):
+    """A rule of the agent's registration: a declaration of ``tool:action`` whose args match
+    ``condition`` needs an approval by ``approver_role`` (runs.conditions parses the condition; an
+    empty one matches every call). Written only by runs.services.agents (audited)."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="approval_policies")
+    tool = models.CharField(max_length=100)
+    action = models.CharField(max_length=100, help_text="an action name, or * for every action")
+    condition = models.CharField(max_length=200, blank=True, help_text="e.g. amount>200")
+    approver_role = models.CharField(max_length=50, default="approver")
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["agent", "tool", "action", "id"]
+        verbose_name_plural = "approval policies"
+
+    def __str__(self) -> str:
+        return self.spec
+
+    @property
+    def spec(self) -> str:
+        """The ``--approval`` spelling: ``tool:action [condition] role``."""
+        parts = [f"{self.tool}:{self.action}", self.condition, self.approver_role]
+        return " ".join(p for p in parts if p)
+
+
 class ApiToken(models.Model):
     """A bearer token. Only a SHA-256 of the secret is stored; the prefix lets people tell tokens apart.
 

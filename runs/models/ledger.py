@@ -57,7 +57,10 @@ class Effect(models.Model):
 
     AUTHORIZED, DENIED = "authorized", "denied"
     IN_FLIGHT, COMMITTED, FAILED, UNKNOWN = "in_flight", "committed", "failed", "unknown"
-    STATUSES = [IN_FLIGHT, COMMITTED, FAILED, UNKNOWN, DENIED]
+    # A late outcome contradicted a reconciled status: both facts are kept (``reconciliation`` and
+    # ``discrepancy``) and an operator must look; the compensation plan offers to undo it.
+    DISCREPANCY = "discrepancy"
+    STATUSES = [IN_FLIGHT, COMMITTED, FAILED, UNKNOWN, DISCREPANCY, DENIED]
     UNRESOLVED = (IN_FLIGHT, UNKNOWN)
     ACTION, COMPENSATION = "action", "compensation"
 
@@ -79,7 +82,7 @@ class Effect(models.Model):
     fencing_token = models.BigIntegerField(null=True, blank=True)
     decision = models.CharField(max_length=10)
     denial_reason = models.CharField(max_length=50, blank=True)
-    status = models.CharField(max_length=10)
+    status = models.CharField(max_length=12)
     compensation = models.JSONField(null=True, blank=True)  # {"tool","action","args"} or null
     irreversible = models.BooleanField(default=False)
     compensation_status = models.CharField(
@@ -95,6 +98,8 @@ class Effect(models.Model):
     stale_lease = models.BooleanField(default=False)  # outcome reported with a fenced-out token
     reconciled = models.BooleanField(default=False)
     reconciliation = models.JSONField(null=True, blank=True)  # {outcome, evidence, by, at, source}
+    # The late outcome that contradicted the reconciliation: {reported, reconciled, external_ref, at, ...}
+    discrepancy = models.JSONField(null=True, blank=True)
 
     objects = EffectQuerySet.as_manager()
 
@@ -109,7 +114,14 @@ class Effect(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(
-                    status__in=["in_flight", "committed", "failed", "unknown", "denied"]
+                    status__in=[
+                        "in_flight",
+                        "committed",
+                        "failed",
+                        "unknown",
+                        "discrepancy",
+                        "denied",
+                    ]
                 ),
                 name="effect_status_valid",
             ),

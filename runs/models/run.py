@@ -164,7 +164,9 @@ class ExecutionLease(models.Model):
 
 class Approval(models.Model):
     PENDING, APPROVED, REJECTED, TIMED_OUT = "pending", "approved", "rejected", "timed_out"
-    STATUSES = [PENDING, APPROVED, REJECTED, TIMED_OUT]
+    # The run moved on (cancelled, retried, recovered, a new attempt) before anyone decided.
+    SUPERSEDED = "superseded"
+    STATUSES = [PENDING, APPROVED, REJECTED, TIMED_OUT, SUPERSEDED]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="approvals")
@@ -177,6 +179,10 @@ class Approval(models.Model):
     digest = models.CharField(max_length=64)
     reason = models.TextField(blank=True)
     required_role = models.CharField(max_length=50, default="approver")
+    # The agent's policy that required this approval (its role wins over the worker's), if any.
+    policy = models.ForeignKey(
+        "runs.ApprovalPolicy", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     status = models.CharField(max_length=10, default=PENDING)
     deadline = models.DateTimeField(null=True, blank=True)
     requested_at = models.DateTimeField(default=timezone.now)
@@ -194,7 +200,9 @@ class Approval(models.Model):
         ordering = ["-requested_at"]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(status__in=["pending", "approved", "rejected", "timed_out"]),
+                condition=models.Q(
+                    status__in=["pending", "approved", "rejected", "timed_out", "superseded"]
+                ),
                 name="approval_status_valid",
             ),
         ]

@@ -1,6 +1,6 @@
-"""Who may call the control plane: agents, tokens, users and their roles. The management commands
-and the Django admin call these, so every change (and every refused one) leaves an audit event,
-written in the change's transaction.
+"""Who may call the control plane: tokens, users and their roles (agents: services/agents.py). The
+management commands and the Django admin call these, so every change (and every refused one) leaves
+an audit event, written in the change's transaction.
 
 Plain ``transaction.atomic()`` (not durable): the admin runs each save in its own transaction, and
 the change and its audit event join it.
@@ -23,11 +23,6 @@ from core.actors import Actor
 from core.errors import DomainError, Invalid, NotFound
 from core.roles import ROLES
 from runs.models import Agent, ApiToken
-
-
-def cli_actor() -> Actor:
-    """Whoever runs ``manage.py``: the shell is the only witness, so the component says so."""
-    return Actor(kind="system", name="manage.py", role="system", component="cli")
 
 
 def _audit(actor: Actor, action: str, object_type: str, object_id: Any, **context: Any) -> None:
@@ -57,38 +52,6 @@ def _change(actor: Actor, action: str, object_type: str, object_id: Any) -> Iter
 
 def _roles(user) -> list[str]:
     return sorted(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
-
-
-def check_scopes(scopes: Iterable[str]) -> list[str]:
-    scopes = list(scopes)
-    for scope in scopes:
-        tool, sep, action = scope.partition(":")
-        if not (tool and sep and action):
-            raise Invalid(f"scope {scope!r} must look like tool:action or tool:*", field="scope")
-    return scopes
-
-
-def register_agent(
-    *, actor: Actor, name: str, scopes: Iterable[str], description: str = ""
-) -> tuple[Agent, bool]:
-    """Register an agent, or update its scopes and description. Returns (agent, created)."""
-    with _change(actor, "agent.register", "agent", name):
-        scopes = check_scopes(scopes)
-        before = Agent.objects.select_for_update().filter(name=name).first()
-        agent, created = Agent.objects.update_or_create(
-            name=name, defaults={"allowed_scopes": scopes, "description": description}
-        )
-        was = None if before is None else [before.allowed_scopes, before.description]
-        _audit(
-            actor,
-            "agent.registered" if created else "agent.updated",
-            "agent",
-            agent.name,
-            scopes=scopes,
-            description=description,
-            before=None if was is None else {"scopes": was[0], "description": was[1]},
-        )
-    return agent, created
 
 
 def issue_token(
@@ -176,18 +139,3 @@ def create_user(
         _audit(actor, "user.created", "user", username, staff=staff)
         set_user_roles(actor=actor, user=user, roles=roles)
     return user
-
-
-def save_user(*, actor: Actor, user, changed: Iterable[str], created: bool) -> None:
-    """The admin's user form: the row and an audit event naming the fields that changed."""
-    with _change(actor, "user.save", "user", user.get_username()):
-        user.save()
-        action = "user.created" if created else "user.changed"
-        _audit(actor, action, "user", user.get_username(), fields=sorted(changed))
-
-
-def delete_user(*, actor: Actor, user) -> None:
-    username = user.get_username()
-    with _change(actor, "user.delete", "user", username):
-        user.delete()
-        _audit(actor, "user.deleted", "user", username)

@@ -18,8 +18,17 @@ from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
 from core.live import push_run_update
 from core.rows import select_row
-from runs.models import AuthorityGrant, Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.states import Event, State, transition
+from runs.integrity import history_fields, walk_history
+from runs.models import (
+    Approval,
+    AuthorityGrant,
+    Checkpoint,
+    Effect,
+    ExecutionLease,
+    HistoryEvent,
+    Run,
+)
+from runs.states import APPROVAL_LIVE_STATES, Event, State, transition
 
 NOTIFY_CHANNEL = "cp_runs"
 
@@ -77,36 +86,11 @@ def append_history(
     return event
 
 
-def history_fields(event: HistoryEvent) -> dict[str, Any]:
-    return {
-        "run": str(event.run_id),
-        "seq": event.seq,
-        "kind": event.kind,
-        "attempt": str(event.attempt_id) if event.attempt_id else None,
-        "actor": event.actor,
-        "data": event.data,
-        "created_at": event.created_at,
-    }
-
-
 def verify_history(run: Run) -> dict[str, Any]:
-    """Walk a run's history chain; name the first broken link."""
-    prev, expected = GENESIS, 1
-    for event in HistoryEvent.objects.filter(run=run).order_by("seq"):
-        if event.seq != expected:
-            return {
-                "ok": False,
-                "first_broken_seq": expected,
-                "problem": "deleted" if event.seq > expected else "reordered",
-            }
-        if event.prev_hash != prev:
-            return {"ok": False, "first_broken_seq": event.seq, "problem": "reordered"}
-        if link_hash(event.prev_hash, history_fields(event)) != event.hash:
-            return {"ok": False, "first_broken_seq": event.seq, "problem": "edited"}
-        prev, expected = event.hash, expected + 1
-    if run.history_seq != expected - 1 or (run.history_head or GENESIS) != prev:
-        return {"ok": False, "first_broken_seq": expected, "problem": "deleted"}
-    return {"ok": True, "checked": expected - 1}
+    """Walk a run's history chain against its head; name the first broken link (runs.integrity)."""
+    return walk_history(
+        HistoryEvent.objects.filter(run=run).order_by("seq"), run.history_seq, run.history_head
+    )
 
 
 def latest_checkpoint(run: Run) -> Checkpoint | None:
@@ -190,10 +174,8 @@ def run_snapshot(run: Run) -> dict[str, Any]:
         "checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
         "authority": authority_envelope(run),
         "unresolved_effects": unresolved_effects(run),
-        "assignee": run.assignee.username if run.assignee_id else None,
-        "decision_authority": run.decision_authority.username
-        if run.decision_authority_id
-        else None,
+        "assignee": run.assignee.username if run.assignee else None,
+        "decision_authority": run.decision_authority.username if run.decision_authority else None,
     }
 
 
@@ -250,8 +232,40 @@ def apply_transition(
         reason=reason,
         context=context,
     )
+    if run.state not in APPROVAL_LIVE_STATES:
+        supersede_pending_approvals(run, actor=actor, why=f"run {event.value}: now {run.state}")
     notify_run_changed(run)
     return edge.target
+
+
+def supersede_pending_approvals(run: Run, *, actor: Actor, why: str) -> list[str]:
+    """A run that moved on (cancelled, retried, recovered, a new attempt) no longer waits for the
+    decisions it asked for: each pending approval becomes ``superseded`` (history + audit), can no
+    longer be approved and leaves the inbox. Caller holds the run lock."""
+    pending = list(
+        Approval.objects.filter(run=run, status=Approval.PENDING).values_list("pk", flat=True)
+    )
+    if not pending:
+        return []
+    now = timezone.now()
+    Approval.objects.filter(pk__in=pending, status=Approval.PENDING).update(
+        status=Approval.SUPERSEDED, decided_at=now, decision_reason=why
+    )
+    for approval_id in pending:
+        data = {"approval": str(approval_id), "status": Approval.SUPERSEDED, "why": why}
+        append_history(
+            run, "approval_superseded", data, attempt=run.current_attempt_id, actor=actor
+        )
+        record_audit(
+            actor=actor,
+            action="approval.superseded",
+            object_type="approval",
+            object_id=approval_id,
+            run_id=run.pk,
+            reason=why,
+            context={**data, "run_state": run.state},
+        )
+    return [str(a) for a in pending]
 
 
 @contextmanager

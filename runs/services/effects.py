@@ -24,7 +24,9 @@ from core.rows import select_row, select_rows
 from runs.models import Approval, AuthorityGrant, Effect, Run
 from runs.states import EFFECT_STATES, State, denial_reason
 
+from .approvals import approval_denial
 from .common import append_history, decision, lock_run
+from .discrepancy import record_discrepancy, reported_again
 from .lifecycle import check_fencing
 
 OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
@@ -32,22 +34,6 @@ OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
 
 def fingerprint(tool: str, action: str, args: dict[str, Any]) -> str:
     return hashlib.sha256(canonical({"tool": tool, "action": action, "args": args})).hexdigest()
-
-
-def approval_digest(
-    *, run_id: Any, attempt_id: Any, tool: str, action: str, args: dict[str, Any]
-) -> str:
-    return hashlib.sha256(
-        canonical(
-            {
-                "run": str(run_id),
-                "attempt": str(attempt_id),
-                "tool": tool,
-                "action": action,
-                "args": args,
-            }
-        )
-    ).hexdigest()
 
 
 @dataclass
@@ -85,6 +71,7 @@ def effect_dict(e: Effect) -> dict[str, Any]:
         "stale_lease": e.stale_lease,
         "reconciled": e.reconciled,
         "reconciliation": e.reconciliation,
+        "discrepancy": e.discrepancy,
         "compensates": str(e.compensates_id) if e.compensates_id else None,
     }
 
@@ -106,31 +93,6 @@ def _authority_denial(run: Run, tool: str, action: str, now) -> str | None:
         if status in statuses:
             return f"authority_{status}"
     return "authority_missing"
-
-
-def _approval_denial(
-    run: Run, approval_id: Any, tool: str, action: str, args: dict
-) -> tuple[str | None, Approval | None]:
-    if approval_id:
-        approval = Approval.objects.filter(pk=approval_id, run=run).first()
-        if approval is None or approval.status != Approval.APPROVED:
-            return "approval_not_granted", None
-        if approval.consumed_by_id:
-            return "approval_already_used", None
-        digest = approval_digest(
-            run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
-        )
-        if digest != approval.digest:
-            return "approval_mismatch", None
-        return None, approval
-    # An action that asked for approval may not slip through without citing it -- and one that was
-    # rejected or timed out may not either, unless a newer request was approved and cited.
-    latest = select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",))
-    if latest is not None and latest.consumed_by_id is None:
-        if latest.status in (Approval.PENDING, Approval.APPROVED):
-            return "approval_required", None
-        return f"approval_{latest.status}", None
-    return None, None
 
 
 def declare_effect(
@@ -177,12 +139,22 @@ def declare_effect(
             return _replay(run, actor, existing, fp)
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
         reason = reason or _authority_denial(run, tool, action, now)
-        approval = None
+        approval, detail = None, ""
         if reason is None:
-            reason, approval = _approval_denial(run, approval_id, tool, action, args)
+            reason, approval, detail = approval_denial(run, approval_id, tool, action, args)
         if reason is not None:
             return _deny(
-                run, actor, reason, "", step, tool, action, idempotency_key, fp, args, fencing_token
+                run,
+                actor,
+                reason,
+                detail,
+                step,
+                tool,
+                action,
+                idempotency_key,
+                fp,
+                args,
+                fencing_token,
             )
         effect = Effect.objects.create(
             run=run,
@@ -200,8 +172,12 @@ def declare_effect(
             irreversible=irreversible,
             declared_at=now,
         )
-        if approval is not None:
-            Approval.objects.filter(pk=approval.pk).update(consumed_by=effect)
+        if approval is not None:  # single use: the compare-and-swap makes a second consumer lose
+            used = Approval.objects.filter(pk=approval.pk, consumed_by__isnull=True).update(
+                consumed_by=effect
+            )
+            if used != 1:
+                raise Conflict("the approval was used by another declaration meanwhile")
         append_history(
             run,
             "effect_intent",
@@ -350,13 +326,28 @@ def record_outcome(
             raise Conflict(
                 "a denied declaration has no outcome: nothing was dispatched", status=effect.status
             )
-        if effect.status in (Effect.COMMITTED, Effect.FAILED):
+        now = timezone.now()
+        if effect.status in (Effect.COMMITTED, Effect.FAILED, Effect.DISCREPANCY):
             if effect.status == status and (
                 not external_ref or external_ref == effect.external_ref
             ):
                 return effect  # the same report twice (e.g. an SDK retry)
+            if effect.reconciled and (
+                status == Effect.UNKNOWN or reported_again(effect, status, external_ref)
+            ):
+                return effect  # no news against what is already settled or already contradicted
+            if effect.reconciled and effect.status != Effect.DISCREPANCY:
+                return record_discrepancy(
+                    run,
+                    effect,
+                    actor=actor,
+                    status=status,
+                    external_ref=external_ref,
+                    detail=detail,
+                    fencing_token=fencing_token,
+                    now=now,
+                )
             raise Conflict(f"effect already recorded as {effect.status}", status=effect.status)
-        now = timezone.now()
         effect.stale_lease = (
             fencing_token is None
             or fencing_token != run.fencing_token

@@ -85,6 +85,13 @@ def create_run(
         if actor.is_worker and not actor.may_act_for(agent):
             raise Forbidden(f"this worker token may not act for agent {agent!r}")
         parent = lock_run(parent_run_id) if parent_run_id else None
+        if parent is not None and actor.is_worker and not actor.may_act_for(parent.agent.name):
+            # A child inherits (delegated) authority and the parent's tree: attaching one is acting
+            # on the parent run, so the token must be allowed to act for the parent's agent too.
+            raise Forbidden(
+                f"this worker token may not act for the parent run's agent {parent.agent.name!r}",
+                parent_run_id=str(parent.pk),
+            )
         now = timezone.now()
         run = Run.objects.create(
             agent=agent_row,

@@ -17,8 +17,8 @@ from core.errors import Invalid
 from runs.models import Approval, Assumption, Checkpoint, Run, Timer
 from runs.states import Event
 
+from .approvals import approval_digest, required_policy
 from .common import append_history, apply_transition, decision, lock_run, notify_run_changed
-from .effects import approval_digest
 from .lifecycle import check_fencing
 
 MAX_TIMER_S = 10 * 366 * 24 * 3600  # a timer further out than ten years is a bug, not a plan
@@ -187,27 +187,30 @@ def request_approval(
     deadline_s: int | None = None,
     required_role: str = "approver",
 ) -> Approval:
+    """The worker asks for a decision on one exact action. If the agent's policy requires approval of
+    that action, the policy's approver role wins over ``required_role``. A second request while one is
+    open is refused by the state table (awaiting_approval has no request_approval edge), and a run
+    that moves on supersedes its open requests: one open request per decision."""
     args = args or {}
     with decision(actor, "approval.request", "run", run_id, run_id):
         run = lock_run(run_id)
-        check_fencing(run, fencing_token)
+        lease = check_fencing(run, fencing_token)
+        digest = approval_digest(
+            run_id=run.pk, attempt_id=lease.attempt_id, tool=tool, action=action, args=args
+        )
+        policy = required_policy(run.agent_id, tool, action, args)
         now = timezone.now()
         approval = Approval.objects.create(
             run=run,
-            attempt_id=run.current_attempt_id,
+            attempt_id=lease.attempt_id,  # the fenced lease's attempt: the current one
             requested_by=actor.label,
             tool=tool,
             action=action,
             args=args,
-            digest=approval_digest(
-                run_id=run.pk,
-                attempt_id=run.current_attempt_id,
-                tool=tool,
-                action=action,
-                args=args,
-            ),
+            digest=digest,
             reason=reason,
-            required_role=required_role,
+            required_role=policy.approver_role if policy else required_role,
+            policy=policy,
             requested_at=now,
             deadline=now + timedelta(seconds=deadline_s) if deadline_s else None,
         )
@@ -219,6 +222,9 @@ def request_approval(
                 "tool": tool,
                 "action": action,
                 "digest": approval.digest,
+                "required_role": approval.required_role,
+                "policy": policy.spec if policy else None,
+                "worker_asked_role": required_role,
             },
             attempt=run.current_attempt_id,
             actor=actor,

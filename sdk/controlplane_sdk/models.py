@@ -131,7 +131,9 @@ class Approval:
     """A planned human-in-the-loop decision requested by the run."""
 
     id: str
-    status: str  # pending | approved | rejected | expired (server-defined)
+    # pending | approved | rejected | timed_out | superseded (the run moved on: cancelled, retried,
+    # recovered or a new attempt; it can no longer be decided). Server-defined.
+    status: str
     reason: str | None = None
     decided_by: str | None = None
     raw: JSON = field(default_factory=dict, repr=False)

@@ -198,7 +198,8 @@ def _connect(path: str, headers: list[tuple[bytes, bytes]]):
 @override_settings(CHANNEL_LAYERS=IN_MEMORY_LAYER)
 def test_websocket_rejects_anonymous_bad_origin_and_roleless_users(cast, worker):
     run = start_run(worker)
-    assert _connect(f"/ws/runs/{run['id']}/", [(b"origin", b"http://testserver")]) == (False, 4401)
+    anonymous = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+    assert _connect(f"/ws/runs/{run['id']}/", anonymous) == (False, 4401)
     otto = browser(cast, "otto")
     connected, _ = _connect("/ws/runs/", _session_headers(otto, origin="http://evil.example"))
     assert connected is False

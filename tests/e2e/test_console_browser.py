@@ -42,7 +42,7 @@ CHROMIUM_ARGS = [
 def live_console(postgres_only, tmp_path):
     """daphne serving controlplane.asgi against the test database (committed rows: transaction=True)."""
     procs = Procs(tmp_path)
-    env = server_env(tmp_path, DEBUG="1", LEASE_TTL_S="300")
+    env = server_env(tmp_path, LEASE_TTL_S="300")  # static files without DEBUG (SERVE_STATIC)
     try:
         yield start_daphne(procs, env, ready_path="/accounts/login/")
     finally:

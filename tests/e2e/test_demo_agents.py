@@ -60,12 +60,20 @@ def demo(stack, transactional_db):
     """Agents and a worker token seeded through the ORM, a reset world, and a starter for agent workers."""
     from django.contrib.auth.models import Group, User
 
+    from core.actors import system_actor
     from core.roles import ROLES
-    from runs.management.commands.seed_demo import DEMO_AGENTS
-    from runs.models import Agent, ApiToken
+    from runs.management.commands.seed_demo import DEMO_AGENTS, DEMO_APPROVALS
+    from runs.models import ApiToken
+    from runs.services.agents import register_agent
 
     for name, (scopes, description) in DEMO_AGENTS.items():
-        Agent.objects.create(name=name, allowed_scopes=scopes, description=description)
+        register_agent(
+            actor=system_actor("e2e"),
+            name=name,
+            scopes=scopes,
+            description=description,
+            approvals=DEMO_APPROVALS.get(name, []),
+        )
     _, worker_secret = ApiToken.issue(
         kind=ApiToken.WORKER, name="e2e-agents", agents=list(DEMO_AGENTS)
     )

@@ -26,6 +26,7 @@ from interventions.compensate import (
 )
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.registry import CompensationResult, EffectInfo
+from runs.integrity import verify_ledger
 from runs.models import Effect, Run
 from runs.services.common import verify_history
 from tests.conftest import claim, declare, start_run
@@ -283,6 +284,8 @@ def test_a_step_that_cannot_succeed_fails_and_the_plan_goes_on_partially_failed(
     assert (
         AuditEvent.objects.filter(run_id=run["id"], action="compensation.step_failed").count() == 1
     )
+    # The failed compensation's status change has its history event, like every ledger change.
+    assert verify_ledger()["ok"], verify_ledger()
 
 
 def test_a_second_plan_skips_what_was_compensated_and_retries_a_failure_under_a_fresh_key(

@@ -33,6 +33,7 @@ class FakeWorld:
         self.answer_unknown = False
         self.asked: list[str] = []
         self.compensated: list[str] = []
+        self.voided: list[str] = []
 
     def reconcile(self, tool: str, action: str, key: str) -> ReconcileResult:
         self.asked.append(key)
@@ -44,6 +45,15 @@ class FakeWorld:
             )
         return ReconcileResult("not_found", evidence={"found": False, "key": key})
 
+    def void(self, tool: str, action: str, key: str) -> ReconcileResult:
+        """By-key void: the world refuses the key from now on, unless it already committed it."""
+        if self.answer_unknown:
+            return ReconcileResult("unknown", evidence={"error": "unavailable"})
+        if key in self.committed:
+            return ReconcileResult("committed", external_ref=self.committed[key])
+        self.voided.append(key)
+        return ReconcileResult("failed", evidence={"voided": True, "key": key})
+
     def compensate(self, effect, key: str) -> CompensationResult:
         self.compensated.append(key)
         return CompensationResult(ok=True, external_ref=f"undo-{effect.idempotency_key}")
@@ -52,14 +62,16 @@ class FakeWorld:
 @pytest.fixture
 def world():
     registry.load_adapters()
-    saved = dict(registry._reconcilers), dict(registry._compensators)
+    saved = dict(registry._reconcilers), dict(registry._compensators), dict(registry._voiders)
     fake = FakeWorld()
     for tool in ("inventory", "payments"):
         registry.reconciler(tool)(fake.reconcile)
+        registry.key_voider(tool)(fake.void)
     registry.compensator("inventory", "reserve")(fake.compensate)
     registry.compensator("payments", "charge")(fake.compensate)
     yield fake
-    for live, old in zip((registry._reconcilers, registry._compensators), saved, strict=False):
+    live_maps = (registry._reconcilers, registry._compensators, registry._voiders)
+    for live, old in zip(live_maps, saved, strict=False):
         live.clear()
         live.update(old)
 
@@ -201,7 +213,9 @@ def test_a_charge_the_world_never_saw_is_reconciled_failed_and_runs_again(
     assert job["report"]["rebuilt"]["effects_after_checkpoint"][0]["on_redrive"].startswith(
         "runs again"
     )
-    assert Effect.objects.get(run_id=run["id"], idempotency_key="order-9-charge").status == "failed"
+    charge = Effect.objects.get(run_id=run["id"], idempotency_key="order-9-charge")
+    assert charge.status == "failed" and world.voided == ["order-9-charge"]
+    assert charge.reconciliation["evidence"]["lease_fenced"] is True
 
 
 def test_tampered_history_escalates_to_a_human(worker, world, django_capture_on_commit_callbacks):
@@ -224,6 +238,7 @@ def test_tampered_history_escalates_to_a_human(worker, world, django_capture_on_
         "ok": False,
         "first_broken_seq": victim.seq,
         "problem": "edited",
+        "detail": f"seq {victim.seq}'s stored hash does not match its content",
     }
     assert Run.objects.get(pk=run["id"]).state == "paused"
     assert AuditEvent.objects.filter(run_id=run["id"], action="run.recovery_escalate").exists()

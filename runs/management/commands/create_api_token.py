@@ -1,9 +1,10 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from core.actors import system_actor
 from core.errors import DomainError
 from runs.models import ApiToken
-from runs.services.accounts import cli_actor, issue_token
+from runs.services.accounts import issue_token
 
 
 class Command(BaseCommand):
@@ -19,7 +20,7 @@ class Command(BaseCommand):
             raise CommandError(f"no user {username!r}")
         try:
             token, secret = issue_token(
-                actor=cli_actor(),
+                actor=system_actor("create_api_token", name="manage.py"),
                 kind=ApiToken.OPERATOR,
                 name=name or f"{username}-token",
                 user=user,

@@ -1,8 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from core.actors import system_actor
 from core.errors import DomainError
 from runs.models import ApiToken
-from runs.services.accounts import cli_actor, issue_token
+from runs.services.accounts import issue_token
 
 
 class Command(BaseCommand):
@@ -18,7 +19,10 @@ class Command(BaseCommand):
     def handle(self, *args, name, agent, **opts):
         try:
             token, secret = issue_token(
-                actor=cli_actor(), kind=ApiToken.WORKER, name=name, agents=agent
+                actor=system_actor("create_worker_token", name="manage.py"),
+                kind=ApiToken.WORKER,
+                name=name,
+                agents=agent,
             )
         except DomainError as err:
             raise CommandError(err.detail)

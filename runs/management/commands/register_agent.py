@@ -1,11 +1,15 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from core.errors import DomainError
-from runs.services.accounts import cli_actor, register_agent
+from core.actors import system_actor
+from core.errors import Invalid
+from runs.services.agents import register_agent
 
 
 class Command(BaseCommand):
-    help = "Register (or update) an agent and the authority scopes its runs may hold."
+    help = (
+        "Register (or update) an agent, the authority scopes its runs may hold and its approval "
+        "policies (--approval 'payments:charge amount>200 approver')."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name")
@@ -13,15 +17,29 @@ class Command(BaseCommand):
             "--scope", action="append", default=[], help="tool:action or tool:* (repeatable)"
         )
         parser.add_argument("--description", default="")
+        parser.add_argument(
+            "--approval",
+            action="append",
+            default=None,
+            help="approval policy 'TOOL:ACTION [FIELD OP LITERAL] [ROLE]' (repeatable); given at all, "
+            "it replaces the agent's policies; --no-approvals removes them",
+        )
+        parser.add_argument("--no-approvals", action="store_true")
 
-    def handle(self, *args, name, scope, description, **opts):
+    def handle(self, *args, name, scope, description, approval, no_approvals, **opts):
+        approvals = [] if no_approvals else approval
         try:
             agent, created = register_agent(
-                actor=cli_actor(), name=name, scopes=scope, description=description
+                actor=system_actor("register_agent", name="manage.py"),
+                name=name,
+                scopes=scope,
+                description=description,
+                approvals=approvals,
             )
-        except DomainError as err:
-            raise CommandError(err.detail)
+        except Invalid as err:
+            raise CommandError(err.detail) from None
+        policies = [p.spec for p in agent.approval_policies.all()]
         self.stdout.write(
-            f"{'registered' if created else 'updated'} agent {agent.name} "
-            f"with scopes {', '.join(scope) or '(none)'}"
+            f"{'registered' if created else 'updated'} agent {agent.name} with scopes "
+            f"{', '.join(scope) or '(none)'}; approval policies: {'; '.join(policies) or '(none)'}"
         )

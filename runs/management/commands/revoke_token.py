@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from core.actors import system_actor
 from core.errors import DomainError
-from runs.services.accounts import cli_actor, revoke_token
+from runs.services.accounts import revoke_token
 
 
 class Command(BaseCommand):
@@ -12,7 +13,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, prefix, **opts):
         try:
-            n = revoke_token(actor=cli_actor(), prefix=prefix)
+            n = revoke_token(actor=system_actor("revoke_token", name="manage.py"), prefix=prefix)
         except DomainError as err:
             raise CommandError(err.detail)
         self.stdout.write(f"revoked {n} token(s)")

@@ -1,6 +1,5 @@
 """Seed the demo: role users (logins printed), agents with their scopes, and a worker token for the
-demo agents (written to var/demo-worker-token, mode 600). Idempotent: a second run changes nothing
-and so writes no audit event; every change goes through runs/services/accounts.py."""
+demo agents (written to var/demo-worker-token, mode 600). Idempotent."""
 
 from __future__ import annotations
 
@@ -11,16 +10,11 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand
 
+from core.actors import system_actor
 from core.roles import ROLES
-from runs.models import Agent, ApiToken
-from runs.services.accounts import (
-    cli_actor,
-    create_user,
-    ensure_roles,
-    issue_token,
-    register_agent,
-    set_user_roles,
-)
+from runs.models import ApiToken
+from runs.services.accounts import create_user, ensure_roles, issue_token, set_user_roles
+from runs.services.agents import register_agent
 
 DEMO_AGENTS = {
     "purchasing": (
@@ -37,6 +31,8 @@ DEMO_AGENTS = {
     "address-verifier": (["address:verify"], "child runs: verifies a shipping address"),
     "refunds": (["payments:refund", "notifications:*"], "refunds a charge and tells the customer"),
 }
+# The purchasing agent's big charges need a human, by its registration, whatever the worker asks.
+DEMO_APPROVALS = {"purchasing": ["payments:charge amount>200 approver"]}
 DEMO_USERS = {
     "admin": "admin",
     "vera": "viewer",
@@ -52,26 +48,30 @@ class Command(BaseCommand):
     help = "Seed demo users (one per role), agents and the demo worker token."
 
     def handle(self, *args, **opts):
-        actor = cli_actor()
-        ensure_roles(actor=actor)
+        seeder = system_actor("seed_demo", name="manage.py")
+        ensure_roles(actor=seeder)
         password = os.environ.get("DEMO_PASSWORD", "controlplane-demo")
         for username, role in DEMO_USERS.items():
             user = User.objects.filter(username=username).first()
             if user is None:
                 create_user(
-                    actor=actor,
+                    actor=seeder,
                     username=username,
                     password=password,
                     roles=[role],
                     staff=role == "admin",
                 )
-            elif role not in user.groups.values_list("name", flat=True):
+            elif not user.groups.filter(name=role).exists():
                 roles = {*user.groups.filter(name__in=ROLES).values_list("name", flat=True), role}
-                set_user_roles(actor=actor, user=user, roles=roles)
+                set_user_roles(actor=seeder, user=user, roles=roles)
         for name, (scopes, description) in DEMO_AGENTS.items():
-            agent = Agent.objects.filter(name=name).first()
-            if agent is None or (agent.allowed_scopes, agent.description) != (scopes, description):
-                register_agent(actor=actor, name=name, scopes=scopes, description=description)
+            register_agent(
+                actor=seeder,
+                name=name,
+                scopes=scopes,
+                description=description,
+                approvals=DEMO_APPROVALS.get(name, []),
+            )
         token_file = Path(settings.VAR_DIR) / "demo-worker-token"
         token_file.parent.mkdir(parents=True, exist_ok=True)
         secret = token_file.read_text().strip() if token_file.exists() else ""
@@ -82,7 +82,7 @@ class Command(BaseCommand):
             ).exists()
         ):
             _, secret = issue_token(
-                actor=actor, kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
+                actor=seeder, kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
             )
             token_file.write_text(secret + "\n")
             token_file.chmod(0o600)

@@ -1,9 +1,10 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from core.actors import system_actor
 from core.errors import DomainError
 from core.roles import ROLES
-from runs.services.accounts import cli_actor, set_user_roles
+from runs.services.accounts import set_user_roles
 
 
 class Command(BaseCommand):
@@ -18,7 +19,9 @@ class Command(BaseCommand):
         if user is None:
             raise CommandError(f"no user {username!r}")
         try:
-            before, after = set_user_roles(actor=cli_actor(), user=user, roles=roles)
+            before, after = set_user_roles(
+                actor=system_actor("set_roles", name="manage.py"), user=user, roles=roles
+            )
         except DomainError as err:
             raise CommandError(err.detail)
         self.stdout.write(

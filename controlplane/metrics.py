@@ -1,0 +1,160 @@
+"""``GET /metrics``: Prometheus text exposition (prometheus-client, no Django integration package).
+
+Counts and ages are read from the database at scrape time by :class:`DatabaseCollector` (a handful of
+GROUP BY queries), so every server process answers the same. The one in-process metric is the
+intervention issue latency (core/metrics.py), observed by the edges around ``interventions.base.issue``;
+like the process_* metrics it describes the process that answered the scrape.
+
+Access: a client address in ``METRICS_ALLOW_IPS`` (default: loopback) or an operator's bearer token
+whose user holds the admin role. Anyone else gets 403 (401 for a token that is not valid). A refused
+scrape writes no audit event: it changes nothing, and an unauthenticated caller could otherwise fill
+the audit chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Count, F, Min, Sum
+from django.db.models.functions import Greatest
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from api.auth import TokenAuth
+from core.roles import ADMIN
+from interventions.models import Intervention
+from interventions.models_compensation import CompensationStep
+from runs.models import Effect, Run
+from runs.states import State
+
+
+def _age_s(oldest: datetime | None, now: datetime) -> float:
+    return max((now - oldest).total_seconds(), 0.0) if oldest else 0.0
+
+
+class DatabaseCollector(Collector):
+    """Gauges and counters computed from the database on every scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        yield from self._runs()
+        yield from self._effects(now)
+        yield from self._interventions(now)
+        yield from self._compensation(now)
+
+    def _runs(self) -> Iterator[Metric]:
+        runs = GaugeMetricFamily("controlplane_runs", "Runs by state.", labels=["state"])
+        counts = dict(Run.objects.values_list("state").annotate(n=Count("*")).order_by())
+        for state in State:  # every state, zeros included, so a dashboard's series never vanish
+            runs.add_metric([state.value], counts.get(state.value, 0))
+        yield runs
+
+    def _effects(self, now: datetime) -> Iterator[Metric]:
+        effects = GaugeMetricFamily(
+            "controlplane_effects",
+            "Ledger effects by decision and status.",
+            labels=["decision", "status"],
+        )
+        rows = Effect.objects.values_list("decision", "status").annotate(n=Count("*")).order_by()
+        for decision, status, n in rows:
+            effects.add_metric([decision, status], n)
+        yield effects
+        unknown = Effect.objects.filter(status=Effect.UNKNOWN).aggregate(
+            n=Count("*"), oldest=Min("declared_at")
+        )
+        yield GaugeMetricFamily(
+            "controlplane_effects_unknown_outstanding",
+            "Effects whose outcome is unknown (may have happened): they wait for reconciliation.",
+            value=unknown["n"],
+        )
+        yield GaugeMetricFamily(
+            "controlplane_effects_unknown_oldest_age_seconds",
+            "Age of the oldest effect still unknown (0 when there is none).",
+            value=_age_s(unknown["oldest"], now),
+        )
+
+    def _interventions(self, now: datetime) -> Iterator[Metric]:
+        issued = CounterMetricFamily(
+            "controlplane_interventions",
+            "Interventions recorded, by kind and status.",
+            labels=["kind", "status"],
+        )
+        rows = Intervention.objects.values_list("kind", "status").annotate(n=Count("*")).order_by()
+        for kind, status, n in rows:
+            issued.add_metric([kind, status], n)
+        yield issued
+        pending = Intervention.objects.filter(status=Intervention.PENDING).aggregate(
+            n=Count("*"), oldest=Min("created_at")
+        )
+        yield GaugeMetricFamily(
+            "controlplane_intervention_jobs_pending",
+            "Interventions whose follow-up job has not finished.",
+            value=pending["n"],
+        )
+        yield GaugeMetricFamily(
+            "controlplane_intervention_jobs_oldest_pending_age_seconds",
+            "Age of the oldest intervention still waiting for its job (0 when there is none).",
+            value=_age_s(pending["oldest"], now),
+        )
+
+    def _compensation(self, now: datetime) -> Iterator[Metric]:
+        steps = CompensationStep.objects.filter(status__in=CompensationStep.OPEN)
+        open_ = steps.aggregate(n=Count("*"), oldest=Min("plan__created_at"))
+        yield GaugeMetricFamily(
+            "controlplane_compensation_steps_open",
+            "Compensation steps pending or running (the compensation job queue).",
+            value=open_["n"],
+        )
+        yield GaugeMetricFamily(
+            "controlplane_compensation_steps_oldest_open_age_seconds",
+            "Age of the plan of the oldest open compensation step (0 when there is none).",
+            value=_age_s(open_["oldest"], now),
+        )
+        retries = CompensationStep.objects.aggregate(n=Sum(Greatest(F("attempts") - 1, 0)))["n"]
+        yield CounterMetricFamily(
+            "controlplane_compensation_retries",
+            "Compensator calls beyond each step's first (steps are never deleted, so this only grows).",
+            value=retries or 0,
+        )
+
+
+DATABASE = CollectorRegistry()
+DATABASE.register(DatabaseCollector())
+
+
+def allowed(request: HttpRequest) -> int:
+    """200 if the caller may scrape, else the status to refuse it with (401 bad token, 403 otherwise)."""
+    if request.META.get("REMOTE_ADDR", "") in settings.METRICS_ALLOW_IPS:
+        return 200
+    if not request.headers.get("Authorization"):
+        return 403
+    actor = TokenAuth()(request)  # the API's own token check: revoked tokens are refused there
+    if actor is None:
+        return 401
+    return 200 if not actor.is_worker and ADMIN in actor.roles else 403
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    status = allowed(request)
+    if status != 200:
+        detail = (
+            "invalid token"
+            if status == 401
+            else "metrics need an admin token or an allowed address"
+        )
+        return JsonResponse(
+            {"error": "forbidden" if status == 403 else "unauthenticated", "detail": detail},
+            status=status,
+        )
+    # The process's own registry (process_*, the intervention histogram) and the database's: two
+    # expositions with disjoint names concatenate into one valid document.
+    body = generate_latest(REGISTRY) + generate_latest(DATABASE)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

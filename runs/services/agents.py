@@ -1,0 +1,113 @@
+"""Agent registration: the scopes an agent's runs may hold and the approval policies that bind them.
+
+Every change is one audited transaction (``agent.register``, ``agent.approval_policies``), whether it
+comes from ``manage.py register_agent``, the seed or a test. The admin only shows these rows.
+"""
+
+from __future__ import annotations
+
+from audit.services import record_audit
+from core.actors import Actor
+from core.errors import Invalid
+from runs.conditions import ConditionError, PolicySpec, parse_policy_spec
+from runs.models import Agent, ApprovalPolicy
+
+from .common import decision
+
+
+def parse_scopes(scopes: list[str]) -> list[str]:
+    for s in scopes:
+        tool, sep, action = s.partition(":")
+        if not (tool and sep and action):
+            raise Invalid(f"scope {s!r} must look like tool:action or tool:*", field="scope")
+    return list(scopes)
+
+
+def parse_policies(specs: list[str]) -> list[PolicySpec]:
+    try:
+        return [parse_policy_spec(spec) for spec in specs]
+    except ConditionError as err:
+        raise Invalid(str(err), field="approval") from None
+
+
+def register_agent(
+    *,
+    actor: Actor,
+    name: str,
+    scopes: list[str],
+    description: str = "",
+    approvals: list[str] | None = None,
+) -> tuple[Agent, bool]:
+    """Create or update an agent. ``approvals`` (policy specs, ``tool:action [condition] [role]``):
+    None keeps the agent's policies, a list (even empty) replaces them."""
+    with decision(actor, "agent.register", "agent", name):  # a refusal is audited too
+        scopes = parse_scopes(scopes)
+        policies = parse_policies(approvals) if approvals is not None else None
+        before = Agent.objects.select_for_update().filter(name=name).first()
+        was = (
+            {"scopes": before.allowed_scopes, "description": before.description} if before else None
+        )
+        agent, created = Agent.objects.update_or_create(
+            name=name, defaults={"allowed_scopes": scopes, "description": description}
+        )
+        record_audit(
+            actor=actor,
+            action="agent.register",
+            object_type="agent",
+            object_id=agent.pk,
+            context={
+                "name": name,
+                "before": was,
+                "after": {"scopes": scopes, "description": description},
+            },
+        )
+        if policies is not None:
+            _replace_policies(agent, policies, actor)
+    return agent, created
+
+
+def set_approval_policies(
+    *, actor: Actor, agent: str, approvals: list[str]
+) -> list[ApprovalPolicy]:
+    with decision(actor, "agent.approval_policies", "agent", agent):
+        policies = parse_policies(approvals)
+        row = Agent.objects.select_for_update().filter(name=agent).first()
+        if row is None:
+            raise Invalid(f"agent {agent!r} is not registered", field="agent")
+        return _replace_policies(row, policies, actor)
+
+
+def _replace_policies(
+    agent: Agent, policies: list[PolicySpec], actor: Actor
+) -> list[ApprovalPolicy]:
+    current = list(agent.approval_policies.all())
+    before = [p.spec for p in current]
+    wanted = [
+        ApprovalPolicy(
+            agent=agent,
+            tool=p.tool,
+            action=p.action,
+            condition=p.condition,
+            approver_role=p.approver_role,
+            created_by=actor.label,
+        )
+        for p in policies
+    ]
+    after = [p.spec for p in wanted]
+    if before == after:
+        return current  # unchanged (e.g. the seed run again): keep the rows approvals point at
+    agent.approval_policies.all().delete()
+    rows = [ApprovalPolicy.objects.create(**_fields(p)) for p in wanted]
+    record_audit(
+        actor=actor,
+        action="agent.approval_policies",
+        object_type="agent",
+        object_id=agent.pk,
+        context={"agent": agent.name, "before": before, "after": after},
+    )
+    return rows
+
+
+def _fields(p: ApprovalPolicy) -> dict:
+    names = ("agent", "tool", "action", "condition", "approver_role", "created_by")
+    return {n: getattr(p, n) for n in names}

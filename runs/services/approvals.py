@@ -1,0 +1,113 @@
+"""Approval policy: the agent's registration decides which declarations need a human, not the worker.
+
+``required_policy`` is read inside the declaration's transaction (runs.services.effects): a
+declaration that matches a policy is denied ``approval_required`` unless an approval for exactly that
+action (its digest: run, attempt, tool, action, args) is approved, unconsumed and was decided under a
+role at least as strong as the policy's. The approval is consumed by the effect it authorises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from audit.chain import canonical
+from core.roles import approver_rank
+from core.rows import select_row, select_rows
+from runs.conditions import ConditionError, parse_condition
+from runs.models import Approval, ApprovalPolicy, Run
+
+
+def required_policy(agent_id: Any, tool: str, action: str, args: dict) -> ApprovalPolicy | None:
+    """The strongest policy of the agent that this call matches, or None."""
+    found = None
+    for policy in select_rows(ApprovalPolicy, agent=agent_id, tool=tool):
+        if policy.action not in (action, "*"):
+            continue
+        try:
+            condition = parse_condition(policy.condition)
+        except ConditionError:
+            condition = (
+                None  # stored before validation tightened: an unreadable rule always applies
+            )
+        if condition is not None and not condition.matches(args):
+            continue
+        if found is None or approver_rank(policy.approver_role) > approver_rank(
+            found.approver_role
+        ):
+            found = policy
+    return found
+
+
+def policy_denial(
+    run: Run, policy: ApprovalPolicy, approval_id: Any, digest: str
+) -> tuple[str | None, Approval | None]:
+    """(None, approval to consume) if a fitting approval exists, else (denial reason, None)."""
+    if approval_id:
+        approval = select_row(Approval, pk=approval_id, run=run.pk)
+    else:  # an SDK that does not cite the approval still finds it by the action's digest
+        approval = (
+            Approval.objects.filter(
+                run=run, digest=digest, status=Approval.APPROVED, consumed_by__isnull=True
+            )
+            .order_by("-requested_at")
+            .first()
+        )
+    if approval is None or approval.status != Approval.APPROVED:
+        return "approval_required", None
+    if approval.consumed_by_id:
+        return "approval_already_used", None
+    if approval.digest != digest:
+        return "approval_mismatch", None
+    if approver_rank(approval.required_role) < approver_rank(policy.approver_role):
+        return "approval_role_insufficient", None
+    return None, approval
+
+
+def approval_digest(
+    *, run_id: Any, attempt_id: Any, tool: str, action: str, args: dict[str, Any]
+) -> str:
+    return hashlib.sha256(
+        canonical(
+            {
+                "run": str(run_id),
+                "attempt": str(attempt_id),
+                "tool": tool,
+                "action": action,
+                "args": args,
+            }
+        )
+    ).hexdigest()
+
+
+def approval_denial(
+    run: Run, approval_id: Any, tool: str, action: str, args: dict
+) -> tuple[str | None, Approval | None, str]:
+    """(denial reason or None, the approval to consume, detail). The agent's policy decides first;
+    without one, an approval the worker asked for still binds the action it named."""
+    digest = approval_digest(
+        run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
+    )
+    policy = required_policy(run.agent_id, tool, action, args)
+    if policy is not None:
+        reason, approval = policy_denial(run, policy, approval_id, digest)
+        detail = f"policy '{policy.spec}' requires an approval by {policy.approver_role}"
+        return reason, approval, detail if reason else ""
+    if approval_id:
+        approval = Approval.objects.filter(pk=approval_id, run=run).first()
+        if approval is None or approval.status != Approval.APPROVED:
+            return "approval_not_granted", None, ""
+        if approval.consumed_by_id:
+            return "approval_already_used", None, ""
+        if digest != approval.digest:
+            return "approval_mismatch", None, ""
+        return None, approval, ""
+    # An action that asked for approval may not slip through without citing it -- and one that was
+    # rejected or timed out may not either, unless a newer request was approved and cited.
+    latest = select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",))
+    if latest is not None and latest.consumed_by_id is None:
+        if latest.status in (Approval.PENDING, Approval.APPROVED):
+            return "approval_required", None, ""
+        if latest.status != Approval.SUPERSEDED:
+            return f"approval_{latest.status}", None, ""
+    return None, None, ""

@@ -1,0 +1,115 @@
+"""GET /metrics: a valid Prometheus exposition whose numbers are the database's, for allowed callers only."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from interventions.models import Intervention
+from runs.models import Effect, Run
+from runs.states import State
+from tests.conftest import claim, declare, start_run
+from tests.interventions.helpers import intervene
+
+OUTSIDE = "203.0.113.7"  # TEST-NET-3: not in the default METRICS_ALLOW_IPS
+
+
+def scrape(client: Client, **extra) -> dict[tuple[str, tuple], float]:
+    resp = client.get("/metrics", **extra)
+    assert resp.status_code == 200, resp.content
+    assert resp["Content-Type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(resp.content.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_it_reports_runs_and_effects_as_the_database_holds_them(client, worker, as_user):
+    queued = start_run(worker)
+    running = start_run(worker)
+    token = claim(worker, running["id"])["lease"]["fencing_token"]
+    in_flight = declare(worker, running["id"], token, key="k-in-flight").json()
+    unknown = declare(worker, running["id"], token, key="k-unknown").json()
+    out = worker.post(
+        f"/effects/{unknown['id']}/outcome", {"fencing_token": token, "status": "unknown"}
+    )
+    assert out.status_code == 200, out.content
+    assert intervene(as_user("otto"), queued["id"], "cancel").status_code == 202
+
+    samples = scrape(client)
+
+    runs = Counter(Run.objects.values_list("state", flat=True))
+    for state in State:
+        assert value(samples, "controlplane_runs", state=state.value) == runs[state.value]
+    assert value(samples, "controlplane_runs", state="running") == 1
+    effects = Counter(Effect.objects.values_list("decision", "status"))
+    assert effects[("authorized", "in_flight")] == 1 and effects[("authorized", "unknown")] == 1
+    for (decision, status), n in effects.items():
+        assert value(samples, "controlplane_effects", decision=decision, status=status) == n
+    assert value(samples, "controlplane_effects_unknown_outstanding") == 1
+    assert value(samples, "controlplane_effects_unknown_oldest_age_seconds") >= 0
+    assert in_flight["status"] == "in_flight"
+    cancel = Intervention.objects.get(run_id=queued["id"], kind="cancel")
+    assert (
+        value(samples, "controlplane_interventions_total", kind="cancel", status=cancel.status) == 1
+    )
+    assert value(samples, "controlplane_compensation_steps_open") == 0
+    assert value(samples, "controlplane_compensation_retries_total") == 0
+
+
+def test_it_times_every_intervention_issued_by_kind_and_outcome(client, worker, as_user):
+    run = start_run(worker)
+    claim(worker, run["id"])
+    name = "controlplane_intervention_issue_seconds_count"
+    before = scrape(client)
+    assert intervene(as_user("otto"), run["id"], "pause").status_code == 202
+    refused = intervene(as_user("vera"), run["id"], "cancel")  # a viewer may not cancel
+    assert refused.status_code == 403
+    after = scrape(client)
+    for labels, delta in (
+        ({"kind": "pause", "outcome": "issued"}, 1),
+        ({"kind": "cancel", "outcome": "forbidden"}, 1),
+    ):
+        key = (name, tuple(sorted(labels.items())))
+        assert after[key] - before.get(key, 0.0) == delta
+
+
+def test_an_unknown_kind_does_not_become_a_label(client, worker, as_user):
+    run = start_run(worker)
+    intervene(as_user("otto"), run["id"], "x" * 30)
+    kinds = {dict(k[1]).get("kind") for k in scrape(client) if k[0].startswith("controlplane_int")}
+    assert "x" * 30 not in kinds and "other" in kinds
+
+
+@pytest.mark.parametrize(
+    ("who", "status"),
+    [(None, 403), ("worker", 403), ("otto", 403), ("vera", 403), ("garbage", 401), ("ada", 200)],
+)
+def test_only_an_admin_token_may_scrape_from_outside(client, worker_token, cast, who, status):
+    secret = {"worker": worker_token, "garbage": "cpo_not-a-token", None: None}.get(who)
+    if secret is None and who is not None:
+        secret = cast[who][1]
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    resp = client.get("/metrics", REMOTE_ADDR=OUTSIDE, headers=headers)
+    assert resp.status_code == status, resp.content
+    if status != 200:
+        assert b"controlplane_runs" not in resp.content
+
+
+def test_a_forwarded_for_header_does_not_make_a_caller_local(client, db):
+    resp = client.get("/metrics", REMOTE_ADDR=OUTSIDE, headers={"X-Forwarded-For": "127.0.0.1"})
+    assert resp.status_code == 403
+
+
+def test_metrics_allow_ips_admits_the_listed_address(client, db, settings):
+    settings.METRICS_ALLOW_IPS = [OUTSIDE]
+    assert client.get("/metrics", REMOTE_ADDR=OUTSIDE).status_code == 200
+    assert client.get("/metrics").status_code == 403  # loopback is no longer listed
