@@ -14,7 +14,7 @@ from runs.models import (
     HistoryEvent,
     Run,
 )
-from runs.services.accounts import revoke_token
+from runs.services.accounts import delete_token, revoke_token
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -66,7 +66,7 @@ class ApprovalPolicyAdmin(ReadOnlyAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(ReadOnlyAdmin):
-    """Read-only, with one action: revoke (runs.services.accounts.revoke_token, audited). Tokens are
+    """Read-only, with a revoke action and delete (runs.services.accounts, audited). Tokens are
     issued by create_worker_token / create_api_token, which show the secret once; nothing
     un-revokes one."""
 
@@ -84,9 +84,20 @@ class ApiTokenAdmin(ReadOnlyAdmin):
     exclude = ["token_hash"]
     actions = ["revoke"]
 
+    def has_delete_permission(self, request, obj=None):
+        # Deleting is final like revoking (and a user's deletion takes their tokens with it).
+        return super(ReadOnlyAdmin, self).has_delete_permission(request, obj)
+
+    def delete_model(self, request, obj):
+        delete_token(actor=_actor(request), token_id=obj.pk)
+
+    def delete_queryset(self, request, queryset):
+        for token in queryset:
+            delete_token(actor=_actor(request), token_id=token.pk)
+
     @admin.action(description="Revoke the selected tokens")
     def revoke(self, request, queryset):
-        actor, n = actor_for_user(request.user, request, component="admin"), 0
+        actor, n = _actor(request), 0
         for token in queryset.filter(revoked_at__isnull=True):
             n += revoke_token(actor=actor, token_id=token.pk)
         self.message_user(request, f"revoked {n} token(s)")
@@ -129,3 +140,7 @@ class EffectAdmin(ReadOnlyAdmin):
 
 for model in (Attempt, ExecutionLease, AuthorityGrant, Checkpoint, HistoryEvent, Approval):
     admin.site.register(model, ReadOnlyAdmin)
+
+
+def _actor(request):
+    return actor_for_user(request.user, request, component="admin")

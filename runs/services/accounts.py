@@ -101,6 +101,16 @@ def revoke_token(*, actor: Actor, prefix: str = "", token_id: int | None = None)
     return len(tokens)
 
 
+def delete_token(*, actor: Actor, token_id: int) -> None:
+    """Delete a token row (the admin's delete). Like a revocation it is final, and audited."""
+    with _change(actor, "token.delete", "token", token_id):
+        token = ApiToken.objects.select_for_update().filter(pk=token_id).first()
+        if token is None:
+            raise NotFound(f"no token {token_id}", object="token")
+        token.delete()
+        _audit(actor, "token.deleted", "token", token.prefix, kind=token.kind, name=token.name)
+
+
 def ensure_roles(*, actor: Actor) -> list[str]:
     """Create the role groups that are missing; returns the ones created (audited if any)."""
     with _change(actor, "roles.create", "role", "all"):
