@@ -4,11 +4,9 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0006_approval_policies_discrepancy'),
-        ('runs', '0007_checkpoint_append_only'),
+        ("runs", "0006_approval_policies_discrepancy"),
+        ("runs", "0007_checkpoint_append_only"),
     ]
 
-    operations = [
-    ]
+    operations = []
