@@ -10,10 +10,11 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 .PHONY: run test lint venv browser migrate seed bench check-deploy clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e './sdk[langgraph,openai-agents,mcp]'  # the SDK is its own package (sdk/pyproject.toml)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -25,7 +26,7 @@ migrate: venv  ## apply migrations to the configured database (SQLite by default
 seed: migrate  ## roles, demo users (logins printed), agents and worker tokens
 	$(PY) manage.py seed_demo
 
-run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; Ctrl-C stops all
+run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; restarts what dies; Ctrl-C stops all
 	$(PY) -m demo.supervisor
 
 browser:  ## Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium; no browser downloads)

@@ -95,10 +95,12 @@ def _register_routers() -> None:
     from api.audit import router as audit_router
     from api.interventions import router as interventions_router
     from api.runs import router as runs_router
+    from api.work import router as work_router
 
     api.add_router("", runs_router)
     api.add_router("", audit_router)
     api.add_router("", interventions_router)
+    api.add_router("", work_router)
 
 
 _register_routers()

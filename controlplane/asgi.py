@@ -6,7 +6,9 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
 from controlplane.handler import get_asgi_application
+from controlplane.telemetry import setup_tracing
 
+setup_tracing()  # before the app is built: the Django instrumentation adds a middleware
 # Django first: the routing below imports models.
 django_asgi_app = get_asgi_application()
 

@@ -1,6 +1,6 @@
 """One env-driven settings module.
 
-No configuration: SQLite, the in-memory channel layer and an embedded (filesystem) Celery broker, so
+No configuration: SQLite, the in-memory channel layer and an embedded (SQLite) Celery broker, so
 `make run` works on a fresh machine. DATABASE_URL switches to PostgreSQL (psycopg 3 with a pool),
 REDIS_URL to Redis for Celery and channels-redis. CONTROLPLANE_PRODUCTION=1 turns on the hardened
 settings that `manage.py check --deploy` inspects.
@@ -15,7 +15,9 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from .embedded import embedded_broker_wal
 from .env import env_bool, env_int, env_list, env_str
+from .telemetry import json_formatter
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
@@ -55,6 +57,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "core.middleware.RequestIdsMiddleware",  # the request id on every log line and span
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -140,17 +143,19 @@ if REDIS_URL:
 else:
     if PRODUCTION:
         raise ImproperlyConfigured("REDIS_URL is required when CONTROLPLANE_PRODUCTION=1")
-    _broker = VAR_DIR / "broker"
-    for sub in ("in", "processed"):
-        (_broker / sub).mkdir(parents=True, exist_ok=True)
-    # Embedded broker: kombu's filesystem transport, shared by the web process, worker and beat.
-    CELERY_BROKER_URL = "filesystem://"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker / "in"),
-        "data_folder_out": str(_broker / "in"),
-        "processed_folder": str(_broker / "processed"),
-        "store_processed": False,
-    }
+    # Embedded broker: kombu's SQLAlchemy transport on its own SQLite file, shared by the web
+    # process, the Celery worker and beat. Not kombu's filesystem transport: its reader can pick up a
+    # message file the writer has created but not yet written, and the worker dies on the empty JSON
+    # (celery/kombu#1551) -- `make run` stopped after 21 minutes that way. SQLite serialises the
+    # consumers (kombu takes BEGIN IMMEDIATE before it picks a message) and WAL lets publishers and the
+    # polling worker proceed without "database is locked".
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_PATH = Path(env_str("CELERY_BROKER_PATH", str(VAR_DIR / "celery-broker.sqlite3")))
+    CELERY_BROKER_URL = f"sqlite:///{CELERY_BROKER_PATH}"
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"  # kombu's sqla, see that module
+    # Passed to sqlalchemy.create_engine: wait for a busy broker file instead of failing at once.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"connect_args": {"timeout": 30}}
+    embedded_broker_wal(CELERY_BROKER_PATH)
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_TASK_ACKS_LATE = True
@@ -268,10 +273,19 @@ STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
+# One JSON object per line in production (LOG_FORMAT=json), with the run, attempt, effect,
+# intervention and request ids of the decision being made; plain text for people otherwise.
+LOG_FORMAT = env_str("LOG_FORMAT", "json" if PRODUCTION else "text")
+if LOG_FORMAT not in ("json", "text"):
+    raise ImproperlyConfigured("LOG_FORMAT must be json or text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": json_formatter()} if LOG_FORMAT == "json" else {},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"}
+        | ({"formatter": "json"} if LOG_FORMAT == "json" else {})
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         # Django's default config gives "django" its own console handler (when DEBUG) *and* lets it

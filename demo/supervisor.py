@@ -1,8 +1,19 @@
-"""`make run`: start every process of the demo and stop them all on Ctrl-C.
+"""`make run`: start every process of the demo, restart any that dies, stop them all on Ctrl-C.
 
 ASGI server (console + API) on :8000, a Celery worker and beat, the demo world on :8100, and the demo
-agent fleet. Embedded defaults (SQLite, in-memory channel layer, filesystem broker) unless
+agent fleet. Embedded defaults (SQLite, in-memory channel layer, SQLite Celery broker) unless
 DATABASE_URL / REDIS_URL are set.
+
+Order: the services first; the agents and the traffic once the console and the world answer; Ctrl-C
+stops the agents first (their last calls are heard), then the services. A process that dies after the
+demo is up is restarted with a log line and a backoff (1 s, 2 s, 4 s ... at most ``RESTART_MAX_S``; the
+count starts over once it has stayed up ``RESTART_STABLE_S``) while the others keep running -- so an
+operator can kill an agent and watch the control plane recover its run. A service that dies while the
+demo is still starting (a taken port, a broken install) stops everything instead: restarting would only
+repeat the error.
+
+Why not honcho: it stops every process when one exits, by design (nickstenning/honcho#175; a respawn
+option was never merged, #195), which is exactly the behaviour this supervisor must not have.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,48 +33,30 @@ HOST = os.environ.get("HOST", "127.0.0.1")
 PORT = os.environ.get("PORT", "8000")
 WORLD_PORT = os.environ.get("WORLD_PORT", "8100")
 AGENTS = int(os.environ.get("DEMO_AGENTS", "3"))
+RESTART_MIN_S = float(os.environ.get("DEMO_RESTART_MIN_S", "1"))
+RESTART_MAX_S = float(os.environ.get("DEMO_RESTART_MAX_S", "30"))
+RESTART_STABLE_S = float(os.environ.get("DEMO_RESTART_STABLE_S", "60"))
+PRUNE_EVERY_S = 600
+#: where seed_demo wrote the worker token and where the world keeps its file (settings.VAR_DIR)
+VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR") or ROOT / "var")
 
 
 def processes() -> list[tuple[str, list[str]]]:
+    celery = [PY, "-m", "celery", "-A", "controlplane"]
     procs = [
         ("web", [PY, "manage.py", "runserver", f"{HOST}:{PORT}", "--noreload"]),
         (
             "world",
-            [
-                PY,
-                "-m",
-                "world",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                WORLD_PORT,
-                "--db",
-                "var/world.sqlite3",
-            ],
+            [PY, "-m", "world", "--host", "127.0.0.1", "--port", WORLD_PORT]
+            + ["--db", str(VAR / "world.sqlite3")],
         ),
-        (
-            "celery",
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "-l",
-                "info",
-                "-P",
-                "threads",
-                "-c",
-                "4",
-            ],
-        ),
-        ("beat", [PY, "-m", "celery", "-A", "controlplane", "beat", "-l", "info"]),
+        ("celery", celery + ["worker", "-l", "info", "-P", "threads", "-c", "4"]),
+        ("beat", celery + ["beat", "-l", "info"]),
     ]
-    if (ROOT / "agents").is_dir():
-        procs.append(("traffic", [PY, "-m", "agents.traffic"]))
+    if (ROOT / "demo_agents").is_dir():
+        procs.append(("traffic", [PY, "-m", "demo_agents.traffic"]))
         procs += [
-            (f"agent-{i}", [PY, "-m", "agents.worker", "--name", f"demo-worker-{i}"])
+            (f"agent-{i}", [PY, "-m", "demo_agents.worker", "--name", f"demo-worker-{i}"])
             for i in range(1, AGENTS + 1)
         ]
     return procs
@@ -100,27 +94,44 @@ def wait_ready(urls: list[str], timeout_s: float = 90.0, stopping=lambda: False)
     return not pending
 
 
+def say(text: str) -> None:
+    sys.stdout.write(f"{'supervisor':>10} | {text}\n")
+    sys.stdout.flush()
+
+
 def _pump(name: str, stream) -> None:
     for line in iter(stream.readline, b""):
         sys.stdout.write(f"{name:>10} | {line.decode(errors='replace')}")
         sys.stdout.flush()
 
 
-def main() -> int:
-    env = dict(
-        os.environ,
-        PYTHONUNBUFFERED="1",
-        WORLD_URL=f"http://127.0.0.1:{WORLD_PORT}",
-        CONTROLPLANE_URL=f"http://{HOST}:{PORT}",
-    )
-    token_file = ROOT / "var" / "demo-worker-token"
-    if token_file.exists():
-        env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
-    running: list[tuple[str, subprocess.Popen]] = []
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
 
-    def start(name: str, cmd: list[str]) -> None:
-        proc = subprocess.Popen(
-            cmd,
+
+def backoff_s(failures: int) -> float:
+    """Delay before restart number ``failures`` (1-based) of a process that keeps dying."""
+    return min(RESTART_MAX_S, RESTART_MIN_S * 2 ** max(failures - 1, 0))
+
+
+@dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    failures: int = 0  # deaths in a row, each before it had been up RESTART_STABLE_S
+    restarts: int = 0
+    restart_at: float | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            self.cmd,
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -128,73 +139,152 @@ def main() -> int:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        threading.Thread(target=_pump, args=(name, proc.stdout), daemon=True).start()
-        running.append((name, proc))
+        self.started_at, self.restart_at = time.monotonic(), None
+        threading.Thread(target=_pump, args=(self.name, self.proc.stdout), daemon=True).start()
 
-    stopping = False
+    def exited(self) -> bool:
+        return self.proc is not None and self.restart_at is None and self.proc.poll() is not None
 
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
+    def schedule_restart(self) -> None:
+        """Log the death, clear what the dead process left in its group, pick the restart time."""
+        assert self.proc is not None
+        code = self.proc.returncode
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # helpers it started, if any
+        except (ProcessLookupError, PermissionError):
+            pass
+        up_s = time.monotonic() - self.started_at
+        self.failures = 1 if up_s >= RESTART_STABLE_S else self.failures + 1
+        delay = backoff_s(self.failures)
+        self.restart_at = time.monotonic() + delay
+        say(
+            f"{self.name} (pid {self.proc.pid}) exited with {describe_exit(code)} after {up_s:.0f} s; "
+            f"restarting it in {delay:.0f} s (restart #{self.restarts + 1}); the others keep running"
+        )
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    def restart_if_due(self, env: dict[str, str]) -> None:
+        if self.restart_at is not None and time.monotonic() >= self.restart_at:
+            self.restarts += 1
+            self.start(env)
+            assert self.proc is not None
+            say(f"{self.name} restarted (pid {self.proc.pid}, restart #{self.restarts})")
+
+
+def child_env() -> dict[str, str]:
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        WORLD_URL=f"http://127.0.0.1:{WORLD_PORT}",
+        CONTROLPLANE_URL=f"http://{HOST}:{PORT}",
+    )
+    # The demo agents think at human speed (demo_agents/common.py), so an operator can watch and pause.
+    env.setdefault("DEMO_STEP_SECONDS", "3")
+    env.setdefault("DEMO_DISPATCH_SECONDS", "1.5")
+    token_file = VAR / "demo-worker-token"
+    if token_file.exists():
+        env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
+    return env
+
+
+def _broker_file() -> Path | None:
+    """The embedded Celery broker's SQLite file (controlplane/settings.py), None with REDIS_URL."""
+    if os.environ.get("REDIS_URL"):
+        return None
+    return Path(os.environ.get("CELERY_BROKER_PATH") or VAR / "celery-broker.sqlite3")
+
+
+def prune_broker() -> None:
+    broker = _broker_file()
+    if broker is not None:
+        from controlplane.embedded import prune_consumed
+
+        prune_consumed(broker)
+
+
+def main() -> int:
+    env = child_env()
+    children = [Child(name, cmd) for name, cmd in processes()]
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    prune_broker()
     try:
-        # Services first; the agents and the traffic once the console and the world answer, so the
-        # log does not open with a screen of connection-refused retries.
-        planned = processes()
-        clients = [(n, c) for n, c in planned if is_client(n)]
-        for name, cmd in planned:
-            if not is_client(name):
-                start(name, cmd)
-
-        def crashed() -> bool:
-            return any(p.poll() is not None for _, p in running)
-
-        ready = not clients or wait_ready(
-            [f"http://{HOST}:{PORT}/accounts/login/", f"http://127.0.0.1:{WORLD_PORT}/"],
-            stopping=lambda: stopping or crashed(),
-        )
-        if not (ready or stopping or crashed()):
-            print(
-                "the console or the world did not answer within 90 s; starting the agents anyway",
-                flush=True,
+        if _start_all(children, env, stop):
+            say(
+                f"controlplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)"
             )
-        for name, cmd in clients:
-            if not (
-                stopping or crashed()
-            ):  # a crashed service: the loop below reports it and stops
-                start(name, cmd)
-        print(
-            f"\ncontrolplane console: http://{HOST}:{PORT}/  (logins above; Ctrl-C stops everything)\n",
-            flush=True,
-        )
-        while not stopping:
-            for name, proc in running:
-                if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping everything", flush=True)
-                    stopping = True
-            time.sleep(0.5)
+            _watch(children, env, stop)
     finally:
         # Clients first: the agents finish their current step and release their leases while the
         # control plane and the world are still there to hear it; then the services.
-        _stop([(n, p) for n, p in running if is_client(n)], grace_s=12)
-        _stop([(n, p) for n, p in running if not is_client(n)], grace_s=10)
+        _stop([c.proc for c in children if c.proc and is_client(c.name)], grace_s=12)
+        _stop([c.proc for c in children if c.proc and not is_client(c.name)], grace_s=10)
     return 0
 
 
-def _stop(procs: list[tuple[str, subprocess.Popen]], grace_s: float) -> None:
+def _start_all(children: list[Child], env: dict[str, str], stop: threading.Event) -> bool:
+    """Services, then (once the console and the world answer) the clients. False if a service died
+    while starting (its log says why) or Ctrl-C came first."""
+    services = [c for c in children if not is_client(c.name)]
+    for child in services:
+        child.start(env)
+
+    def dead() -> Child | None:
+        return next((c for c in services if c.proc and c.proc.poll() is not None), None)
+
+    clients = [c for c in children if is_client(c.name)]
+    ready = not clients or wait_ready(
+        [f"http://{HOST}:{PORT}/accounts/login/", f"http://127.0.0.1:{WORLD_PORT}/"],
+        stopping=lambda: stop.is_set() or dead() is not None,
+    )
+    if (failed := dead()) is not None:
+        assert failed.proc is not None
+        say(
+            f"{failed.name} exited with {describe_exit(failed.proc.returncode)} while the demo was "
+            "starting (see its log above); stopping everything"
+        )
+        return False
+    if stop.is_set():
+        return False
+    if not ready:
+        say("the console or the world did not answer within 90 s; starting the agents anyway")
+    for child in clients:
+        child.start(env)
+    return True
+
+
+def _watch(children: list[Child], env: dict[str, str], stop: threading.Event) -> None:
+    """Until Ctrl-C: restart whatever dies, and now and then drop consumed broker messages."""
+    next_prune = time.monotonic() + PRUNE_EVERY_S
+    while not stop.wait(0.5):
+        for child in children:
+            if child.exited():
+                child.schedule_restart()
+            child.restart_if_due(env)
+        if time.monotonic() >= next_prune:
+            next_prune = time.monotonic() + PRUNE_EVERY_S
+            prune_broker()
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM each process group, wait up to ``grace_s`` for all, then SIGKILL what is left."""
-    for _, proc in procs:
+    for proc in procs:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
     deadline = time.time() + grace_s
-    for _, proc in procs:
+    for proc in procs:
         try:
             proc.wait(timeout=max(deadline - time.time(), 0.1))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the process, or what it left in its group
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(timeout=5)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,17 @@ class RunChangeBus:
         self._waiters[run_id].add(event)
         return event
 
+    def subscribe_keys(self, keys: list[str]) -> asyncio.Event:
+        """One event woken by any of ``keys`` (a worker waiting for work of several agents)."""
+        event = asyncio.Event()
+        for key in keys:
+            self._waiters[key].add(event)
+        return event
+
+    def unsubscribe_keys(self, keys: list[str], event: asyncio.Event) -> None:
+        for key in keys:
+            self.unsubscribe(key, event)
+
     def unsubscribe(self, run_id: str, event: asyncio.Event) -> None:
         waiters = self._waiters.get(run_id)
         if waiters is not None:

@@ -70,6 +70,9 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
         ALLOWED_HOSTS="127.0.0.1,localhost",
         PYTHONUNBUFFERED="1",
         CONTROLPLANE_VAR_DIR=str(tmp / "var"),
+        # the demo agents' human-speed pauses (demo_agents/common.py) would only slow the tests down
+        DEMO_STEP_SECONDS="0",
+        DEMO_DISPATCH_SECONDS="0",
     )
     env.update(extra)
     return env

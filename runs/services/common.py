@@ -18,6 +18,7 @@ from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
 from core.live import push_run_update
 from core.rows import select_row
+from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
 from runs.models import (
     Approval,
@@ -29,6 +30,7 @@ from runs.models import (
     Run,
 )
 from runs.states import APPROVAL_LIVE_STATES, Event, State, transition
+from runs.work import work_key
 
 NOTIFY_CHANNEL = "cp_runs"
 
@@ -184,6 +186,8 @@ def notify_run_changed(run: Run) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
+            if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
+                cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, work_key(run.agent_id)])
     transaction.on_commit(lambda: push_run_update(run.pk))
 
 
@@ -277,6 +281,10 @@ def decision(
     Durable: a decision is never a savepoint inside someone else's transaction (its COMMIT is when the
     run lock, the audit-head lock and pg_notify take effect), so opening one inside an atomic block
     is a programming error Django raises on. Test cases' own wrapping transactions are exempt."""
+    ids = {f"{object_type}_id": object_id, "action": action}
+    if run_id is not None:
+        ids["run_id"] = run_id
+    annotate(**ids)
     try:
         with transaction.atomic(durable=True):
             yield

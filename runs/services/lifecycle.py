@@ -22,6 +22,7 @@ from core.errors import (
     NotFound,
 )
 from core.rows import select_row, select_rows
+from core.telemetry import annotate
 from runs.models import (
     Agent,
     Approval,
@@ -106,6 +107,7 @@ def create_run(
             created_at=now,
             updated_at=now,
         )
+        annotate(run_id=run.pk)
         for request in authority or []:
             _grant(run, agent_row, parent, request, actor, now)
         append_history(
@@ -229,6 +231,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             started_from=cp,
             started_at=now,
         )
+        annotate(attempt_id=attempt.pk)
         ttl = lease_ttl()
         lease = ExecutionLease.objects.create(
             run=run,

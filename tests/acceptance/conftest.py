@@ -146,7 +146,9 @@ def live(system, transactional_db):
     procs: Procs = system["procs"]
     started: list[str] = []
 
-    def start_workers(n: int = 1, **extra_env: str) -> list[str]:
+    def start_workers(
+        n: int = 1, agents: str = "purchasing:2,address-verifier:1", **extra_env: str
+    ) -> list[str]:
         env = dict(
             system["env"],
             CONTROLPLANE_URL=system["url"],
@@ -163,7 +165,7 @@ def live(system, transactional_db):
                 [
                     sys.executable,
                     "-m",
-                    "agents.worker",
+                    "demo_agents.worker",
                     "--name",
                     name,
                     "--poll",
@@ -171,12 +173,12 @@ def live(system, transactional_db):
                     "--grace",
                     "2",
                     "--agents",
-                    "purchasing:2,address-verifier:1",
+                    agents,
                 ],
                 env,
             )
             wait_for(
-                f"{name} to start", lambda log=log: "started" in log.read_text(), 20, logs=(log,)
+                f"{name} to start", lambda log=log: "started" in log.read_text(), 60, logs=(log,)
             )
             started.append(name)
             names.append(name)
@@ -190,6 +192,9 @@ def live(system, transactional_db):
             "people": people,
             "start_workers": start_workers,
             "procs": procs,
+            "url": system["url"],
+            "worker_secret": worker_secret,
+            "started": started,
         }
     except BaseException:
         print(procs.logs())

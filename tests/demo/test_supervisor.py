@@ -123,3 +123,32 @@ def test_services_start_first_and_ctrl_c_stops_agents_before_the_services(tmp_pa
         assert ("term", service) in at, at
         for client in ("agent-1", "traffic"):
             assert at[("exit", client)] <= at[("term", service)], (client, service, at)
+
+
+def test_a_service_that_dies_while_the_demo_starts_stops_everything_instead_of_looping(tmp_path):
+    """A taken port or a broken install: restarting would only repeat the error."""
+    child, log = tmp_path / "child.py", tmp_path / "events.log"
+    child.write_text(CHILD)
+    script = SUPERVISOR.replace(
+        '("world", cmd("world", 0))', '("world", [sys.executable, "-c", "raise SystemExit(3)"])'
+    ).replace("while services_up() < 2:", "while not stopping():")  # until the supervisor sees it
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(child), str(log)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    assert "world exited with code 3 while the demo was starting" in proc.stdout
+    assert "restart" not in proc.stdout
+    names = {name for kind, name, _ in _events(log) if kind == "up"}
+    assert "agent-1" not in names and "traffic" not in names  # the clients never started
+
+
+def test_restart_backoff_doubles_up_to_its_cap():
+    from demo.supervisor import RESTART_MAX_S, backoff_s
+
+    assert [backoff_s(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert backoff_s(50) == RESTART_MAX_S == 30

@@ -2,7 +2,7 @@
 demo world, and the control plane's ledger matches the world's request record exactly.
 
 Processes (all started here, all killed in ``finally``): ``daphne`` serving ``controlplane.asgi`` on the
-*test* database, ``python -m world`` on a temporary SQLite file, and ``python -m agents.worker``.
+*test* database, ``python -m world`` on a temporary SQLite file, and ``python -m demo_agents.worker``.
 PostgreSQL only (the server subprocess must see the test database; SQLite's test file would do too,
 but the suite runs on PostgreSQL). No Celery: nothing here needs a background job.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from sdk.controlplane_sdk import Client
+from controlplane_sdk import Client
 from tests.live import Procs, server_env, start_daphne, start_world, wait_for
 from world.client import WorldClient
 
@@ -107,7 +107,7 @@ def demo(stack, transactional_db):
                 [
                     sys.executable,
                     "-m",
-                    "agents.worker",
+                    "demo_agents.worker",
                     "--name",
                     name,
                     "--poll",
@@ -260,7 +260,9 @@ def test_agent_processes_complete_purchases_and_the_ledger_matches_the_world(dem
             ("payments", "charge", "committed"),
             ("notifications", "enqueue", "committed"),
         ]
-        assert all(e["compensation"] for e in effects)
+        # reserve, label, charge can be undone; the customer notification is irreversible
+        assert [bool(e["compensation"]) for e in effects] == [True, True, True, False]
+        assert [e["irreversible"] for e in effects] == [False, False, False, True]
         assert detail["checkpoint"]["step"] == "notify"
         assert detail["checkpoint"]["state"]["charge_id"] == effects[2]["external_ref"]
         # the delegated child ran on some worker and succeeded with the delegated grant only
@@ -299,7 +301,7 @@ def test_agent_processes_complete_purchases_and_the_ledger_matches_the_world(dem
     refund_effects = client.list_effects(refund["id"])
     assert [(e["tool"], e["action"], e["irreversible"]) for e in refund_effects] == [
         ("payments", "refund", True),
-        ("notifications", "enqueue", False),
+        ("notifications", "enqueue", True),
     ]
 
     # the ledger and the world agree exactly: same keys, one committed call each, nothing extra
@@ -380,7 +382,7 @@ def test_ambiguous_charge_timeout_leaves_unknown_effect_that_reconciliation_reso
 
 @pytest.mark.django_db(transaction=True)
 def test_traffic_generator_produces_a_mix_that_worker_processes_handle(demo):
-    """``python -m agents.traffic`` creates runs with the worker token; the workers take them to an end
+    """``python -m demo_agents.traffic`` creates runs with the worker token; the workers take them to an end
     state (or to a human approval), and stop cleanly on SIGTERM even with a run waiting for approval."""
     from runs.models import Run
 
@@ -390,7 +392,7 @@ def test_traffic_generator_produces_a_mix_that_worker_processes_handle(demo):
         [
             sys.executable,
             "-m",
-            "agents.traffic",
+            "demo_agents.traffic",
             "--count",
             "8",
             "--interval",

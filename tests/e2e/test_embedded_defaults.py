@@ -1,4 +1,4 @@
-"""`make run` uses the embedded defaults (SQLite, in-memory channel layer, filesystem broker) while the
+"""`make run` uses the embedded defaults (SQLite, in-memory channel layer, SQLite Celery broker) while the
 suite runs on PostgreSQL. So the protocol and intervention tests are run once more, in a child pytest,
 on SQLite: vendor-specific SQL on a hot path must not break the newcomer's demo."""
 

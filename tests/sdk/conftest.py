@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sdk.controlplane_sdk import Client, Worker
+from controlplane_sdk import Client, Worker
 
 RUN = "r1"
 LEASE = "l1"

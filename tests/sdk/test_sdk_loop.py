@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from sdk.controlplane_sdk import RunContext, RunSummary, run_agent_loop
+from controlplane_sdk import RunContext, RunSummary, run_agent_loop
 
 if TYPE_CHECKING:
     from tests.sdk.conftest import FakeServer
@@ -248,3 +248,30 @@ def test_max_runs(server: FakeServer, client) -> None:
     server.on("GET", "/runs", (200, [{"id": "r1"}]))
     out = loop(client, lambda ctx: None, max_runs=2, exit_when_idle=False)
     assert [s.run_id for s in out] == ["r1", "r1"]
+
+
+def test_the_loop_long_polls_for_work_instead_of_listing_runs(server: FakeServer) -> None:
+    from controlplane_sdk import Client
+
+    claimed = {
+        "run_id": "r9",
+        "attempt": {"id": "a9", "number": 1},
+        "lease": {
+            "id": "l9",
+            "fencing_token": 1,
+            "expires_at": "2030-01-01T00:00:00Z",
+            "ttl_s": 30,
+        },
+        "checkpoint": None,
+        "directive": "continue",
+    }
+    server.on("POST", "/work/claim", (200, {"claim": claimed}), (200, {"claim": None}))
+    client = Client("http://cp.test", "t", transport=httpx.MockTransport(server.handler))
+    ran: list[str] = []
+    summaries = run_agent_loop(
+        client, "purchasing", "w", lambda ctx: ran.append(ctx.run_id), exit_when_idle=True
+    )
+    assert ran == ["r9"] and [s.outcome for s in summaries] == ["succeeded"]
+    asks = server.bodies("POST", "/work/claim")
+    assert asks[0]["agents"] == ["purchasing"] and asks[0]["worker"] == "w"
+    assert server.calls("GET", "/runs") == []  # no list polling

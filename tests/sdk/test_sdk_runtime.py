@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sdk.controlplane_sdk import (
+from controlplane_sdk import (
     CancelRequested,
     DirectiveInterrupt,
     LeaseLost,

@@ -30,6 +30,14 @@ DEMO_AGENTS = {
     ),
     "address-verifier": (["address:verify"], "child runs: verifies a shipping address"),
     "refunds": (["payments:refund", "notifications:*"], "refunds a charge and tells the customer"),
+    "lg-purchasing": (
+        ["inventory:*", "payments:charge", "payments:refund", "notifications:*"],
+        "the purchase as a LangGraph graph (governed by the LangGraph adapter)",
+    ),
+    "oa-purchasing": (
+        ["inventory:*", "payments:charge", "payments:refund", "notifications:*"],
+        "the purchase as an OpenAI Agents SDK agent (governed by its adapter)",
+    ),
 }
 # The purchasing agent's big charges need a human, by its registration, whatever the worker asks.
 DEMO_APPROVALS = {"purchasing": ["payments:charge amount>200 approver"]}

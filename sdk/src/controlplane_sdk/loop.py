@@ -42,12 +42,14 @@ from .errors import (
     DirectiveInterrupt,
     EffectDenied,
     LeaseLost,
+    NotFound,
     OutcomeNotRecorded,
     PauseRequested,
     ServerUnreachable,
     StopRequested,
 )
 from .runtime import RunContext, Worker
+from .tracing import run_trace
 
 __all__ = ["run_agent_loop", "run_one", "RunSummary", "classify_failure"]
 
@@ -100,7 +102,7 @@ def run_one(ctx: RunContext, run_fn: RunFn) -> RunSummary:
     def summary(outcome: str, detail: str = "") -> RunSummary:
         return RunSummary(ctx.run_id, ctx.attempt.id, outcome, detail)
 
-    with ctx:
+    with ctx, run_trace(ctx.run_id):
         try:
             try:
                 ctx.check_directive()
@@ -162,8 +164,12 @@ def run_agent_loop(
     heartbeat_interval: float | None = None,
     states: tuple[str, ...] = ("queued",),
     on_summary: Callable[[RunSummary], None] | None = None,
+    long_poll_s: float = 5.0,
 ) -> list[RunSummary]:
-    """Poll for this agent's queued runs and execute them one at a time until stopped.
+    """Wait for this agent's queued runs and execute them one at a time until stopped.
+
+    Work is long-polled (``long_poll_s`` per request, so a stop is heard within that long) from
+    ``/work/claim``; against a server without it, runs are listed every ``poll_interval``.
 
     Stops when ``stop_event`` is set, after ``max_runs`` claimed runs, or (``exit_when_idle``) when a
     poll finds nothing to claim. Returns the summaries of the runs it handled. A control plane that is
@@ -174,7 +180,34 @@ def run_agent_loop(
     )
     stop = stop_event or threading.Event()
     done: list[RunSummary] = []
+
+    def handle(ctx: RunContext) -> None:
+        s = run_one(ctx, run_fn)
+        log.info("run %s attempt %s: %s %s", s.run_id, s.attempt_id, s.outcome, s.detail)
+        done.append(s)
+        if on_summary:
+            on_summary(s)
+
+    # Long-poll for work (one request waits until a run is claimable) where the server offers it;
+    # list-and-claim every ``poll_interval`` against older servers or for states other than queued.
+    long_poll = states == ("queued",)
     while not stop.is_set() and (max_runs is None or len(done) < max_runs):
+        if long_poll:
+            try:
+                ctx = worker.claim_next(wait_s=0 if exit_when_idle else long_poll_s)
+            except NotFound:
+                log.info("no /work/claim on this server: listing runs every %ss", poll_interval)
+                long_poll = False
+                continue
+            except ControlPlaneError as err:
+                log.warning("asking for work failed: %s", err)
+                stop.wait(poll_interval)
+                continue
+            if ctx is not None:
+                handle(ctx)
+            elif exit_when_idle:
+                break
+            continue
         claimed = False
         try:
             candidates = [r for s in states for r in worker.queued_runs(s)]
@@ -192,11 +225,7 @@ def run_agent_loop(
             except ControlPlaneError as err:
                 log.warning("claim of run %s failed: %s", run.get("id"), err)
                 continue
-            s = run_one(ctx, run_fn)
-            log.info("run %s attempt %s: %s %s", s.run_id, s.attempt_id, s.outcome, s.detail)
-            done.append(s)
-            if on_summary:
-                on_summary(s)
+            handle(ctx)
             claimed = True
             break  # re-list: states change while we work
         if not claimed:

@@ -12,7 +12,14 @@ Environment (all optional):
 ``APPROVAL_THRESHOLD``     purchases above this amount need a human approval (default 200)
 ``APPROVAL_DEADLINE_S``    deadline of such an approval (default 900 s)
 ``CHILD_TIMEOUT_S``        how long a purchase waits for its address check (default 120 s)
+``DEMO_STEP_SECONDS``      how long an agent "thinks" before each step, like an LLM agent would
+                           (default 3 s, jittered 0.5-1.5x; 0 in the tests)
+``DEMO_DISPATCH_SECONDS``  how long a declared effect stays in flight before the world is called
+                           (default 1.5 s, jittered 0.5-1.5x; 0 in the tests)
 =========================  ===================================================================
+
+The two DEMO_* delays exist so that an operator watching `make run` can open a run, see an effect in
+flight and pause the run before it is over; they are not part of any protocol.
 
 Outcome mapping (the point of the demo, see ``world.client``): a :class:`~world.client.WorldTimeout`
 (sent, no answer: it may have committed) is recorded ``unknown`` -- recovery reconciles it with the
@@ -25,13 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sdk.controlplane_sdk import EffectAlreadyFailed, EffectScope, EffectUnresolved, RunContext
+from controlplane_sdk import EffectAlreadyFailed, EffectScope, EffectUnresolved, RunContext
 from world.client import WorldClient, WorldError, WorldTimeout, WorldUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +96,19 @@ def controlplane_token() -> str:
 
 def world_url() -> str:
     return os.environ.get("WORLD_URL") or "http://127.0.0.1:8100"
+
+
+def _human_delay(name: str, default: float) -> None:
+    """Sleep ``name`` seconds (env, jittered 0.5-1.5x); cut short when the worker is stopping."""
+    seconds = env_float(name, default)
+    if seconds > 0:
+        SHUTDOWN.wait(seconds * random.uniform(0.5, 1.5))
+
+
+def think() -> None:
+    """The agent deciding on its next step (an LLM call, in a real agent). Called *before* a step
+    boundary, so a pause issued while it thinks is honoured at that boundary."""
+    _human_delay("DEMO_STEP_SECONDS", 3.0)
 
 
 class DemoWorldClient(WorldClient):
@@ -208,6 +229,7 @@ def perform(fx: EffectScope, call: Callable[[str], dict[str, Any]]) -> dict[str,
         detail = fx.result if isinstance(fx.result, dict) else {}
         return {**detail, "id": fx.external_ref or detail.get("id")}
     what = f"{fx.tool}:{fx.action} (key {fx.idempotency_key})"
+    _human_delay("DEMO_DISPATCH_SECONDS", 1.5)  # declared, in flight: what a pause would land on
     try:
         result = call(fx.idempotency_key)
     except WorldTimeout as exc:

@@ -1,14 +1,14 @@
-"""``python -m agents.worker --name NAME [--agents purchasing:3,address-verifier,refunds]``
+"""``python -m demo_agents.worker --name NAME [--agents purchasing:3,address-verifier,refunds]``
 
 One worker process serving the demo agents. Each ``agent[:threads]`` entry gets that many threads, each
-running the SDK's :func:`~sdk.controlplane_sdk.run_agent_loop` for that agent (one run at a time per
+running the SDK's :func:`~controlplane_sdk.run_agent_loop` for that agent (one run at a time per
 thread). A purchase blocks its thread while it waits for its address check or an approval, so the
 purchasing agent gets several threads by default, and the address verifier has its own thread: one
 process alone can still complete a purchase and its child. Several such processes run at once
 (``make run`` starts ``DEMO_AGENTS`` of them); they compete for queued runs through the claim protocol.
 
 All threads claim under the process's ``--name`` (one worker identity). Configuration: ``CONTROLPLANE_URL``,
-``CONTROLPLANE_TOKEN`` (worker token), ``WORLD_URL`` (see :mod:`agents.common`).
+``CONTROLPLANE_TOKEN`` (worker token), ``WORLD_URL`` (see :mod:`demo_agents.common`).
 
 SIGTERM/SIGINT: stop claiming; a run in progress finishes its current step sequence; a run that is
 *waiting* (child, approval) stops waiting and its lease is left to expire -- the control plane then
@@ -19,6 +19,7 @@ regardless (a second signal exits at once).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -28,19 +29,33 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sdk.controlplane_sdk import Client, RunContext, RunSummary, run_agent_loop
+from controlplane_sdk import Client, RunContext, RunSummary, run_agent_loop
 
 from . import address_verifier, purchasing, refunds
 from .common import SHUTDOWN, VERSIONS, WorkerShutdown, controlplane_token, controlplane_url
 
-AGENTS: dict[str, Callable[[RunContext], Any]] = {
+AGENTS: dict[str, Callable[[RunContext], Any] | str] = {
     purchasing.AGENT: purchasing.purchase,
     address_verifier.AGENT: address_verifier.verify,
     refunds.AGENT: refunds.refund,
+    # Framework-built agents, imported only by a worker that serves them (their frameworks are
+    # heavy imports): a LangGraph graph and an OpenAI Agents SDK agent, each governed by its adapter.
+    "lg-purchasing": "demo_agents.lg_purchasing:purchase",
+    "oa-purchasing": "demo_agents.oa_purchasing:purchase",
 }
-DEFAULT_AGENTS = "purchasing:3,address-verifier:1,refunds:1"
 
-log = logging.getLogger("agents.worker")
+
+def run_function(agent: str) -> Callable[[RunContext], Any]:
+    fn = AGENTS[agent]
+    if isinstance(fn, str):
+        module, _, name = fn.partition(":")
+        fn = getattr(importlib.import_module(module), name)
+    return fn
+
+
+DEFAULT_AGENTS = "purchasing:3,address-verifier:1,refunds:1,lg-purchasing:1,oa-purchasing:1"
+
+log = logging.getLogger("demo_agents.worker")
 
 
 def parse_agents(spec: str) -> list[tuple[str, int]]:
@@ -61,7 +76,7 @@ def serve(
     agent: str, worker_name: str, stop: threading.Event, poll: float, counts: dict[str, int]
 ) -> None:
     """One thread: run the agent loop until ``stop``; survive anything but a shutdown."""
-    run_fn = AGENTS[agent]
+    run_fn = run_function(agent)
 
     def on_summary(s: RunSummary) -> None:
         counts[s.outcome] = counts.get(s.outcome, 0) + 1
@@ -95,7 +110,7 @@ def serve(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agents.worker", description=__doc__.split("\n\n")[1]
+        prog="python -m demo_agents.worker", description=__doc__.split("\n\n")[1]
     )
     parser.add_argument(
         "--name", default=os.environ.get("WORKER_NAME") or f"demo-worker-{os.getpid()}"
@@ -156,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         controlplane_url(),
         os.environ.get("WORLD_URL", "default"),
     )
-    print(f"agents.worker {args.name} started", flush=True)
+    print(f"demo_agents.worker {args.name} started", flush=True)
 
     while not stop.is_set():
         stop.wait(0.5)

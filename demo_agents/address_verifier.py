@@ -18,9 +18,9 @@ import hashlib
 import re
 from typing import Any
 
-from sdk.controlplane_sdk import RunContext
+from controlplane_sdk import RunContext
 
-from .common import AgentFailure
+from .common import AgentFailure, think
 
 AGENT = "address-verifier"
 
@@ -45,6 +45,7 @@ def verify(ctx: RunContext) -> None:
     inp = ctx.get_run().get("input") or {}
     address = str(inp.get("address") or "")
     if "verdict" not in ctx.state:
+        think()
         with ctx.step("verify"):
             verdict = check_address(address)
             with ctx.effect("address", "verify", args={"address": address}) as fx:

@@ -1,6 +1,6 @@
 """controlplane SDK: the worker side of the control plane's protocol (DESIGN §5).
 
-Import as ``sdk.controlplane_sdk``. Main entry points:
+Import as ``controlplane_sdk``. Main entry points:
 
 * :class:`Client` — one typed method per ``/api/v1`` call, bearer auth, error mapping, retries of
   idempotent calls.
@@ -9,6 +9,7 @@ Import as ``sdk.controlplane_sdk``. Main entry points:
 * :func:`run_agent_loop` — the main loop of an agent worker process.
 """
 
+from .aio import AsyncClient
 from .client import API_PREFIX, Client
 from .effects import EffectScope
 from .errors import (
@@ -50,11 +51,12 @@ from .models import (
 )
 from .runtime import RunContext, Worker
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "API_PREFIX",
     "Client",
+    "AsyncClient",
     "Worker",
     "RunContext",
     "EffectScope",

@@ -30,6 +30,7 @@ from .errors import (
     StopRequested,
 )
 from .models import Approval, Checkpoint, Claim, Directive, Event, HeartbeatReply
+from .tracing import run_trace
 
 __all__ = ["Worker", "RunContext"]
 
@@ -150,9 +151,13 @@ class RunContext:
         if self._thread is not None or self.lease_lost:
             return
         self._thread = threading.Thread(
-            target=self._heartbeat_loop, name=f"heartbeat-{self.run_id}", daemon=True
+            target=self._traced_heartbeat_loop, name=f"heartbeat-{self.run_id}", daemon=True
         )
         self._thread.start()
+
+    def _traced_heartbeat_loop(self) -> None:
+        with run_trace(self.run_id):  # a thread starts with an empty context
+            self._heartbeat_loop()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
@@ -439,6 +444,19 @@ class Worker:
     def claim(self, run_id: str, *, heartbeat: bool = True) -> RunContext:
         """Claim ``run_id`` (new attempt) and start heartbeating. Raises ``LeaseHeld``/``NotClaimable``."""
         c = self.client.claim(run_id, self.worker_name, self.versions)
+        ctx = RunContext(
+            self.client, c, self.worker_name, heartbeat_interval=self.heartbeat_interval
+        )
+        if heartbeat:
+            ctx.start_heartbeat()
+        return ctx
+
+    def claim_next(self, wait_s: float = 20.0, *, heartbeat: bool = True) -> RunContext | None:
+        """Wait up to ``wait_s`` for this agent's next claimable run and claim it (long-poll);
+        ``None`` if none came. Raises ``NotFound`` against a server without ``/work/claim``."""
+        c = self.client.claim_next(self.worker_name, [self.agent], self.versions, wait_s)
+        if c is None:
+            return None
         ctx = RunContext(
             self.client, c, self.worker_name, heartbeat_interval=self.heartbeat_interval
         )

@@ -9,7 +9,7 @@ Usually created with a run ``deadline`` (the traffic generator sets one).
 2. ``refund``  -- effect ``payments:refund`` with its own idempotency key, declared **irreversible** (no
    compensation: money sent back cannot be un-refunded). A charge that is already refunded is a success
    (``already_refunded``), not a second refund.
-3. ``notify``  -- effect ``notifications:enqueue``, reversible while queued (compensation cancel).
+3. ``notify``  -- effect ``notifications:enqueue``, declared **irreversible** like the purchase's notice.
 
 If the SLA timer fired before the refund went out, that is recorded as a message in the history.
 """
@@ -18,9 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.controlplane_sdk import RunContext
+from controlplane_sdk import RunContext
 
-from .common import AgentFailure, env_float, perform, read_world, world_client, world_effect
+from .common import (
+    AgentFailure,
+    env_float,
+    perform,
+    read_world,
+    think,
+    world_client,
+    world_effect,
+)
 
 AGENT = "refunds"
 
@@ -35,6 +43,7 @@ def refund(ctx: RunContext) -> None:
 
     with world_client() as world:
         if "charge" not in state:
+            think()
             with ctx.step("lookup"):
                 charge = read_world(f"look up {charge_id}", lambda: world.get_charge(charge_id))
                 ctx.record_assumption(
@@ -54,6 +63,7 @@ def refund(ctx: RunContext) -> None:
             ctx.checkpoint("lookup", state)
 
         if "refund_id" not in state:
+            think()
             with ctx.step("refund"):
                 args = {"charge_id": charge_id}
                 with world_effect(ctx, "payments", "refund", args=args, irreversible=True) as fx:
@@ -64,6 +74,7 @@ def refund(ctx: RunContext) -> None:
             ctx.checkpoint("refund", state)
 
         if "notification_id" not in state:
+            think()
             with ctx.step("notify"):
                 amount = state["charge"].get("amount")
                 args = {
@@ -76,7 +87,7 @@ def refund(ctx: RunContext) -> None:
                     "notifications",
                     "enqueue",
                     args=args,
-                    compensate={"tool": "notifications", "action": "cancel"},
+                    irreversible=True,
                 ) as fx:
                     res = perform(
                         fx, lambda key: world.perform("notifications", "enqueue", args, key)

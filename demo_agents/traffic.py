@@ -1,4 +1,4 @@
-"""``python -m agents.traffic [--interval S] [--max-active N] [--count N] [--seed N]``
+"""``python -m demo_agents.traffic [--interval S] [--max-active N] [--count N] [--seed N]``
 
 Keeps producing runs with a realistic mix, so there is always something for an operator to act on:
 
@@ -39,12 +39,12 @@ import threading
 import uuid
 from typing import Any
 
-from sdk.controlplane_sdk import Client, ControlPlaneError
+from controlplane_sdk import Client, ControlPlaneError
 from world.client import WorldClient, WorldClientError
 
 from .common import VERSIONS, controlplane_token, controlplane_url, env_float, world_url
 
-log = logging.getLogger("agents.traffic")
+log = logging.getLogger("demo_agents.traffic")
 
 ACTIVE_STATES = "queued,running,awaiting_approval"
 PURCHASE_AUTHORITY = [
@@ -65,6 +65,12 @@ CHEAP = [("sku-1", (1, 4)), ("sku-2", (1, 3)), ("sku-3", (1, 4))]  # seed prices
 PRICEY = [("sku-2", (8, 9)), ("sku-4", (3, 4))]  # 240-270, 300-400 at seed prices
 #: sku -> stock level to top up to when it runs low (sku-5 stays sold out on purpose)
 RESTOCK = {"sku-1": 200, "sku-2": 120, "sku-3": 80, "sku-4": 40}
+FRAMEWORK_AGENTS = ("purchasing", "lg-purchasing", "oa-purchasing")
+FRAMEWORK_WEIGHTS = (70, 15, 15)
+FRAMEWORK_AUTHORITY = [
+    {"scope": s, "ttl_s": 3600} for s in ("inventory:*", "payments:charge", "notifications:*")
+]
+
 WEIGHTS = {
     "ok": 48,
     "approval": 9,
@@ -147,12 +153,17 @@ class Traffic:
             self.fault("payments", "timeout", "charge", delay_ms=3000)
         elif kind == "rejected":
             self.fault("payments", "reject", "charge")
+        # Plain runs and approvals also go to the framework-built agents, so the console shows
+        # governed LangGraph and OpenAI Agents SDK runs beside the SDK ones.
+        agent = "purchasing"
+        if kind in ("ok", "approval"):
+            agent = self.rng.choices(FRAMEWORK_AGENTS, FRAMEWORK_WEIGHTS)[0]
         return self.client.create_run(
-            "purchasing",
+            agent,
             f"buy {qty} x {sku} for {name} ({inp['order']})",
             inp,
             versions=VERSIONS,
-            authority=PURCHASE_AUTHORITY,
+            authority=PURCHASE_AUTHORITY if agent == "purchasing" else FRAMEWORK_AUTHORITY,
         )
 
     def refund(self) -> dict[str, Any] | None:
@@ -214,7 +225,7 @@ class Traffic:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agents.traffic", description="Keep producing demo runs."
+        prog="python -m demo_agents.traffic", description="Keep producing demo runs."
     )
     parser.add_argument("--interval", type=float, default=env_float("TRAFFIC_INTERVAL_S", 4.0))
     parser.add_argument("--max-active", type=int, default=int(env_float("TRAFFIC_MAX_ACTIVE", 8)))
@@ -246,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         threshold=env_float("APPROVAL_THRESHOLD", 200.0),
     )
     print(
-        f"agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active",
+        f"demo_agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active",
         flush=True,
     )
     created = 0

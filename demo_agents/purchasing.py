@@ -21,14 +21,14 @@ skips what is already in ``ctx.state``):
    The server enforces the same boundary: the demo registers ``payments:charge amount>200 approver``
    for this agent (seed_demo), so a charge above 200 without an approval is denied
    ``approval_required`` whatever the worker does. Keep the two numbers in step.
-6. ``notify``    -- effect ``notifications:enqueue`` declared *reversible* with compensation
-   ``notifications:cancel``: while queued it can be cancelled; once the world has sent it the cancel is
-   refused (``already_sent``) and the compensation plan reports it irreversible. (Declaring it
-   ``irreversible=True`` would be wrong for the first seconds of its life.)
+6. ``notify``    -- effect ``notifications:enqueue`` declared **irreversible**: a customer who was told
+   cannot be untold, and the world sends a queued notification within seconds (its cancel is then
+   refused ``already_sent``). So a compensation plan calls it out as irreversible instead of trying a
+   cancel that would usually fail and end the compensation ``partially_failed``.
 
 Every world call carries the effect's idempotency key. A world timeout (the call may have committed)
 is recorded ``unknown`` and the run fails with ``world_timeout``; a refusal is recorded ``failed``
-and the run fails with e.g. ``payment_declined`` / ``out_of_stock`` (see :mod:`agents.common`).
+and the run fails with e.g. ``payment_declined`` / ``out_of_stock`` (see :mod:`demo_agents.common`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sdk.controlplane_sdk import RunContext
+from controlplane_sdk import RunContext
 
 from .common import (
     SHUTDOWN,
@@ -46,6 +46,7 @@ from .common import (
     env_float,
     perform,
     read_world,
+    think,
     world_client,
     world_effect,
 )
@@ -82,6 +83,7 @@ def purchase(ctx: RunContext) -> None:
     with world_client() as world:
         # 1. price and stock, recorded as assumptions ------------------------------------------------
         if "price" not in state:
+            think()
             with ctx.step("assumptions"):
                 item = read_world(f"read {sku}", lambda: world.get_item(sku))
                 price, stock = float(item["price"]), int(item["stock"])
@@ -111,6 +113,7 @@ def purchase(ctx: RunContext) -> None:
 
         # 2. reserve inventory ------------------------------------------------------------------------
         if "reservation_id" not in state:
+            think()
             with ctx.step("reserve"):
                 args = {"sku": sku, "qty": qty, "order": order}
                 with world_effect(
@@ -126,6 +129,7 @@ def purchase(ctx: RunContext) -> None:
 
         # 3. address verification, delegated to a child run ------------------------------------------
         if "address" not in state:
+            think()
             with ctx.step("verify_address"):
                 address = _verify_address(ctx, state, inp, order)
             state["address"] = address
@@ -133,6 +137,7 @@ def purchase(ctx: RunContext) -> None:
 
         # 4. shipping label -------------------------------------------------------------------------
         if "label_id" not in state:
+            think()
             with ctx.step("label"):
                 args = {"order": order, "address": state["address"]}
                 with world_effect(
@@ -153,6 +158,7 @@ def purchase(ctx: RunContext) -> None:
         if "charge_id" not in state:
             amount = float(state["amount"])
             args = {"amount": amount, "currency": "EUR", "card": card, "order": order}
+            think()
             with ctx.step("charge"):
                 approval_id = None
                 if amount > approval_threshold() and not _charge_committed(ctx):
@@ -171,6 +177,7 @@ def purchase(ctx: RunContext) -> None:
 
         # 6. customer notification ------------------------------------------------------------------
         if "notification_id" not in state:
+            think()
             with ctx.step("notify"):
                 args = {
                     "to": email,
@@ -182,8 +189,7 @@ def purchase(ctx: RunContext) -> None:
                     "notifications",
                     "enqueue",
                     args=args,
-                    irreversible=False,
-                    compensate={"tool": "notifications", "action": "cancel"},
+                    irreversible=True,
                 ) as fx:
                     res = perform(
                         fx, lambda key: world.perform("notifications", "enqueue", args, key)

@@ -46,6 +46,7 @@ from .models import (
     Lease,
 )
 from .operator_calls import OperatorCalls
+from .tracing import traceparent
 
 __all__ = ["Client", "API_PREFIX"]
 
@@ -146,7 +147,7 @@ class Client(OperatorCalls):
         timeout: float | None = None,
     ) -> tuple[httpx.Response, bool]:
         """Send one logical call; returns ``(response, a_try_failed_in_transit)``."""
-        headers = {"X-Request-ID": uuid.uuid4().hex}
+        headers = {"X-Request-ID": uuid.uuid4().hex, "traceparent": traceparent()}
         content = None
         if body is not None:
             content = json.dumps(body, default=json_default).encode()
@@ -262,6 +263,10 @@ class Client(OperatorCalls):
             {"worker": worker, "versions": versions or {}},
             retry=False,
         )
+        return self._claim_from(run_id, d)
+
+    @staticmethod
+    def _claim_from(run_id: str, d: JSON) -> Claim:
         a, le, cp = d.get("attempt") or {}, d.get("lease") or {}, d.get("checkpoint")
         return Claim(
             run_id=str(run_id),
@@ -280,6 +285,31 @@ class Client(OperatorCalls):
             directive=str(d.get("directive") or "continue"),
             raw=d,
         )
+
+    def claim_next(
+        self,
+        worker: str,
+        agents: Sequence[str] = (),
+        versions: JSON | None = None,
+        wait_s: float = 20.0,
+    ) -> Claim | None:
+        """``POST /work/claim``: the oldest claimable run of ``agents`` (default: every agent the token
+        may act for), claimed for ``worker``; waits up to ``wait_s`` for one (long-poll). ``None`` if
+        none became claimable in time. Raises ``NotFound`` against a server without the endpoint."""
+        d = self._call(
+            "POST",
+            "/work/claim",
+            {
+                "worker": worker,
+                "agents": list(agents),
+                "versions": versions or {},
+                "wait_s": wait_s,
+            },
+            retry=False,
+            timeout=self.timeout + wait_s,
+        )
+        claim = d.get("claim")
+        return None if not claim else self._claim_from(str(claim["run_id"]), claim)
 
     def heartbeat(
         self, lease_id: str, fencing_token: int, wait_s: float | None = None

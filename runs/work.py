@@ -1,0 +1,43 @@
+"""Work for workers: which queued runs a worker may claim now, and the wake-up key that tells a
+long-polling worker a run became claimable (sent in the deciding transaction, like a directive)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Min, Q
+from django.utils import timezone
+
+from runs.models import Agent, Run
+from runs.states import State
+
+
+def work_key(agent_id: int) -> str:
+    """The NOTIFY payload for "a run of this agent became claimable" (cf. a run id for a directive)."""
+    return f"work:{agent_id}"
+
+
+def agent_ids(names: list[str] | None) -> dict[str, int]:
+    """Registered agents by name (``None``: every agent)."""
+    agents = Agent.objects.all() if names is None else Agent.objects.filter(name__in=names)
+    return dict(agents.values_list("name", "pk"))
+
+
+def _waiting(ids: list[int], worker: str):
+    return Run.objects.filter(agent_id__in=ids, state=State.QUEUED).filter(
+        Q(execution_pin="") | Q(execution_pin__isnull=True) | Q(execution_pin=worker)
+    )
+
+
+def claimable_runs(ids: list[int], worker: str, limit: int = 5) -> list[str]:
+    """Oldest first, so no run starves behind newer ones; retry backoff respected."""
+    now = timezone.now()
+    due = Q(claimable_after__isnull=True) | Q(claimable_after__lte=now)
+    rows = _waiting(ids, worker).filter(due).order_by("created_at").values_list("pk", flat=True)
+    return [str(pk) for pk in rows[:limit]]
+
+
+def next_due(ids: list[int], worker: str) -> datetime | None:
+    """When the earliest run in retry backoff becomes claimable (a waiter wakes itself then)."""
+    later = _waiting(ids, worker).filter(claimable_after__gt=timezone.now())
+    return later.aggregate(at=Min("claimable_after"))["at"]

@@ -1,0 +1,49 @@
+"""Adapters that govern agents written with other frameworks, with no rewrite of the agent:
+
+* :mod:`controlplane_sdk.adapters.langgraph` -- a checkpointer that stores graph checkpoints as
+  control-plane checkpoints, governed tools, ``interrupt()`` mapped to approvals.
+* :mod:`controlplane_sdk.adapters.openai_agents` -- function tools wrapped so every call is a declared
+  effect; ``needs_approval`` tools become control-plane approvals; ``RunState`` is the checkpoint.
+* :mod:`controlplane_sdk.adapters.mcp_gateway` -- an MCP server in front of real MCP tool servers: every
+  ``tools/call`` is a declared effect of the caller's run.
+
+Each imports its framework lazily: install the extra (``pip install 'controlplane-sdk[langgraph]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from ..effects import EffectScope
+
+_current: ContextVar[EffectScope | None] = ContextVar("controlplane_effect", default=None)
+
+
+def current_effect() -> EffectScope:
+    """The declared effect of the governed tool call in progress: a tool that talks to an external
+    system sends ``current_effect().idempotency_key`` with its request, so a replay cannot do it twice."""
+    fx = _current.get()
+    if fx is None:
+        raise RuntimeError("current_effect() is only available inside a governed tool call")
+    return fx
+
+
+@contextlib.contextmanager
+def effect_in_progress(fx: EffectScope) -> Iterator[EffectScope]:
+    token = _current.set(fx)
+    try:
+        yield fx
+    finally:
+        _current.reset(token)
+
+
+def args_digest(args: Any) -> str:
+    """A short stable digest of a tool call's arguments (canonical JSON): the part of an idempotency key
+    that tells two calls of the same tool apart when the framework gives no call id."""
+    blob = json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

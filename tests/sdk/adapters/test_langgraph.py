@@ -1,0 +1,157 @@
+"""The LangGraph adapter against the SDK's fake control plane (no model, no network): checkpoints name
+the node that runs next, tools are declared effects, a pause stops the graph before its next tool call,
+a new process continues from the stored checkpoint, and interrupt() is an approval."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+import httpx
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+
+from controlplane_sdk import Client, PauseRequested, Worker
+from controlplane_sdk.adapters.langgraph import (
+    ControlPlaneSaver,
+    governed_tool,
+    run_graph,
+)
+from tests.sdk.conftest import LEASE, RUN, FakeServer
+
+HB = f"/leases/{LEASE}/heartbeat"
+
+
+class Order(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+def build(ctx, world: list[tuple[str, Any]], *, ask: bool = False):
+    reserve = governed_tool(ctx, "inventory", "reserve")(
+        lambda sku: world.append(("reserve", sku)) or f"res-{sku}"
+    )
+    charge = governed_tool(ctx, "payments", "charge")(
+        lambda amount: world.append(("charge", amount)) or "ch-1"
+    )
+    g = StateGraph(Order)
+    g.add_node("reserve", lambda s: {"log": [reserve("sku-1")]})
+    g.add_node("charge", lambda s: {"log": [charge(10)]})
+    g.add_edge(START, "reserve")
+    if ask:
+        request = {"tool": "payments", "action": "charge", "args": {"amount": 10}, "reason": "big"}
+        g.add_node("approve", lambda s: {"log": [interrupt(request)]})
+        g.add_edge("reserve", "approve")
+        g.add_edge("approve", "charge")
+    else:
+        g.add_edge("reserve", "charge")
+    g.add_edge("charge", END)
+    saver = ControlPlaneSaver(ctx)
+    return g.compile(checkpointer=saver), saver
+
+
+def claim(server: FakeServer):
+    client = Client("http://cp", token="t", transport=httpx.MockTransport(server.handler))
+    return Worker(client, "w", "lg").claim(RUN, heartbeat=False)
+
+
+def test_it_declares_each_tool_call_and_checkpoints_the_next_node(server: FakeServer):
+    ctx, world = claim(server), []
+    graph, _ = build(ctx, world)
+    out = run_graph(ctx, graph, {"log": []})
+    assert out["log"] == ["res-sku-1", "ch-1"] and world == [("reserve", "sku-1"), ("charge", 10)]
+    declared = server.bodies("POST", f"/runs/{RUN}/effects")
+    assert [(d["tool"], d["action"]) for d in declared] == [
+        ("inventory", "reserve"),
+        ("payments", "charge"),
+    ]
+    assert declared[0]["idempotency_key"].startswith(f"{RUN}:inventory:reserve:")
+    steps = [b["step"] for b in server.bodies("POST", f"/runs/{RUN}/checkpoints")]
+    assert steps == [
+        "langgraph next: __start__",
+        "langgraph next: reserve",
+        "langgraph next: charge",
+        "langgraph end",
+    ]
+
+
+def test_a_pause_stops_the_graph_before_its_next_tool_call(server: FakeServer):
+    ctx, world = claim(server), []
+    graph, _ = build(ctx, world)
+    continue_ = (200, {"directive": "continue", "reason": "", "expires_at": "2030-01-01T00:00:00Z"})
+    pause = (
+        200,
+        {"directive": "pause", "reason": "operator", "expires_at": "2030-01-01T00:00:00Z"},
+    )
+    server.on("POST", HB, continue_, pause)  # reserve's check passes; charge's check sees the pause
+    with pytest.raises(PauseRequested):
+        run_graph(ctx, graph, {"log": []})
+    assert world == [("reserve", "sku-1")]
+    assert [d["action"] for d in server.bodies("POST", f"/runs/{RUN}/effects")] == ["reserve"]
+
+
+def test_a_new_process_continues_from_the_stored_checkpoint(server: FakeServer):
+    ctx, world = claim(server), []
+    graph, _ = build(ctx, world)
+    pause = (
+        200,
+        {"directive": "pause", "reason": "operator", "expires_at": "2030-01-01T00:00:00Z"},
+    )
+    cont = (200, {"directive": "continue", "reason": "", "expires_at": "2030-01-01T00:00:00Z"})
+    server.on("POST", HB, cont, pause)
+    with pytest.raises(PauseRequested):
+        run_graph(ctx, graph, {"log": []})
+    last = server.bodies("POST", f"/runs/{RUN}/checkpoints")[-1]
+    assert last["step"] == "langgraph next: charge"  # the node that will run again from its start
+
+    # Another process claims the run: the claim hands over that checkpoint.
+    server.checkpoint = {"seq": 3, "step": last["step"], "state": last["state"]}
+    server.on("POST", HB, cont)
+    ctx2, world2 = claim(server), []
+    graph2, saver2 = build(ctx2, world2)
+    assert saver2.has_checkpoint()
+    out = run_graph(ctx2, graph2, {"log": ["ignored: the graph continues"]})
+    assert world2 == [("charge", 10)]  # reserve is not run again
+    assert out["log"] == ["res-sku-1", "ch-1"]
+
+
+def test_interrupt_becomes_an_approval_and_resumes_with_the_decision(server: FakeServer):
+    ctx, world = claim(server), []
+    graph, _ = build(ctx, world, ask=True)
+    decided = {"id": "ap1", "status": "approved"}
+    server.on(
+        "POST",
+        HB,
+        (200, {"directive": "continue", "reason": "", "expires_at": "2030-01-01T00:00:00Z"}),
+    )
+    server.on("GET", f"/runs/{RUN}", (200, {"id": RUN, "state": "running", "approvals": [decided]}))
+    out = run_graph(ctx, graph, {"log": []})
+    (asked,) = server.bodies("POST", f"/runs/{RUN}/approvals")
+    assert (asked["tool"], asked["action"], asked["args"]) == ("payments", "charge", {"amount": 10})
+    assert out["log"][1] == {"approved": True, "approval_id": "ap1"}
+    assert world == [("reserve", "sku-1"), ("charge", 10)]
+
+
+def test_a_replayed_tool_call_is_not_sent_to_the_world_again(server: FakeServer):
+    ctx, world = claim(server), []
+    graph, _ = build(ctx, world)
+    replay = {
+        "id": "e9",
+        "decision": "replayed",
+        "status": "committed",
+        "idempotency_key": "k",
+        "outcome_detail": {"result": "res-from-before"},
+    }
+    authorized = {
+        "id": "e10",
+        "decision": "authorized",
+        "status": "in_flight",
+        "idempotency_key": "k2",
+    }
+    server.on("POST", f"/runs/{RUN}/effects", (200, replay), (201, authorized))
+    out = run_graph(ctx, graph, {"log": []})
+    assert world == [("charge", 10)]
+    assert out["log"][0] == "res-from-before"
