@@ -10,6 +10,7 @@ from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
 from audit.services import verify_chain
+from runs.management.commands.seed_demo import DEMO_AGENTS, DEMO_USERS
 from runs.models import Agent, ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -93,8 +94,8 @@ def test_seed_roles_and_set_roles_are_audited():
 def test_seed_demo_writes_through_the_services_and_a_second_run_changes_nothing(settings, tmp_path):
     settings.VAR_DIR = tmp_path
     _call("seed_demo")
-    assert len(_events("user.created")) == 7
-    assert len(_events("agent.register")) == 3
+    assert len(_events("user.created")) == len(DEMO_USERS)
+    assert len(_events("agent.register")) == len(DEMO_AGENTS)
     assert len(_events("token.issued")) == 1
     assert _events("user.created")[0].component == "seed_demo"
     assert User.objects.get(username="admin").is_superuser
@@ -102,8 +103,8 @@ def test_seed_demo_writes_through_the_services_and_a_second_run_changes_nothing(
         "incident_commander"
     }
     _call("seed_demo")  # users, roles and the token exist: none is written again
-    assert len(_events("user.created")) == 7 and len(_events("token.issued")) == 1
-    assert not _events("user.roles_set")[7:]
+    assert len(_events("user.created")) == len(DEMO_USERS) and len(_events("token.issued")) == 1
+    assert not _events("user.roles_set")[len(DEMO_USERS) :]
     assert verify_chain().ok
 
 
