@@ -232,8 +232,13 @@ class RunFilter(Schema):
 
 
 class AuditFilter(Schema):
+    """The console's audit filters (audit.selectors.audit_events), plus paging by seq."""
+
     run_id: str | None = Field(default=None, max_length=36)
     action: str | None = Field(default=None, max_length=60)
+    actor: str | None = Field(default=None, max_length=150)
     outcome: str | None = Field(default=None, max_length=10)
+    object_type: str | None = Field(default=None, max_length=30)
+    component: str | None = Field(default=None, max_length=30)
     after_seq: int = Field(default=0, ge=0, le=MAX_INT)  # seq is a bigint
     limit: int = Field(default=100, ge=1, le=1000)

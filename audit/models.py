@@ -1,4 +1,5 @@
-"""The global audit log: append-only (PostgreSQL trigger), hash-chained, one row per decision."""
+"""The global audit log: append-only (PostgreSQL triggers refuse UPDATE, DELETE and TRUNCATE),
+hash-chained, one row per decision."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import uuid
 
 from django.db import models
 from django.utils import timezone
+
+from .triggers import append_only
 
 
 class AuditEvent(models.Model):
@@ -41,6 +44,7 @@ class AuditEvent(models.Model):
                 name="audit_outcome_valid",
             ),
         ]
+        triggers = append_only("audit")
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.actor} {self.action} {self.object_type}:{self.object_id} {self.outcome}"
@@ -71,8 +75,8 @@ class AuditEvent(models.Model):
 class AuditChainHead(models.Model):
     """Singleton row locked FOR UPDATE by every audit writer, so concurrent writers never fork the chain.
 
-    The lock is taken as late as possible in each transaction (audit is written last) so it is held
-    only for the insert and the commit.
+    The lock is taken at a decision's first audit write and held until its COMMIT: a decision that
+    writes more after its audit row (history, notify, a second audit row) holds it for that too.
     """
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)

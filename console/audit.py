@@ -6,7 +6,6 @@ Reads only. The Django admin serves the same rows read-only; this page adds veri
 from __future__ import annotations
 
 import tempfile
-import uuid
 from urllib.parse import urlencode
 
 from django.core.exceptions import BadRequest, PermissionDenied
@@ -16,8 +15,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from audit.models import AuditEvent
+from audit.selectors import audit_events
 from audit.services import export_jsonl, verify_chain
-from console.runs import ConsoleRequest, console_view, is_fragment, present
+from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.limits import parse_seq
 from core.roles import may
 
@@ -40,25 +40,15 @@ def audit_filters(request: HttpRequest) -> dict[str, str]:
 
 def audit_context(request: ConsoleRequest) -> dict:
     filters = audit_filters(request)
-    qs = AuditEvent.objects.all()
-    if filters["action"]:
-        qs = qs.filter(action__startswith=filters["action"])
-    if filters["actor"]:
-        qs = qs.filter(actor__icontains=filters["actor"])
-    if filters["outcome"]:
-        qs = qs.filter(outcome=filters["outcome"])
-    if filters["object_type"]:
-        qs = qs.filter(object_type=filters["object_type"])
-    if filters["component"]:
-        qs = qs.filter(component=filters["component"])
-    if filters["run"]:
-        try:
-            qs = qs.filter(run_id=uuid.UUID(filters["run"]))
-        except ValueError:
-            qs = qs.none()
-    before = _seq_param(request, "before")
-    if before is not None:
-        qs = qs.filter(seq__lt=before)
+    qs = audit_events(
+        action=filters["action"],
+        actor=filters["actor"],
+        outcome=filters["outcome"],
+        object_type=filters["object_type"],
+        component=filters["component"],
+        run_id=filters["run"],
+        before_seq=_seq_param(request, "before"),
+    )
     rows = list(qs.order_by("-seq")[: PAGE + 1])
     more = len(rows) > PAGE
     rows = rows[:PAGE]

@@ -1,37 +1,37 @@
 """The operator console: run list and run detail (server-rendered, htmx, live over Channels).
 
 One template serves the full page, its htmx swap and its WebSocket push (Django 6 template
-partials). Views read through the selectors and never write; interventions/views.py calls the
+partials). Views read through the selectors and never write; console/interventions.py calls the
 services. Pushes are hints: ``render_list_push`` / ``render_detail_push`` re-render from the database,
-and runs/consumers.py sends them on every (re)connect and on every "run.changed".
+and console/consumers.py sends them on every (re)connect and on every "run.changed".
 """
 
 from __future__ import annotations
 
-import re
-from functools import wraps
 from typing import Any
-from urllib.parse import urlencode
 from uuid import UUID
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
-from django_htmx.http import HttpResponseClientRedirect
-from django_htmx.middleware import HtmxDetails
 
 from audit.models import AuditEvent
-from core.actors import Actor
+from console.common import (
+    ConsoleRequest,
+    console_view,
+    is_fragment,
+    kind_label,
+    present,
+    visible_run_or_404,
+)
+from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
 from core.roles import may, roles_of
 from interventions.base import descendants
-from interventions.contracts import CONTRACTS as CONTRACT_SPECS
+from interventions.contracts import CONTRACT_SPECS
 from interventions.jobs import attention
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
@@ -42,88 +42,6 @@ from runs.states import State, allowed_events
 LIST_LIMIT = 100
 TIMELINE_LIMIT = 200
 AUDIT_LIMIT = 50
-
-# --- console plumbing shared by every console view ------------------------------------------------
-
-
-class ConsoleRequest(HttpRequest):
-    """A request inside a console view: HtmxMiddleware set ``htmx``, console_view set the rest."""
-
-    htmx: HtmxDetails
-    roles: frozenset[str]
-    actor: Actor
-
-
-def console_view(view):
-    """Login, then the "view" role; sets request.roles and request.actor (component "console").
-
-    An htmx request whose session ended is sent to the login page with HX-Redirect instead of
-    swapping the login form into a fragment."""
-
-    @wraps(view)
-    def wrapper(request: ConsoleRequest, *args, **kwargs):
-        if not request.user.is_authenticated:
-            if getattr(request, "htmx", False):
-                back = urlencode({"next": request.htmx.current_url_abs_path or "/"})
-                return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{back}")
-            return redirect_to_login(request.get_full_path())
-        request.roles = roles_of(request.user)
-        if not may(request.roles, "view"):
-            raise PermissionDenied("your account holds no role that may view the console")
-        request.actor = actor_for_user(request.user, request, component="console")
-        return view(request, *args, **kwargs)
-
-    return wrapper
-
-
-def is_fragment(request: HttpRequest) -> bool:
-    """An htmx swap (not a boosted navigation, not a history restore) gets only the partial."""
-    htmx = getattr(request, "htmx", None)
-    return htmx is not None and bool(htmx) and not htmx.boosted and not htmx.history_restore_request
-
-
-UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def present(value: Any, depth: int = 0) -> dict[str, Any]:
-    """A JSON value (preview, receipt, report) as a tree the recursive template ``_value.html`` draws:
-    dicts as definition lists, lists of flat dicts as tables, ids shortened, nothing dropped."""
-    if depth > 8:
-        return {"t": "text", "v": str(value)}
-    if isinstance(value, dict):
-        if not value:
-            return {"t": "empty"}
-        return {
-            "t": "dict",
-            "items": [(_label(k), present(v, depth + 1)) for k, v in value.items()],
-        }
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return {"t": "empty"}
-        if all(isinstance(v, dict) and v for v in value):
-            cols = list(dict.fromkeys(k for v in value for k in v))
-            if (
-                all(not isinstance(x, (dict, list)) or not x for v in value for x in v.values())
-                and len(cols) <= 9
-            ):
-                return {
-                    "t": "table",
-                    "cols": [_label(c) for c in cols],
-                    "rows": [[present(v.get(c), depth + 1) for c in cols] for v in value],
-                }
-        return {"t": "list", "items": [present(v, depth + 1) for v in value]}
-    if value is None:
-        return {"t": "none"}
-    if isinstance(value, bool):
-        return {"t": "bool", "v": value}
-    if isinstance(value, (str, UUID)) and UUID_RE.match(str(value)):
-        return {"t": "id", "v": str(value)}
-    return {"t": "text", "v": str(value)}
-
-
-def _label(key: Any) -> str:
-    return str(key).replace("_", " ")
-
 
 # --- run list -------------------------------------------------------------------------------------
 
@@ -154,9 +72,7 @@ def list_context(actor, filters: dict[str, Any]) -> dict[str, Any]:
     qs = qs.annotate(
         n_unresolved=Count(
             "effects",
-            filter=Q(
-                effects__decision=Effect.AUTHORIZED, effects__status__in=list(Effect.UNRESOLVED)
-            ),
+            filter=Effect.unresolved_q("effects__"),
         )
     )
     runs = [run_summary(r, r.n_unresolved) for r in qs.order_by("-created_at")[:LIST_LIMIT]]
@@ -227,10 +143,6 @@ def offered_interventions(
     return out
 
 
-def kind_label(kind: str) -> str:
-    return kind.replace("_", " ").capitalize()
-
-
 def _tree(run: Run) -> list[dict[str, Any]]:
     """Descendants in depth-first order with their depth, for an indented tree."""
     rows = descendants(run)
@@ -263,8 +175,6 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
     effects = ledger(run)
     grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
     interventions = list(run.interventions.select_related("actor").order_by("-created_at")[:50])
-    from console.interventions import receipt_rest, run_reports
-
     reports = run_reports(run, interventions)  # revalidation, compensation plans, recovery gate
 
     return {
@@ -306,13 +216,6 @@ def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         ],
         "parent": run.parent,
     }
-
-
-def visible_run_or_404(actor, run_id: Any) -> Run:
-    run = visible_runs(actor).filter(pk=run_id).first()
-    if run is None:
-        raise Http404("no such run")
-    return run
 
 
 @console_view

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    "pgtrigger",
     "axes",
     "audit",
     "runs",

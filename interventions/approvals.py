@@ -170,7 +170,7 @@ def expire_due_approvals(*, actor: Actor, now=None) -> list[str]:
         "pk", "run_id"
     )
     for approval_id, run_id in due:
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             run = lock_run(run_id)
             updated = Approval.objects.filter(
                 pk=approval_id, status=Approval.PENDING, deadline__lte=now

@@ -253,7 +253,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
                 "authority_before": before[grant.run_id],
                 "authority_after": after[grant.run_id],
                 "in_flight_effects": [e for e in in_flight if e["run"] == str(grant.run_id)],
-                "unresolved_effects": facts.unknown_effects(runs[grant.run_id]),
+                "unresolved_effects": facts.unresolved_effects(runs[grant.run_id]),
             },
         )
     for pk, r in runs.items():

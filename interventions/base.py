@@ -204,9 +204,15 @@ def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
     }
 
 
-def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
-    """One transaction: lock, authorise, check the table, apply, record intervention + history + audit."""
+def issue(*, actor: Actor, run_id: Any, req: Request, policy: str = "") -> Intervention:
+    """One transaction: lock, authorise, check the table, apply, record intervention + history + audit.
+
+    ``policy``: the control plane issuing on its own (a system actor, e.g. recovery of an orphan). It
+    has no role to check and no answer to a decision authority, so those checks are skipped and the
+    policy is recorded in their place, on the receipt and in the audit context."""
     with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
+        if policy and actor.kind != "system":
+            raise Forbidden("only the control plane itself issues by policy")
         if not req.reason.strip():
             raise Invalid("a reason is required for every intervention", field="reason")
         if req.scope not in ("run", "tree"):
@@ -215,7 +221,9 @@ def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
             req.kind
         )  # inside: an unknown kind is a refused decision, audited too
         run = lock_run(run_id)
-        override = authorize(actor, run, req)
+        override: dict[str, Any] = (
+            {"override": False, "policy": policy} if policy else authorize(actor, run, req)
+        )
         check_transition(run, contract.event)
         shown = contract.preview(run, req, actor)
         intervention = Intervention.objects.create(
@@ -227,7 +235,7 @@ def issue(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
             reason=req.reason,
             scope=req.scope,
             options=req.options,
-            override=override["override"],
+            override=override["override"],  # an intervention by policy is never an override
             override_reason=req.override_reason,
             preview=_jsonable(shown),
             status=Intervention.APPLIED,

@@ -16,7 +16,7 @@ from runs.states import Event
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "committed_effects": facts.committed_effects(run),
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "note": "closing is final: no retry, compensation or resume afterwards",
     }
 

@@ -188,7 +188,7 @@ def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    unresolved = facts.unknown_effects(run)
+    unresolved = facts.unresolved_effects(run)
     return {
         "plan": build_plan(run),
         "options": plan_options(req.options),
@@ -203,7 +203,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def require_resolved(run: Run) -> None:
     """Guard ``no_unresolved_effects``: compensating around an unknown outcome would guess."""
-    unresolved = facts.unknown_effects(run)
+    unresolved = facts.unresolved_effects(run)
     if unresolved:
         names = ", ".join(
             f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved
@@ -323,7 +323,7 @@ def run_compensation_plan(plan_id: str, *, task_id: str = "") -> dict[str, Any]:
 
 
 def _claim_next_step(plan_id: str, task_id: str, actor: Actor) -> StepClaim | dict[str, Any]:
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         plan = CompensationPlan.objects.select_for_update().get(pk=plan_id)
         if plan.status in CompensationPlan.FINAL:
             return {"status": plan.status, "finished": True}
@@ -484,7 +484,7 @@ def _record_attempt(
     plan_id: str, claim: StepClaim, result: CompensationResult, actor: Actor
 ) -> dict[str, Any] | None:
     """None: go on with the next step. A dict: stop here (and, with a countdown, come back later)."""
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         plan = CompensationPlan.objects.select_for_update().get(pk=plan_id)
         run = lock_run(plan.run_id)
         step = (

@@ -13,7 +13,7 @@ from core.roles import PERMISSIONS
 from interventions.base import OWNER_BOUND
 from runs.states import TRANSITIONS, Event, as_table
 
-CONTRACTS: dict[str, dict[str, Any]] = {
+CONTRACT_SPECS: dict[str, dict[str, Any]] = {
     "pause": {
         "event": Event.PAUSE,
         "summary": "preserves the run: stops new progress",
@@ -194,7 +194,7 @@ CONTRACTS: dict[str, dict[str, Any]] = {
 
 
 def contract_for(kind: str) -> dict[str, Any]:
-    spec = dict(CONTRACTS[kind])
+    spec = dict(CONTRACT_SPECS[kind])
     event = spec.pop("event")
     spec["kind"] = kind
     spec["event"] = event.value if event else None
@@ -213,7 +213,7 @@ def contract_for(kind: str) -> dict[str, Any]:
 
 def contracts_document() -> dict[str, Any]:
     return {
-        "contracts": {kind: contract_for(kind) for kind in CONTRACTS},
+        "contracts": {kind: contract_for(kind) for kind in CONTRACT_SPECS},
         "state_machine": as_table(),
         "permissions": {k: sorted(v) for k, v in PERMISSIONS.items()},
     }

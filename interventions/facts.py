@@ -7,7 +7,12 @@ from typing import Any
 from django.utils import timezone
 
 from runs.models import AuthorityGrant, Effect, Run, Timer
-from runs.services.common import checkpoint_summary, latest_checkpoint, starting_checkpoint
+from runs.services.common import (  # noqa: F401 -- unresolved_effects: one reader, named here too
+    checkpoint_summary,
+    latest_checkpoint,
+    starting_checkpoint,
+    unresolved_effects,
+)
 
 
 def in_flight_effects(run: Run) -> list[dict[str, Any]]:
@@ -45,22 +50,6 @@ def committed_effects(run: Run) -> list[dict[str, Any]]:
     ]
 
 
-def unknown_effects(run: Run) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": str(e.pk),
-            "step": e.step,
-            "tool": e.tool,
-            "action": e.action,
-            "idempotency_key": e.idempotency_key,
-            "status": e.status,
-        }
-        for e in Effect.objects.filter(
-            run=run, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
-        )
-    ]
-
-
 def active_grants(run: Run) -> list[dict[str, Any]]:
     now = timezone.now()
     return [
@@ -89,7 +78,7 @@ def timers(run: Run) -> list[dict[str, Any]]:
 
 
 def resume_point(run: Run) -> dict[str, Any] | None:
-    return checkpoint_summary(starting_checkpoint(run) or latest_checkpoint(run))
+    return checkpoint_summary(starting_checkpoint(run))
 
 
 def deadline(run: Run) -> dict[str, Any] | None:

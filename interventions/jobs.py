@@ -124,10 +124,10 @@ def perform(
     """Run one delivery of a job. ``finished(result)`` says whether the work is over (a compensation
     plan waiting for a backoff is not); ``come_back_in(result)`` how long until its own next delivery."""
     job = _begin(kind, str(target_id))
-    if job is False:
-        return {"skipped": "already concluded"}  # done, or given up
     if job is None:  # no outbox row (a direct call or a message from before the outbox)
         return work()
+    if not isinstance(job, Job):
+        return {"skipped": "already concluded"}  # done, or given up
     try:
         result = work()
     except (
@@ -249,7 +249,8 @@ def sweep_jobs() -> dict[str, list[str]]:
     started and never reported back (worker killed, message lost mid-job) counts a failure; one that
     never started (message lost, broker down at commit) does not -- a broker outage is not the job's
     fault. Deliveries are idempotent, so a false alarm costs one no-op."""
-    now, out = timezone.now(), {"delivered": [], "failed": []}
+    now = timezone.now()
+    out: dict[str, list[str]] = {"delivered": [], "failed": []}
     due = Job.objects.filter(status__in=Job.OPEN, due_at__lte=now).order_by("due_at")
     for job_id in list(due.values_list("pk", flat=True)[:SWEEP_BATCH]):
         decided = _sweep_one(job_id, now)

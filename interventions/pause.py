@@ -14,7 +14,7 @@ from interventions import facts
 from interventions.base import Contract, Request, children_in_scope, descendants, register
 from interventions.models import Intervention
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
-from runs.services.common import append_history, apply_transition, lock_run
+from runs.services.common import append_history, apply_transition, end_lease, lock_run
 from runs.states import Event, State, transition
 
 
@@ -47,10 +47,9 @@ def _pause_one(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     if run.state == State.PAUSING and not in_flight:
         # Nothing dispatched: there is no boundary to wait for, so the pause completes now and the
         # lease is released; the worker's next heartbeat reads directive "pause".
-        now = timezone.now()
-        ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE).update(
-            status=ExecutionLease.RELEASED, ended_at=now, end_reason="paused: nothing in flight"
-        )
+        lease = ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE).first()
+        if lease is not None:
+            end_lease(lease, ExecutionLease.RELEASED, "paused: nothing in flight", timezone.now())
         apply_transition(
             run, Event.WORKER_STOPPED, actor=actor, reason="nothing in flight: paused at once"
         )

@@ -69,7 +69,7 @@ def reconcile_effect(
             )
         effect = Effect.objects.select_for_update().get(pk=effect_id)
         settles_discrepancy = effect.status == Effect.DISCREPANCY and source == "operator"
-        if effect.status not in Effect.UNRESOLVED and not settles_discrepancy:
+        if not effect.unresolved and not settles_discrepancy:
             raise Conflict(
                 f"effect is already {effect.status}; only in_flight or unknown effects (or a "
                 "discrepancy, by an operator) are reconciled",
@@ -118,7 +118,7 @@ def reconcile_effect(
                 "evidence": evidence,
                 "source": source,
                 "idempotency_key": effect.idempotency_key,
-                "unresolved_effects": facts.unknown_effects(run),
+                "unresolved_effects": facts.unresolved_effects(run),
                 **override,
             },
         )
@@ -130,7 +130,7 @@ def auto_reconcile(effect_id: Any, actor: Actor | None = None) -> dict[str, Any]
     """Ask the external system by idempotency key (network: outside any transaction), then record."""
     actor = actor or system_actor("reconciler")
     effect = Effect.objects.get(pk=effect_id)
-    if effect.status not in Effect.UNRESOLVED:
+    if not effect.unresolved:
         return {"effect": str(effect.pk), "outcome": effect.status, "already": True}
     reconciler = get_reconciler(effect.tool)
     if reconciler is None:
@@ -242,15 +242,13 @@ def _reconcile_all(intervention_id: str) -> dict[str, Any]:
         return {"skipped": "already concluded"}
     results = [
         auto_reconcile(e.pk)
-        for e in Effect.objects.filter(
-            run_id=intervention.run_id, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
-        )
+        for e in Effect.objects.filter(run_id=intervention.run_id).unresolved()
         if not (
             e.status == Effect.IN_FLIGHT and Run.objects.get(pk=e.run_id).state in LEASED_STATES
         )
     ]
     still = [r for r in results if r["outcome"] == "unknown"]
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = Intervention.objects.select_for_update().get(pk=intervention_id)
         if locked.status != Intervention.PENDING:  # a concurrent delivery concluded it first
             return {"skipped": "already concluded"}
@@ -264,7 +262,7 @@ def _reconcile_all(intervention_id: str) -> dict[str, Any]:
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence",
     }
 
@@ -274,7 +272,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     intervention.status = Intervention.PENDING
     job = jobs.enqueue("reconcile", intervention.pk, run)
     return {
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "job": {"status": "queued", "id": str(job.pk)},
     }
 

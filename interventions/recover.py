@@ -33,8 +33,8 @@ from interventions import facts, jobs
 from interventions.base import (
     Contract,
     Request,
-    check_transition,
     finish_job,
+    issue,
     lock_pending_job,
     register,
 )
@@ -46,10 +46,8 @@ from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
 from runs.services.common import (
     append_history,
     apply_transition,
-    decision,
     latest_checkpoint,
-    lock_run,
-    run_snapshot,
+    set_resume_point,
     verify_history,
 )
 from runs.services.lifecycle import expire_leases
@@ -297,7 +295,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "prefer": _prefer(req),
         "dead_lease": _dead_lease(run),
         "checkpoint": facts.resume_point(run),
-        "to_reconcile": facts.unknown_effects(run),
+        "to_reconcile": facts.unresolved_effects(run),
         "versions": version_check(run),
         "rules": RULES,
         "how": "a job reconciles every unknown effect with the world, rebuilds state from the last checkpoint "
@@ -340,58 +338,9 @@ def on_orphaned(run_id: Any) -> Intervention | None:
         options={"trigger": "lease_expired"},
     )
     try:
-        return issue_as_system(actor=actor, run_id=run_id, req=req)
+        return issue(actor=actor, run_id=run_id, req=req, policy="automatic on lease expiry")
     except Conflict:
         return None  # someone (an operator, an earlier scan) already moved the run on; recorded as denied
-
-
-def issue_as_system(*, actor: Actor, run_id: Any, req: Request) -> Intervention:
-    """base.issue's transaction, minus the role and decision-authority checks a system actor has no
-    answer to. Same records: intervention row, preview shown, receipt, history and audit."""
-    with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
-        run = lock_run(run_id)
-        check_transition(run, Event.RECOVER)
-        shown = preview(run, req, actor)
-        intervention = Intervention.objects.create(
-            run=run,
-            kind=req.kind,
-            actor=None,
-            actor_label=actor.label,
-            role=actor.role,
-            reason=req.reason,
-            scope="run",
-            options=req.options,
-            preview=normalise(shown),
-            status=Intervention.APPLIED,
-        )
-        receipt = apply(run, req, actor, intervention)
-        intervention.receipt = normalise(
-            {
-                "kind": req.kind,
-                "issued_by": actor.name,
-                "role": actor.role,
-                "reason": req.reason,
-                "scope": "run",
-                "override": False,
-                "policy": "automatic on lease expiry",
-                **receipt,
-            }
-        )
-        intervention.save(update_fields=["receipt"])
-        record_audit(
-            actor=actor,
-            action=f"intervention.{req.kind}",
-            object_type="intervention",
-            object_id=intervention.pk,
-            run_id=run.pk,
-            reason=req.reason,
-            context={
-                "intervention": str(intervention.pk),
-                "policy": "automatic",
-                "after": run_snapshot(run),
-            },
-        )
-    return intervention
 
 
 @shared_task(acks_late=True)
@@ -420,9 +369,9 @@ def _recover(intervention_id: str) -> dict[str, Any]:
         return {"skipped": "already concluded"}
     actor = system_actor("recovery")
     reconciliation = []
-    for effect in Effect.objects.filter(
-        run_id=intervention.run_id, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
-    ).order_by("declared_at"):
+    for effect in (
+        Effect.objects.filter(run_id=intervention.run_id).unresolved().order_by("declared_at")
+    ):
         reconciliation.append(_reconcile_one(effect, actor))  # network: outside any transaction
     return conclude_recovery(intervention_id, reconciliation)
 
@@ -443,7 +392,7 @@ def _reconcile_one(effect: Effect, actor: Actor) -> dict[str, Any]:
 
 def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]) -> dict[str, Any]:
     actor = system_actor("recovery")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = lock_pending_job(intervention_id, State.RECOVERING)
         if locked is None:
             return {"skipped": "already concluded, or the run has moved on"}
@@ -457,7 +406,7 @@ def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]
             history=verify_history(run),
             checkpoint=_checkpoint_check(run, cp),
             versions=version_check(run),
-            unresolved_after=facts.unknown_effects(run),
+            unresolved_after=facts.unresolved_effects(run),
             attempts={"used": run.attempt_count, "max": pol["max_attempts"]},
         )
         action, why = choose(report, intervention.options.get("prefer", "redrive"))
@@ -513,8 +462,7 @@ def _enact(
             run, intervention, actor, plan_options(intervention.options.get("compensation") or {})
         )
         return {"next_state": run.state, "plan_id": str(plan.pk)}
-    run.resume_checkpoint, run.claimable_after = cp, None
-    Run.objects.filter(pk=run.pk).update(resume_checkpoint=cp, claimable_after=None)
+    set_resume_point(run, cp, claimable_after=None)
     apply_transition(
         run,
         Event.RECOVERY_REDRIVE,

@@ -19,27 +19,27 @@ from runs.models import Run
 from runs.services.common import (
     append_history,
     apply_transition,
-    latest_checkpoint,
+    set_resume_point,
     starting_checkpoint,
 )
 from runs.states import Event, State
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    cp = starting_checkpoint(run) or latest_checkpoint(run)
+    cp = starting_checkpoint(run)
     return {
         "resume_from": facts.resume_point(run),
         "revalidation": "a job checks the boundary, versions, assumptions, unknown effects, authority and replayed "
         "steps; any failing check blocks the resume unless overridden with a reason",
         "override": bool(req.override_reason),
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
     }
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
-    cp = starting_checkpoint(run) or latest_checkpoint(run)
+    cp = starting_checkpoint(run)
     apply_transition(
         run,
         Event.RESUME,
@@ -77,7 +77,7 @@ def conclude_resume(
     intervention_id: str, report: dict[str, Any], refreshed: list
 ) -> dict[str, Any]:
     actor = system_actor("revalidation")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = lock_pending_job(intervention_id, State.REVALIDATING)
         if locked is None:
             return {"skipped": "already concluded, or the run has moved on"}
@@ -104,8 +104,8 @@ def conclude_resume(
             actor=actor,
         )
         if report["ok"] or overridden:
-            run.resume_checkpoint = starting_checkpoint(run) or latest_checkpoint(run)
-            Run.objects.filter(pk=run.pk).update(resume_checkpoint=run.resume_checkpoint)
+            # Pin the checkpoint the pause left as the one to start from; a retry's backoff stands.
+            set_resume_point(run, starting_checkpoint(run), claimable_after=run.claimable_after)
             why = (
                 "all checks passed"
                 if report["ok"]

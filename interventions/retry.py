@@ -15,7 +15,7 @@ from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from runs.models import Attempt, Checkpoint, Run
-from runs.services.common import apply_transition, latest_checkpoint
+from runs.services.common import apply_transition, latest_checkpoint, set_resume_point
 from runs.states import Event
 
 DEFAULT_POLICY = {
@@ -82,7 +82,7 @@ def _backoff(run: Run) -> int:
 def eligibility(run: Run, req: Request) -> dict[str, Any]:
     p, last = policy(run), _last_attempt(run)
     failure = last.failure_class if last else ""
-    unresolved = facts.unknown_effects(run)
+    unresolved = facts.unresolved_effects(run)
     problems = []
     if unresolved:
         problems.append(
@@ -144,8 +144,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         raise err
     cp = _checkpoint(run, req)
     delay = _backoff(run)
-    run.resume_checkpoint, run.claimable_after = cp, timezone.now() + timedelta(seconds=delay)
-    Run.objects.filter(pk=run.pk).update(resume_checkpoint=cp, claimable_after=run.claimable_after)
+    set_resume_point(run, cp, claimable_after=timezone.now() + timedelta(seconds=delay))
     apply_transition(
         run,
         Event.RETRY,
@@ -158,7 +157,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         "next_attempt": run.attempt_count + 1,
         "note": "the new attempt gets its own id when a worker claims it",
         "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
-        "claimable_after": run.claimable_after.isoformat(),
+        "claimable_after": run.claimable_after.isoformat() if run.claimable_after else None,
         "previous_attempt": info["last_attempt"],
     }
 

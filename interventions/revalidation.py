@@ -150,7 +150,7 @@ def check_assumptions(run: Run, reobserve: bool) -> tuple[Check, list[tuple[Assu
 
 
 def check_unknown_effects(run: Run) -> Check:
-    unknown = facts.unknown_effects(run)
+    unknown = facts.unresolved_effects(run)
     if unknown:
         return Check(
             "unknown_effects",

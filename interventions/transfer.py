@@ -167,7 +167,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
             "execution_lease": worker or None,
         },
         "blocked_by": blocked,
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "pending_approvals": pending_approvals(run),
         "authority_handed_over": facts.active_grants(run),
     }
@@ -210,7 +210,7 @@ def _move(
         context={
             **record,
             "intervention": str(intervention.pk),
-            "unresolved_effects": facts.unknown_effects(run),
+            "unresolved_effects": facts.unresolved_effects(run),
         },
     )
     return record
@@ -229,7 +229,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
             state=run.state,
         )
     at_handoff = {
-        "unresolved_effects": facts.unknown_effects(run),
+        "unresolved_effects": facts.unresolved_effects(run),
         "pending_approvals": pending_approvals(run),
     }
     moved, unchanged, fields = [], [], {}

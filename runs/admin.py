@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from core.auth import actor_for_user
 from runs.models import (
     Agent,
     ApiToken,
@@ -13,6 +14,7 @@ from runs.models import (
     HistoryEvent,
     Run,
 )
+from runs.services.accounts import delete_token, revoke_token
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -44,7 +46,10 @@ class ApprovalPolicyInline(admin.TabularInline):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(ReadOnlyAdmin):
+    """Shown, never edited here: agents change through ``manage.py register_agent``
+    (runs.services.agents, audited)."""
+
     list_display = ["name", "allowed_scopes", "approval_policies", "created_at"]
     inlines = [ApprovalPolicyInline]
 
@@ -60,7 +65,11 @@ class ApprovalPolicyAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(ReadOnlyAdmin):
+    """Read-only, with a revoke action and delete (runs.services.accounts, audited). Tokens are
+    issued by create_worker_token / create_api_token, which show the secret once; nothing
+    un-revokes one."""
+
     list_display = [
         "name",
         "kind",
@@ -71,11 +80,27 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "last_used_at",
         "revoked_at",
     ]
-    readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at"]
-    exclude = []
+    list_filter = ["kind"]
+    exclude = ["token_hash"]
+    actions = ["revoke"]
 
-    def has_add_permission(self, request):
-        return False  # tokens are issued by create_worker_token / create_api_token, which show the secret once
+    def has_delete_permission(self, request, obj=None):
+        # Deleting is final like revoking (and a user's deletion takes their tokens with it).
+        return super(ReadOnlyAdmin, self).has_delete_permission(request, obj)
+
+    def delete_model(self, request, obj):
+        delete_token(actor=_actor(request), token_id=obj.pk)
+
+    def delete_queryset(self, request, queryset):
+        for token in queryset:
+            delete_token(actor=_actor(request), token_id=token.pk)
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        actor, n = _actor(request), 0
+        for token in queryset.filter(revoked_at__isnull=True):
+            n += revoke_token(actor=actor, token_id=token.pk)
+        self.message_user(request, f"revoked {n} token(s)")
 
 
 @admin.register(Run)
@@ -115,3 +140,7 @@ class EffectAdmin(ReadOnlyAdmin):
 
 for model in (Attempt, ExecutionLease, AuthorityGrant, Checkpoint, HistoryEvent, Approval):
     admin.site.register(model, ReadOnlyAdmin)
+
+
+def _actor(request):
+    return actor_for_user(request.user, request, component="admin")

@@ -10,9 +10,11 @@ class RunsConfig(AppConfig):
         from audit.integrity import register_anchor_part, register_append_only, register_check
 
         from . import integrity
-        from .models import HistoryEvent
+        from .models import Checkpoint, HistoryEvent
 
+        # The same tables carry the append-only triggers (Meta.triggers, audit/triggers.py).
         register_append_only(HistoryEvent)
+        register_append_only(Checkpoint)
         register_check("history", integrity.verify_histories)
         register_check("ledger", integrity.verify_ledger)
         register_anchor_part("runs", integrity.anchor_run_heads, integrity.check_anchored_run_heads)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
@@ -98,9 +98,7 @@ def run_detail(run: Run) -> dict[str, Any]:
             }
             for a in run.approvals.all()
         ],
-        "unresolved_effects": run.effects.filter(
-            decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
-        ).count(),
+        "unresolved_effects": Effect.objects.filter(run=run).unresolved().count(),
     }
 
 
@@ -115,7 +113,7 @@ def list_runs(
     qs = qs.annotate(
         n_unresolved=Count(
             "effects",
-            filter=Q(effects__decision="authorized", effects__status__in=list(Effect.UNRESOLVED)),
+            filter=Effect.unresolved_q("effects__"),
         )
     )
     return [run_summary(r, r.n_unresolved) for r in qs.order_by("-created_at")[:limit]]

@@ -250,6 +250,16 @@ def denial_reason(state: State | str) -> str:
     return DENIAL_BY_STATE.get(State(state), "not_running")
 
 
+def state_edges() -> list[tuple[str, str]]:
+    """Every (from, to) pair of states the table allows, worker-protocol facts, interventions and job
+    outcomes alike. Services move ``Run.state`` only through :data:`TRANSITIONS` (one UPDATE per edge,
+    in ``apply_transition``), so these pairs are every change the database may see: the PostgreSQL
+    trigger on ``runs_run.state`` (``Run.Meta.triggers``) is generated from them and refuses the rest."""
+    return sorted(
+        {(s.value, t.target.value) for s, edges in TRANSITIONS.items() for t in edges.values()}
+    )
+
+
 def as_table() -> list[dict[str, str | None]]:
     """Flat rows for the contracts page and the API."""
     return [

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 
 def pytest_configure(config):
@@ -19,6 +20,39 @@ def pytest_configure(config):
             raise pytest.UsageError(
                 "CONTROLPLANE_REQUIRE_POSTGRES=1 but DATABASE_URL is not PostgreSQL: refusing to fall back to SQLite"
             )
+
+
+@contextmanager
+def triggers_off(aliases):
+    """Replica mode: PostgreSQL fires no ordinary trigger in this session (superuser only)."""
+    pg = [connections[a] for a in aliases if connections[a].vendor == "postgresql"]
+    for conn in pg:
+        with conn.cursor() as cur:
+            cur.execute("SET session_replication_role = replica")
+    try:
+        yield
+    finally:
+        for conn in pg:
+            with conn.cursor() as cur:
+                cur.execute("SET session_replication_role = DEFAULT")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_past_append_only_triggers():
+    """``django_db(transaction=True)`` tests end with a flush, which TRUNCATEs every table; the audit
+    and history tables refuse TRUNCATE (audit/triggers.py). The flush is the test harness resetting
+    its scratch database, not an application write, so it runs with triggers off."""
+    from django.test import TransactionTestCase
+
+    original = TransactionTestCase._fixture_teardown
+
+    def teardown(self):
+        with triggers_off(self._databases_names(include_mirrors=False)):
+            original(self)
+
+    TransactionTestCase._fixture_teardown = teardown
+    yield
+    TransactionTestCase._fixture_teardown = original
 
 
 @pytest.fixture

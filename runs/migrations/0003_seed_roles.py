@@ -11,7 +11,7 @@ def seed(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0002_history_append_only"),
+        ("runs", "0001_initial"),
         ("auth", "0012_alter_user_first_name_max_length"),
     ]
     operations = [migrations.RunPython(seed, migrations.RunPython.noop)]

@@ -5,9 +5,12 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from audit.triggers import append_only
+
 
 class HistoryEvent(models.Model):
-    """Append-only (a PostgreSQL trigger refuses UPDATE/DELETE), sequence-numbered, hash-chained."""
+    """Append-only (PostgreSQL triggers refuse UPDATE, DELETE and TRUNCATE), sequence-numbered,
+    hash-chained."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="history")
     seq = models.PositiveIntegerField()
@@ -26,6 +29,7 @@ class HistoryEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="history_seq_unique_per_run")
         ]
+        triggers = append_only("history")
 
 
 class Checkpoint(models.Model):
@@ -48,6 +52,8 @@ class Checkpoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run")
         ]
+        # A checkpoint is written once and hashed; recovery restarts from it and checks the hash.
+        triggers = append_only("checkpoint")
 
 
 class Assumption(models.Model):

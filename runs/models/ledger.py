@@ -45,6 +45,13 @@ class AuthorityGrant(models.Model):
         return self.status
 
 
+class EffectQuerySet(models.QuerySet):
+    def unresolved(self) -> EffectQuerySet:
+        """Authorised effects whose outcome is not known yet (in flight or unknown): the one rule for
+        "unresolved" that finishing, compensating, retrying, recovery and every page read."""
+        return self.filter(Effect.unresolved_q())
+
+
 class Effect(models.Model):
     """One external side effect (or a denied attempt at one). The ledger answers "what escaped"."""
 
@@ -94,6 +101,8 @@ class Effect(models.Model):
     # The late outcome that contradicted the reconciliation: {reported, reconciled, external_ref, at, ...}
     discrepancy = models.JSONField(null=True, blank=True)
 
+    objects = EffectQuerySet.as_manager()
+
     class Meta:
         ordering = ["declared_at"]
         constraints = [
@@ -132,4 +141,11 @@ class Effect(models.Model):
 
     @property
     def unresolved(self) -> bool:
-        return self.status in self.UNRESOLVED
+        return self.decision == self.AUTHORIZED and self.status in self.UNRESOLVED
+
+    @classmethod
+    def unresolved_q(cls, prefix: str = "") -> models.Q:
+        """``Effect.objects.unresolved()`` as a Q, for filters through a relation (``"effects__"``)."""
+        return models.Q(
+            **{f"{prefix}decision": cls.AUTHORIZED, f"{prefix}status__in": list(cls.UNRESOLVED)}
+        )

@@ -1,4 +1,4 @@
-"""Shared steps of every decision: lock, transition check, history append, snapshot, notify, audit."""
+"""Shared steps of every decision: lock, transition check, history append, snapshot, audit, notify."""
 
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ from core.live import push_run_update
 from core.rows import select_row
 from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
-from runs.models import Approval, AuthorityGrant, Checkpoint, Effect, HistoryEvent, Run
+from runs.models import (
+    Approval,
+    AuthorityGrant,
+    Checkpoint,
+    Effect,
+    ExecutionLease,
+    HistoryEvent,
+    Run,
+)
 from runs.states import APPROVAL_LIVE_STATES, Event, State, transition
 from runs.work import work_key
 
@@ -28,8 +36,9 @@ NOTIFY_CHANNEL = "cp_runs"
 
 
 def lock_run(run_id: Any) -> Run:
-    """Lock the run row for the rest of the transaction. Every decision about a run starts here,
-    so decisions on one run are serialised by the database (pause vs declare, claim vs claim)."""
+    """Lock the run row for the rest of the transaction. Every decision about an existing run takes
+    it before reading what it decides on, so decisions on one run are serialised by the database
+    (pause vs declare, claim vs claim)."""
     # ``Run.objects.select_for_update().get(pk=run_id)`` without the compiler (core.rows): every
     # protocol call starts here. The run row only: joining the agent row into a FOR UPDATE would lock it
     # too, serialising every run of an agent and deadlocking against transactions whose deferred FK
@@ -95,6 +104,23 @@ def starting_checkpoint(run: Run) -> Checkpoint | None:
     return run.resume_checkpoint or latest_checkpoint(run)
 
 
+def set_resume_point(run: Run, checkpoint: Checkpoint | None, *, claimable_after) -> None:
+    """Where the next attempt starts, and from when it may be claimed (retry backoff; None = now).
+    The one writer of both (retry, resume and recovery call it; a claim consumes them); caller holds
+    the run lock."""
+    run.resume_checkpoint, run.claimable_after = checkpoint, claimable_after
+    Run.objects.filter(pk=run.pk).update(
+        resume_checkpoint=checkpoint, claimable_after=claimable_after
+    )
+
+
+def end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
+    """Release or expire an execution lease: the one writer of a lease's end (claim superseding a
+    stale one, release, finish, expiry, a pause with nothing in flight); caller holds the run lock."""
+    lease.status, lease.ended_at, lease.end_reason = status, now, why
+    ExecutionLease.objects.filter(pk=lease.pk).update(status=status, ended_at=now, end_reason=why)
+
+
 def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
     if cp is None:
         return None
@@ -122,7 +148,9 @@ def authority_envelope(run: Run) -> list[dict[str, Any]]:
 
 
 def unresolved_effects(run: Run) -> list[dict[str, Any]]:
-    rows = Effect.objects.filter(run=run, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED)
+    """The run's unresolved effects (``Effect.objects.unresolved()``), as previews, receipts, audit
+    context and guards name them."""
+    rows = Effect.objects.filter(run=run).unresolved()
     return [
         {
             "id": str(e.id),
@@ -248,13 +276,17 @@ def supersede_pending_approvals(run: Run, *, actor: Actor, why: str) -> list[str
 def decision(
     actor: Actor, action: str, object_type: str, object_id: Any, run_id: Any = None
 ) -> Iterator[None]:
-    """One transaction per decision. A refused decision rolls back, then is audited on its own."""
+    """One transaction per decision. A refused decision rolls back, then is audited on its own.
+
+    Durable: a decision is never a savepoint inside someone else's transaction (its COMMIT is when the
+    run lock, the audit-head lock and pg_notify take effect), so opening one inside an atomic block
+    is a programming error Django raises on. Test cases' own wrapping transactions are exempt."""
     ids = {f"{object_type}_id": object_id, "action": action}
     if run_id is not None:
         ids["run_id"] = run_id
     annotate(**ids)
     try:
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             yield
     except DomainError as err:
         record_audit(

@@ -218,7 +218,7 @@ def _replay(run: Run, actor: Actor, existing: Effect, fp: str) -> Declaration:
             idempotency_key=existing.idempotency_key,
             effect_id=str(existing.pk),
         )
-    if existing.status in Effect.UNRESOLVED:
+    if existing.unresolved:
         raise EffectUnresolved(
             f"effect {existing.pk} with key {existing.idempotency_key!r} is {existing.status}: do not dispatch "
             "again until its outcome is recorded or reconciled",

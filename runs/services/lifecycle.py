@@ -41,6 +41,7 @@ from .common import (
     apply_transition,
     checkpoint_summary,
     decision,
+    end_lease,
     lease_ttl,
     lock_run,
     notify_run_changed,
@@ -218,7 +219,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
         if (
             live is not None
         ):  # defensive: a stale active row must never block the partial unique index
-            _end_lease(live, ExecutionLease.EXPIRED, "superseded", now)
+            end_lease(live, ExecutionLease.EXPIRED, "superseded", now)
         run.fencing_token += 1
         run.attempt_count += 1
         cp = starting_checkpoint(run)
@@ -268,11 +269,6 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             data={"fencing_token": run.fencing_token},
         )
     return Claim(run, attempt, lease, checkpoint_summary(cp))
-
-
-def _end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
-    lease.status, lease.ended_at, lease.end_reason = status, now, why
-    ExecutionLease.objects.filter(pk=lease.pk).update(status=status, ended_at=now, end_reason=why)
 
 
 def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
@@ -409,7 +405,7 @@ def release_lease(*, actor: Actor, lease_id: Any, fencing_token: int, reason: st
         now = timezone.now()
         lease = _current_lease(run, lease_id, fencing_token, now)
         if lease.status == ExecutionLease.ACTIVE:
-            _end_lease(lease, ExecutionLease.RELEASED, reason or "released by worker", now)
+            end_lease(lease, ExecutionLease.RELEASED, reason or "released by worker", now)
             _end_attempt(run, Attempt.STOPPED, now)
         if run.state in (State.PAUSING, State.CANCELLING):
             apply_transition(
@@ -445,16 +441,14 @@ def finish_attempt(
         lease = check_fencing(run, fencing_token, now)
         event = Event.FINISH_SUCCEEDED if outcome == "succeeded" else Event.FINISH_FAILED
         if event == Event.FINISH_SUCCEEDED and run.state in (State.RUNNING, State.PAUSING):
-            pending = Effect.objects.filter(
-                run=run, decision=Effect.AUTHORIZED, status__in=Effect.UNRESOLVED
-            )
+            pending = Effect.objects.filter(run=run).unresolved()
             if pending.exists():
                 raise EffectsUnresolved(
                     "cannot succeed with effects in flight or unknown",
                     effects=[str(e.pk) for e in pending],
                     state=run.state,
                 )
-        _end_lease(lease, ExecutionLease.RELEASED, f"finished: {outcome}", now)
+        end_lease(lease, ExecutionLease.RELEASED, f"finished: {outcome}", now)
         _end_attempt(
             run,
             Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED,
@@ -479,14 +473,14 @@ def expire_leases(*, actor: Actor, now=None) -> list[str]:
     for lease_id, run_id in ExecutionLease.objects.filter(
         status=ExecutionLease.ACTIVE, expires_at__lte=now
     ).values_list("pk", "run_id"):
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             run = lock_run(run_id)
             lease = ExecutionLease.objects.filter(
                 pk=lease_id, status=ExecutionLease.ACTIVE, expires_at__lte=now
             ).first()
             if lease is None:  # heartbeat won the race
                 continue
-            _end_lease(lease, ExecutionLease.EXPIRED, "expired without release", now)
+            end_lease(lease, ExecutionLease.EXPIRED, "expired without release", now)
             _end_attempt(run, Attempt.ABANDONED, now, "worker_lost")
             if run.state in LEASED_STATES and lease.fencing_token == run.fencing_token:
                 apply_transition(
@@ -506,7 +500,7 @@ def end_live_leases(run: Run, why: str, *, now=None) -> list[str]:
     now = now or timezone.now()
     ended = []
     for lease in ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE):
-        _end_lease(lease, ExecutionLease.EXPIRED, why, now)
+        end_lease(lease, ExecutionLease.EXPIRED, why, now)
         ended.append(str(lease.pk))
     if ended:
         _end_attempt(run, Attempt.STOPPED, now, "cancelled", why)

@@ -247,7 +247,7 @@ def fire_due_timers(*, actor: Actor, now=None) -> int:
     for timer_id, run_id in Timer.objects.filter(
         status=Timer.PENDING, fire_at__lte=now
     ).values_list("pk", "run_id"):
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             run = lock_run(run_id)
             timer = (
                 Timer.objects.select_for_update().filter(pk=timer_id, status=Timer.PENDING).first()

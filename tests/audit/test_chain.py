@@ -16,7 +16,7 @@ from audit.models import AuditChainHead, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor
 from runs import services
-from runs.models import Attempt, ExecutionLease, HistoryEvent, Run
+from runs.models import Attempt, Checkpoint, ExecutionLease, HistoryEvent, Run
 from runs.services import common
 from tests.conftest import claim, declare, start_run
 
@@ -137,23 +137,46 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
 # --- append-only, enforced by PostgreSQL ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("table", ["audit_auditevent", "runs_historyevent"])
-@pytest.mark.parametrize("statement", ["UPDATE {table} SET hash = 'x'", "DELETE FROM {table}"])
-def test_update_and_delete_are_refused_by_the_database(worker, table, statement):
+@pytest.mark.parametrize("table", ["audit_auditevent", "runs_historyevent", "runs_checkpoint"])
+@pytest.mark.parametrize(
+    ("statement", "refusal"),
+    [
+        ("UPDATE {table} SET hash = 'x'", "Cannot update rows"),
+        ("DELETE FROM {table}", "Cannot delete rows"),
+        ("TRUNCATE {table} CASCADE", "Cannot truncate"),  # a statement: row triggers never see it
+    ],
+)
+def test_update_delete_and_truncate_are_refused_by_the_database(worker, table, statement, refusal):
+    model = {
+        "audit_auditevent": AuditEvent,
+        "runs_historyevent": HistoryEvent,
+        "runs_checkpoint": Checkpoint,
+    }[table]
     run = start_run(worker)
-    claim(worker, run["id"])
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    resp = worker.post(
+        f"/runs/{run['id']}/checkpoints", {"fencing_token": token, "step": "s", "state": {}}
+    )
+    assert resp.status_code == 201
+    rows = model.objects.count()
+    assert rows > 0
+    with pytest.raises(DatabaseError, match=refusal), transaction.atomic():
         with connection.cursor() as cur:
+            # Check the deferred foreign keys of this test's inserts now: PostgreSQL will not TRUNCATE
+            # a table with pending trigger events, and that refusal is not the one under test.
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
             cur.execute(statement.format(table=table))
+    assert model.objects.count() == rows
+    assert verify_chain().ok
 
 
 def test_orm_update_and_delete_of_audit_rows_are_refused(worker):
     start_run(worker)
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+    with pytest.raises(DatabaseError, match="Cannot update rows"), transaction.atomic():
         AuditEvent.objects.update(reason="nothing to see")
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+    with pytest.raises(DatabaseError, match="Cannot delete rows"), transaction.atomic():
         AuditEvent.objects.all().delete()
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+    with pytest.raises(DatabaseError, match="Cannot delete rows"), transaction.atomic():
         HistoryEvent.objects.all().delete()
     assert verify_chain().ok
 

@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
 from core.roles import may, roles_of
-from interventions.contracts import CONTRACTS
+from interventions.contracts import CONTRACT_SPECS
 from runs.models import Run
 from runs.states import State, allowed_events
 from tests.conftest import claim, declare, start_run
@@ -101,7 +101,7 @@ def test_buttons_are_the_state_tables_events_that_the_role_may_issue(cast, worke
     allowed = set(allowed_events(State.RUNNING))
     expected = {
         kind
-        for kind, spec in CONTRACTS.items()
+        for kind, spec in CONTRACT_SPECS.items()
         if (spec["event"] in allowed if spec["event"] is not None else True)
         and may(roles, kind)
         and kind not in ("approve", "reject", "restore_authority")

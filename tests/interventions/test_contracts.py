@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from core.actors import system_actor
-from interventions.contracts import CONTRACTS, contracts_document
+from interventions.contracts import CONTRACT_SPECS, contracts_document
 from interventions.resume import revalidate_run
 from runs.models import Timer
 from runs.services import fire_due_timers
@@ -49,7 +49,7 @@ def test_timers_continue_during_pause_and_are_delivered_on_resume(worker, as_use
 
 def test_every_contract_names_its_roles_states_and_a_reason_requirement(as_user):
     doc = as_user("vera").get("/contracts").json()
-    assert set(doc["contracts"]) == set(CONTRACTS)
+    assert set(doc["contracts"]) == set(CONTRACT_SPECS)
     for kind, spec in doc["contracts"].items():
         assert spec["reason_required"] is True
         assert spec["may_issue"], kind
@@ -65,4 +65,4 @@ def test_every_registered_contract_has_a_published_contract():
     from interventions.base import _load
 
     _load()
-    assert set(REGISTERED) <= set(CONTRACTS)
+    assert set(REGISTERED) <= set(CONTRACT_SPECS)

@@ -1,7 +1,10 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from core.actors import system_actor
+from core.errors import DomainError
 from runs.models import ApiToken
+from runs.services.accounts import issue_token
 
 
 class Command(BaseCommand):
@@ -15,9 +18,15 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user {username!r}")
-        token, secret = ApiToken.issue(
-            kind=ApiToken.OPERATOR, name=name or f"{username}-token", user=user
-        )
+        try:
+            token, secret = issue_token(
+                actor=system_actor("create_api_token", name="manage.py"),
+                kind=ApiToken.OPERATOR,
+                name=name or f"{username}-token",
+                user=user,
+            )
+        except DomainError as err:
+            raise CommandError(err.detail)
         self.stdout.write(
             f"operator token {token.prefix}… for {username}; store it now, it is not shown again:"
         )

@@ -1,21 +1,33 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.models import Agent, ApiToken
+from core.actors import system_actor
+from core.errors import DomainError
+from runs.models import ApiToken
+from runs.services.accounts import issue_token
 
 
 class Command(BaseCommand):
-    help = "Create a worker token (printed once, as the last line). Without --agent it may act for any agent."
+    help = (
+        "Create a worker token (printed once, as the last line). "
+        "Without --agent it may act for any agent."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name")
         parser.add_argument("--agent", action="append", default=[])
 
     def handle(self, *args, name, agent, **opts):
-        missing = [a for a in agent if not Agent.objects.filter(name=a).exists()]
-        if missing:
-            raise CommandError(f"unknown agent(s): {', '.join(missing)} (register_agent first)")
-        token, secret = ApiToken.issue(kind=ApiToken.WORKER, name=name, agents=agent)
+        try:
+            token, secret = issue_token(
+                actor=system_actor("create_worker_token", name="manage.py"),
+                kind=ApiToken.WORKER,
+                name=name,
+                agents=agent,
+            )
+        except DomainError as err:
+            raise CommandError(err.detail)
         self.stdout.write(
-            f"worker token {token.prefix}… for {', '.join(agent) or 'any agent'}; store it now, it is not shown again:"
+            f"worker token {token.prefix}… for {', '.join(agent) or 'any agent'}; "
+            "store it now, it is not shown again:"
         )
         self.stdout.write(secret)

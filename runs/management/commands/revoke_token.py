@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
-from runs.models import ApiToken
+from core.actors import system_actor
+from core.errors import DomainError
+from runs.services.accounts import revoke_token
 
 
 class Command(BaseCommand):
@@ -11,9 +12,8 @@ class Command(BaseCommand):
         parser.add_argument("prefix")
 
     def handle(self, *args, prefix, **opts):
-        n = ApiToken.objects.filter(prefix=prefix, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
-        if not n:
-            raise CommandError(f"no live token with prefix {prefix!r}")
+        try:
+            n = revoke_token(actor=system_actor("revoke_token", name="manage.py"), prefix=prefix)
+        except DomainError as err:
+            raise CommandError(err.detail)
         self.stdout.write(f"revoked {n} token(s)")

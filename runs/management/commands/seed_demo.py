@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand
 
 from core.actors import system_actor
 from core.roles import ROLES
 from runs.models import ApiToken
+from runs.services.accounts import create_user, ensure_roles, issue_token, set_user_roles
 from runs.services.agents import register_agent
 
 DEMO_AGENTS = {
@@ -55,19 +56,22 @@ class Command(BaseCommand):
     help = "Seed demo users (one per role), agents and the demo worker token."
 
     def handle(self, *args, **opts):
-        for name in ROLES:
-            Group.objects.get_or_create(name=name)
+        seeder = system_actor("seed_demo", name="manage.py")
+        ensure_roles(actor=seeder)
         password = os.environ.get("DEMO_PASSWORD", "controlplane-demo")
         for username, role in DEMO_USERS.items():
-            user, created = User.objects.get_or_create(
-                username=username, defaults={"is_staff": role == "admin"}
-            )
-            if created:
-                user.set_password(password)
-                user.is_superuser = user.is_staff = role == "admin"
-                user.save()
-            user.groups.add(Group.objects.get(name=role))
-        seeder = system_actor("seed_demo", name="manage.py")
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                create_user(
+                    actor=seeder,
+                    username=username,
+                    password=password,
+                    roles=[role],
+                    staff=role == "admin",
+                )
+            elif not user.groups.filter(name=role).exists():
+                roles = {*user.groups.filter(name__in=ROLES).values_list("name", flat=True), role}
+                set_user_roles(actor=seeder, user=user, roles=roles)
         for name, (scopes, description) in DEMO_AGENTS.items():
             register_agent(
                 actor=seeder,
@@ -85,8 +89,8 @@ class Command(BaseCommand):
                 token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
             ).exists()
         ):
-            _, secret = ApiToken.issue(
-                kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
+            _, secret = issue_token(
+                actor=seeder, kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
             )
             token_file.write_text(secret + "\n")
             token_file.chmod(0o600)
