@@ -291,3 +291,17 @@ def test_fired_timers_are_collected_from_heartbeats(server: FakeServer, ctx: Run
     ctx.refresh()
     assert ctx.pop_fired_timers() == [{"name": "payment-deadline", "fired_at": "t1"}]
     assert ctx.pop_fired_timers() == []
+
+
+def test_step_is_also_a_decorator(server: FakeServer, ctx: RunContext) -> None:
+    @ctx.step("reserve")
+    def reserve(sku: str) -> str:
+        assert ctx.current_step == "reserve"
+        return f"res-{sku}"
+
+    assert reserve("sku-1") == "res-sku-1" and reserve("sku-2") == "res-sku-2"
+    kinds = [e["kind"] for b in server.bodies("POST", EVENTS) for e in b["events"]]
+    assert kinds == ["step_started", "step_completed"] * 2  # a boundary on every call
+    server.on("POST", HB, hb("pause"))
+    with pytest.raises(PauseRequested):
+        reserve("sku-3")

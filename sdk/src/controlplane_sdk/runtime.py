@@ -244,7 +244,8 @@ class RunContext:
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
         """A step boundary: checks the directive, records ``step_started``, runs the body, records
-        ``step_completed`` (not recorded if the body raises)."""
+        ``step_completed`` (not recorded if the body raises). Also a decorator: ``@ctx.step("reserve")``
+        makes every call of the function a boundary."""
         self.check_directive()
         prev, self.current_step = self.current_step, name
         self.event("step_started", {"step": name, "attempt": self.attempt.number})
