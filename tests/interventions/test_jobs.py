@@ -61,12 +61,17 @@ def test_the_job_row_commits_with_the_decision_and_a_second_delivery_is_a_no_op(
 
 
 def test_a_poisoned_job_gives_up_after_max_attempts_and_the_run_needs_attention(
-    worker, as_user, settings
+    worker, as_user, settings, monkeypatch
 ):
     settings.JOB_MAX_ATTEMPTS = 3
     run_id, recovery = recovering_run(worker)
-    # A retry policy stored before the edge validated it: recovery's comparison raises TypeError.
-    Run.objects.filter(pk=run_id).update(retry_policy={"max_attempts": "never"})
+
+    # A bug in the job's own code (a bad stored retry_policy used to be one; the policy reader now
+    # falls back to the defaults): every delivery raises.
+    def broken(run):
+        raise TypeError("'<=' not supported between instances of 'int' and 'str'")
+
+    monkeypatch.setattr("interventions.recover.retry_policy", broken)
     for attempt in (1, 2):
         assert "failed" in run_recovery(str(recovery.pk))
         job = Job.objects.get(kind="recovery", target_id=str(recovery.pk))
