@@ -19,7 +19,7 @@ from interventions.models import Intervention, Job
 from interventions.recover import run_recovery, scan_expired_leases
 from interventions.resume import revalidate_run
 from runs.models import ExecutionLease, HistoryEvent, Run
-from tests.conftest import claim, start_run
+from tests.conftest import claim, place_run_in, start_run
 from tests.interventions.helpers import intervene
 from tests.interventions.test_compensate import FakeWorld, saga_run
 
@@ -116,7 +116,7 @@ def test_a_poisoned_job_gives_up_after_max_attempts_and_the_run_needs_attention(
 @pytest.mark.parametrize("kind", ["pause", "close"])
 def test_pause_and_close_work_from_needs_attention(worker, as_user, kind):
     run_id, _ = recovering_run(worker)
-    Run.objects.filter(pk=run_id).update(state="needs_attention")
+    place_run_in(run_id, "needs_attention")
     resp = intervene(as_user("ian"), run_id, kind, reason="taking it from here")
     assert resp.status_code == 202, resp.content
     assert Run.objects.get(pk=run_id).state == {"pause": "paused", "close": "closed"}[kind]

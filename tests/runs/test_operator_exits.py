@@ -104,11 +104,11 @@ def test_the_exit_is_honoured_by_the_services(state, worker, as_user):
     """Put a run in each non-terminal state and walk the incident commander's way out through the
     real intervention service: every step answers 2xx and the run ends closed."""
     from runs.models import Run
-    from tests.conftest import start_run
+    from tests.conftest import place_run_in, start_run
     from tests.interventions.helpers import intervene
 
     run = start_run(worker)
-    Run.objects.filter(pk=run["id"]).update(state=state.value)
+    place_run_in(run["id"], state.value)
     ian = as_user("ian")
     for event in ic_path_to_closed(state):
         resp = intervene(ian, run["id"], event.value, reason=f"exit from {state.value}")
