@@ -17,7 +17,12 @@ if os.environ.get("BROKER_TEST_FILESYSTEM"):  # the transport `make run` used be
     folder = os.path.join(os.environ["BROKER_TEST_DIR"], "fs-broker")
     os.makedirs(folder, exist_ok=True)
     app.conf.broker_url, app.conf.broker_transport = "filesystem://", None
-    app.conf.broker_transport_options = {"data_folder_in": folder, "data_folder_out": folder}
+    app.conf.broker_transport_options = {
+        "data_folder_in": folder,
+        "data_folder_out": folder,
+        # kombu writes its broadcast exchanges here; the default is ./control in the repository
+        "control_folder": os.path.join(os.environ["BROKER_TEST_DIR"], "fs-control"),
+    }
 
 
 @app.task(name="brokertest.record")
