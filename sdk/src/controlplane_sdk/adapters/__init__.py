@@ -33,6 +33,13 @@ def current_effect() -> EffectScope:
     return fx
 
 
+def recorded(fx: EffectScope, field: str, default: Any = None) -> Any:
+    """What an earlier attempt recorded for a replayed effect (its outcome detail's ``field``): the
+    adapters answer a replayed tool call with it instead of calling the tool again."""
+    detail = fx.result if isinstance(fx.result, dict) else {}
+    return detail.get(field, default)
+
+
 @contextlib.contextmanager
 def effect_in_progress(fx: EffectScope) -> Iterator[EffectScope]:
     token = _current.set(fx)

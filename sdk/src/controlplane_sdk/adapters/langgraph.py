@@ -34,7 +34,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from ..runtime import RunContext
-from . import args_digest, effect_in_progress
+from . import args_digest, effect_in_progress, recorded
 
 STATE_KEY = "langgraph"
 BRANCH_PREFIX = "branch:to:"
@@ -155,7 +155,7 @@ def governed_tool(
                 approval_id=approval_id,
             ) as fx:
                 if fx.already_done:
-                    return (fx.result or {}).get("result") if isinstance(fx.result, dict) else None
+                    return recorded(fx, "result")
                 with effect_in_progress(fx):
                     result = fn(*args, **kwargs)
                 fx.committed(detail={"result": result})

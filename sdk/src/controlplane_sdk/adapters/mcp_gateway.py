@@ -30,7 +30,7 @@ from mcp.server import Server
 
 from ..errors import ControlPlaneError, EffectDenied
 from ..runtime import RunContext
-from . import args_digest
+from . import args_digest, recorded
 
 SEP = "__"
 _STOPS = ("pause", "cancel", "stop")
@@ -123,9 +123,8 @@ class McpGateway:
                 if approval_id is None:
                     return _error(f"{upstream}{SEP}{name} was rejected by an approver")
         if scope.already_done:
-            recorded = scope.result if isinstance(scope.result, dict) else {}
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text=str(recorded.get("text", "")))],
+                content=[types.TextContent(type="text", text=str(recorded(scope, "text", "")))],
                 is_error=False,
             )
         try:

@@ -32,7 +32,7 @@ from agents.tool_context import ToolContext
 
 from ..errors import ControlPlaneError
 from ..runtime import RunContext
-from . import effect_in_progress
+from . import effect_in_progress, recorded
 
 STATE_KEY = "openai_agents"
 _STOPS = ("pause", "cancel", "stop")
@@ -102,8 +102,7 @@ def govern_tool(
         )
         await asyncio.to_thread(scope.__enter__)
         if scope.already_done:
-            recorded = scope.result if isinstance(scope.result, dict) else {}
-            return recorded.get("result", "")
+            return recorded(scope, "result", "")
         try:
             with effect_in_progress(scope):  # the tool reads current_effect().idempotency_key
                 result = await inner(tool_ctx, raw_args)
