@@ -286,6 +286,7 @@ class PreviewOut(Out):
     allowed: bool
     next_state: str
     scope: str
+    digest: str  # send it back as preview_digest to refuse a confirm once the run has moved on
 
 
 class ReceiptOut(Out):

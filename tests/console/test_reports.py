@@ -42,11 +42,11 @@ def issue(client: Client, run_id: str, kind: str, reason: str, **fields):
     dialog = client.get(
         f"/runs/{run_id}/interventions/new/", {"kind": kind, **fields}, HTTP_HX_REQUEST="true"
     )
-    match = re.search(rb'name="preview_token" value="([0-9a-f]+)"', dialog.content)
+    match = re.search(rb'name="preview_digest" value="([0-9a-f]+)"', dialog.content)
     assert dialog.status_code == 200 and match, dialog.content.decode()[:3000]
     resp = client.post(
         f"/runs/{run_id}/interventions/",
-        {"kind": kind, "reason": reason, "preview_token": match.group(1).decode(), **fields},
+        {"kind": kind, "reason": reason, "preview_digest": match.group(1).decode(), **fields},
         HTTP_HX_REQUEST="true",
     )
     assert resp.status_code == 200, resp.content.decode()[:3000]
@@ -279,7 +279,7 @@ def test_the_compensation_plan_is_shown_in_order_with_its_progress_and_how_it_en
     assert "0 of 3 steps" in receipt and "executing in order" in receipt
     # the order: newest first, each original effect with its key, each compensation with its own
     assert in_order(
-        receipt,
+        receipt[receipt.index('data-report="compensation"') :],  # the plan's table, after the card
         'data-position="1"',
         "payments:refund",
         "compensate:order-1-charge",
@@ -291,6 +291,11 @@ def test_the_compensation_plan_is_shown_in_order_with_its_progress_and_how_it_en
         "compensate:order-1-reserve",
     )
     assert 'data-called-out="order-1-notify"' in receipt and "irreversible" in receipt
+    card = receipt[
+        receipt.index('data-testid="receipt-card"') : receipt.index('data-report="compensation"')
+    ]
+    assert re.findall(r'<dt data-answer="([a-z_]+)"', card)[:2] == ["plan", "irreversible"]
+    assert "notifications:enqueue (order-1-notify)" in card  # called out in the card's first lines
     assert 'data-called-out="order-1-note"' in receipt and "no compensation was declared" in receipt
 
     # While it runs: the first step failed once and waits for its backoff.
@@ -505,7 +510,8 @@ def test_a_recovery_that_compensates_points_to_its_plan_and_the_plan_shows_its_p
     gate = section(page, "run-recovery")
     assert "Chosen: compensate" in gate and "compensation was preferred" in gate
     assert (
-        f'It started compensation plan <code class="id" title="{plan.pk}">' in gate
+        "It started compensation plan" in gate
+        and f'<code class="id" title="{plan.pk}">' in gate
         and "st-pending" in gate
     )
     assert in_order(
