@@ -206,6 +206,11 @@ def with_preview(
         return 204
     ctx["preview"] = {k: shown.get(k) for k in HEADLINE}
     ctx["card"] = preview_card(shown, dry_run=_dry_run(run) if req.kind == "resume" else None)
+    asked = (shown.get("shown") or {}).get("requested_by")
+    if req.kind in ("approve", "reject") and request.actor.label in (asked, run.created_by):
+        ctx["card"]["blocking"].append(
+            "four eyes: you requested this approval or started the run; another approver decides"
+        )
     ctx["digest"] = shown["digest"]
     ctx["section_digests"] = base.section_digests(shown)
     ctx["sections"] = json.dumps(ctx["section_digests"], separators=(",", ":"))

@@ -48,7 +48,9 @@ def pause_receipt(r: dict[str, Any]) -> list[dict[str, Any]]:
     timers = r.get("timers") or []
     suspended = r.get("authority_suspended") or []
     return [
-        answer("stops", "New effects", f"{r.get('new_effects', 'denied')}", at=r.get("paused_at")),
+        answer(
+            "stops", "New effects", f"{r.get('new_effects', 'denied')} ·", at=r.get("paused_at")
+        ),
         answer(
             "may_still_complete",
             "May still complete",
@@ -104,7 +106,7 @@ def resume_receipt(r: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cancel_receipt(r: dict[str, Any]) -> list[dict[str, Any]]:
     return [
-        answer("stops", "New effects", r.get("new_effects", ""), at=r.get("cancelled_at")),
+        answer("stops", "New effects", f"{r.get('new_effects', '')} ·", at=r.get("cancelled_at")),
         answer(
             "committed",
             "Still committed",
@@ -352,39 +354,57 @@ RECEIPTS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
 }
 
 
+class _Read(dict):
+    """A receipt that remembers which keys the card read, so the folded rest shows only the others."""
+
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+# On the receipt's header line already, or drawn by the job's report below the card.
+NOT_REPEATED = {
+    "kind",
+    "issued_by",
+    "role",
+    "reason",
+    "scope",
+    "override",
+    "override_reason",
+    "job",
+}
+
+
 def receipt_card(i: Intervention) -> dict[str, Any]:
-    r = i.receipt or {}
+    r = _Read(i.receipt or {})
     builder = RECEIPTS.get(i.kind)
     answers = builder(r) if builder else []
     who = answer(
         "who",
         "Who and why",
-        f"{i.actor_label} ({i.role or 'no role'}): {i.reason}",
+        f"{i.actor_label} ({i.role or 'no role'}): {i.reason} ·",
         at=i.created_at,
     )
     if i.override:
-        who["text"] += f" — override: {i.override_reason}"
+        who["text"] = f"{i.actor_label} ({i.role}), overriding: {i.override_reason} · {i.reason} ·"
+    rest = {k: v for k, v in r.items() if k not in r.read and k not in NOT_REPEATED}
+    more = [answer("recorded", "Also recorded", "", table(["receipt"], [row(cell("value", rest))]))]
     out = card(
         "receipt-card",
         f"Receipt: {kind_label(i.kind)}",
         _state_line(r) if r.get("state") else f"Status {i.status}",
         [*answers, who],
-        more=[
-            answer(
-                "recorded",
-                "Recorded receipt",
-                "",
-                table(["receipt"], [row(cell("value", _shown_receipt(i)))]),
-            )
-        ],
+        more=more if rest else [],
     )
     return out | {"kind": i.kind, "id": str(i.pk), "run_id": str(i.run_id), "status": i.status}
-
-
-def _shown_receipt(i: Intervention) -> dict[str, Any]:
-    """The recorded receipt for the folded "more": without what the card and the report already show."""
-    skip = {"kind", "issued_by", "role", "reason", "scope", "job", "plan", "shown", "who_may_now"}
-    return {k: v for k, v in (i.receipt or {}).items() if k not in skip}
 
 
 def receipt_context(i: Intervention) -> dict[str, Any]:

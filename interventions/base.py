@@ -205,10 +205,18 @@ def _shown(run: Run, req: Request, actor: Actor, contract: Contract) -> dict[str
 def preview_digest(req: Request, shown: dict[str, Any]) -> str:
     """A hash of what the preview showed and of the request it answered (not the reason text). A
     confirm carrying it is refused if the run has moved on since: what is issued is what was shown."""
+    preview = {k: v for k, v in shown.items() if k != "digest"}
+    lease = (preview.get("current") or {}).get("execution_lease")
+    if isinstance(lease, dict):
+        # A live lease's expiry moves with every heartbeat; who holds it is what the preview says.
+        preview["current"] = {
+            **preview["current"],
+            "execution_lease": {**lease, "expires_at": None},
+        }
     content = {
         "request": {"kind": req.kind, "scope": req.scope, "options": req.options},
         "override": req.override,
-        "preview": {k: v for k, v in shown.items() if k != "digest"},
+        "preview": preview,
     }
     text = json.dumps(_jsonable(content), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -100,7 +100,7 @@ def copyable_id(value: Any, length: int = 8) -> SafeString:
     return format_html(
         '<span class="cid"><code class="id" title="{}">{}</code>'
         '<button type="button" class="copy" data-copy="{}" title="Copy {}" aria-label="Copy id">'
-        "⧉</button></span>",
+        "copy</button></span>",
         full,
         full[:length],
         full,
