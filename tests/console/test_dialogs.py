@@ -553,3 +553,39 @@ def test_the_confirm_receipt_links_its_permalink_and_draws_times_as_relative(cas
     assert f'href="/receipts/{intervention.pk}/" data-testid="receipt-permalink"' in html
     assert "<time datetime=" in html
     assert_readable(html)
+
+
+def test_the_approval_card_shows_the_exact_args_with_the_adapters_redaction_and_four_eyes(
+    cast, worker, as_user
+):
+    from interventions import registry
+
+    registry.load_adapters()
+    saved = {k: dict(v) for k, v in registry._redactions.items()}
+    registry.redaction("payments", {"card_number": "last4"})
+    try:
+        run = start_run(as_user("ian"))
+        lease = claim(worker, run["id"])
+        asked = worker.post(
+            f"/runs/{run['id']}/approvals",
+            {
+                "fencing_token": lease["lease"]["fencing_token"],
+                "tool": "payments",
+                "action": "charge",
+                "args": {"amount": 900, "payment": {"card_number": "4111111111111234"}},
+                "reason": "large charge",
+            },
+        )
+        assert asked.status_code == 201, asked.content
+        approval = Approval.objects.get(run_id=run["id"])
+        html = open_dialog(
+            browser("april"), run["id"], "approve", approval_id=str(approval.pk)
+        ).content.decode()
+        assert answers_of(html)[:2] == ["decision", "args"]
+        assert "••••1234" in html and "4111111111111234" not in html
+        assert 'data-testid="blocking"' not in html
+        ian = open_dialog(browser("ian"), run["id"], "approve", approval_id=str(approval.pk))
+        assert b"four eyes" in ian.content and b'data-testid="blocking"' in ian.content
+    finally:
+        registry._redactions.clear()
+        registry._redactions.update(saved)

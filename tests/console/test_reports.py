@@ -524,3 +524,32 @@ def test_a_recovery_that_compensates_points_to_its_plan_and_the_plan_shows_its_p
         page.index(f'id="rp-{intervention.pk}-completed-completed-2-0-2"') :
     ]  # the receipt redrawn with it
     assert 'data-report="recovery"' in row and 'data-plan-status="completed"' in row
+
+
+def test_the_resume_preview_shows_each_check_as_pass_or_fail_and_what_runs_again(
+    cast, worker, price_checker
+):
+    run = paused_run_with_a_changed_world(worker)
+    otto = browser("otto")
+    issue(otto, run["id"], "pause", "supplier called")
+    Agent.objects.filter(name="purchasing").update(current_versions=NEW_VERSIONS)
+    html = otto.get(
+        f"/runs/{run['id']}/interventions/new/", {"kind": "resume"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    card = html[html.index('data-testid="preview-card"') :]
+    assert re.findall(r'<dt data-answer="([a-z_]+)"', card)[:2] == ["checks", "runs_again"]
+
+    def check(name: str) -> str:
+        return re.search(rf'<tr[^>]*data-testid="check-{name}">(.*?)</tr>', card, re.S).group(1)
+
+    assert (
+        "st-fail" in check("versions") and "3.1" in check("versions") and "3.2" in check("versions")
+    )
+    assert "st-fail" in check("assumptions") and "price:sku-1" in check("assumptions")
+    assert "st-pass" in check("unknown_effects") and "st-pass" in check("authority")
+    runs_again = card[card.index('data-answer-for="runs_again"') :]
+    runs_again = runs_again[: runs_again.index("</dd>")]
+    assert "checkpoint 1 · reserve" in runs_again
+    assert "order-42-charge" in runs_again and "replays the recorded result" in runs_again
+    assert "order-42-reserve" not in runs_again  # before the checkpoint: it does not run again
+    assert Run.objects.get(pk=run["id"]).state == "paused"  # the dry run changed nothing
