@@ -106,7 +106,7 @@ def list_runs(request: HttpRequest, query: Query[RunListQuery]):
         caller(request), flt, after=query.after or "", before=query.before or "", limit=query.limit
     )
     return {
-        "runs": [run_summary(r, r.n_unresolved) for r in page.runs],
+        "runs": [run_summary(r, getattr(r, "n_unresolved", None)) for r in page.runs],
         "next_cursor": page.next_cursor,
         "prev_cursor": page.prev_cursor,
     }

@@ -82,7 +82,11 @@ def seed(n_runs: int) -> dict[str, Any]:
     rng = random.Random(10)
     if Run.objects.count() >= n_runs:
         big = Run.objects.filter(goal="big run").first()
-        return {"seeded": False, "runs": Run.objects.count(), "big_run": str(big.pk) if big else None}
+        return {
+            "seeded": False,
+            "runs": Run.objects.count(),
+            "big_run": str(big.pk) if big else None,
+        }
     started = time.perf_counter()
     agents = [Agent.objects.get_or_create(name=a)[0] for a in AGENTS]
     owners = []
@@ -115,19 +119,33 @@ def seed(n_runs: int) -> dict[str, Any]:
             effects.append(_effect(run_id, tool, action, status, created))
     big_id = uuid.uuid4()
     runs.append(
-        {"id": big_id, "agent_id": agents[0].pk, "goal": "big run", "state": "running",
-         "created_at": now, "updated_at": now, "state_changed_at": now, "attempt_count": 1,
-         "history_seq": BIG_HISTORY}  # fmt: skip
+        {
+            "id": big_id,
+            "agent_id": agents[0].pk,
+            "goal": "big run",
+            "state": "running",
+            "created_at": now,
+            "updated_at": now,
+            "state_changed_at": now,
+            "attempt_count": 1,
+            "history_seq": BIG_HISTORY,
+        }  # fmt: skip
     )
     for i in range(BIG_EFFECTS):
         tool, action = TOOLS[i % len(TOOLS)]
         status = "in_flight" if i >= BIG_EFFECTS - 3 else "committed"
         effects.append(_effect(big_id, tool, action, status, now + timedelta(milliseconds=i)))
     history = [
-        {"run_id": big_id, "seq": s, "kind": "effect.declared" if s % 2 else "checkpoint",
-         "actor": "worker-1", "data": {"step": f"step-{s}", "n": s},
-         "created_at": now + timedelta(milliseconds=s), "prev_hash": f"{s - 1:064x}",
-         "hash": f"{s:064x}"}  # fmt: skip
+        {
+            "run_id": big_id,
+            "seq": s,
+            "kind": "effect.declared" if s % 2 else "checkpoint",
+            "actor": "worker-1",
+            "data": {"step": f"step-{s}", "n": s},
+            "created_at": now + timedelta(milliseconds=s),
+            "prev_hash": f"{s - 1:064x}",
+            "hash": f"{s:064x}",
+        }  # fmt: skip
         for s in range(1, BIG_HISTORY + 1)
     ]
     with transaction.atomic(), connection.cursor() as cursor:
@@ -325,7 +343,8 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
     buf = io.StringIO()
     buf.write(f"console bench: {result['facts'].get('runs')} runs; results in {out}\n")
     for name, r in result["list_pages"].items():
-        buf.write(f"  {name:32} p50 {r['p50_ms']:7.1f}  p95 {r['p95_ms']:7.1f} ms  {r['queries']:2} queries  {r['html_kb']} KB\n")  # fmt: skip
+        times = f"p50 {r['p50_ms']:7.1f}  p95 {r['p95_ms']:7.1f} ms"
+        buf.write(f"  {name:32} {times}  {r['queries']:2} queries  {r['html_kb']} KB\n")
     for name, r in result["run_page"].items():
         buf.write(f"  {name:32} {r}\n")
     buf.write(f"  summary: {result['summary']}\n")

@@ -15,8 +15,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from audit.models import AuditEvent
@@ -30,13 +30,13 @@ from console.common import (
 )
 from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
+from core.filters import BadFilter, check_text
 from core.roles import may, roles_of
 from interventions.base import descendants
 from interventions.contracts import CONTRACT_SPECS
 from interventions.jobs import attention
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
-from core.filters import BadFilter, check_text
 from runs.models import Agent, AuthorityGrant, HistoryEvent, Run
 from runs.search import RunFilter, page_runs, runs_by_prefix, state_counts, with_unresolved
 from runs.selectors import ledger, run_detail, run_summary, visible_runs

@@ -55,7 +55,8 @@ ATTENTION_STATES = (
     State.COMPENSATION_FAILED,
 )
 LOOK_AT_EFFECTS = (Effect.UNKNOWN, Effect.DISCREPANCY)
-OPEN_JOB_STATUSES = ("pending", "running")  # interventions.models_jobs.Job.OPEN (runs sits below it)
+# interventions.models_jobs.Job.OPEN (runs sits below interventions and may not import it)
+OPEN_JOB_STATUSES = ("pending", "running")
 STUCK_JOB_GRACE = timedelta(minutes=1)
 
 # sort name -> the run fields of its key; the id always ends it, so the order is total.
@@ -130,17 +131,20 @@ class RunFilter:
             states=states,
             attention=attention in ("1", "true", "yes", "on"),
             sort=sort,
-            **times,
+            since=times["since"],
+            until=times["until"],
+            updated_since=times["updated_since"],
+            updated_until=times["updated_until"],
         )
 
     def to_query(self, **extra: str) -> str:
         """The filter as a canonical query string (empty values left out)."""
         query = QueryDict(mutable=True)
-        for key, value in self.params().items():
-            query.setlist(key, value)
-        for key, value in extra.items():
-            if value:
-                query[key] = value
+        for key, values in self.params().items():
+            query.setlist(key, values)
+        for key, one in extra.items():
+            if one:
+                query[key] = one
         return query.urlencode()
 
     def params(self) -> dict[str, list[str]]:
@@ -252,11 +256,14 @@ class _getter:
         self.params = params
 
     def many(self, name: str) -> list[str]:
+        values: list[Any]
         if isinstance(self.params, QueryDict):
             values = self.params.getlist(name)
         else:
             raw = self.params.get(name)
-            values = [] if raw in (None, "") else raw if isinstance(raw, (list, tuple)) else [raw]
+            values = (
+                [] if raw in (None, "") else list(raw) if isinstance(raw, (list, tuple)) else [raw]
+            )
         if len(values) > MAX_VALUES:
             raise BadFilter(name, f"at most {MAX_VALUES} values")
         for value in values:
@@ -332,7 +339,7 @@ def _after_q(key: tuple[str, ...], values: list[Any], descending: bool) -> Q:
     op, op_eq = ("lt", "lte") if descending else ("gt", "gte")
     past = Q()
     for i in range(len(key)):
-        same = Q(**{k: v for k, v in zip(key[:i], values[:i])})
+        same = Q(**{k: v for k, v in zip(key[:i], values[:i], strict=True)})
         step = same & Q(**{f"{key[i]}__{op}": values[i]})
         past = step if i == 0 else past | step
     return Q(**{f"{key[0]}__{op_eq}": values[0]}) & past

@@ -4,14 +4,13 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('audit', '0002_append_only_triggers'),
+        ("audit", "0002_append_only_triggers"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['created_at'], name='audit_created_at'),
+            model_name="auditevent",
+            index=models.Index(fields=["created_at"], name="audit_created_at"),
         ),
     ]

@@ -5,39 +5,46 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0010_state_triggers_with_needs_attention'),
+        ("runs", "0010_state_triggers_with_needs_attention"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='approval',
-            index=models.Index(condition=models.Q(('status', 'pending')), fields=['run'], name='approval_pending_run'),
+            model_name="approval",
+            index=models.Index(
+                condition=models.Q(("status", "pending")),
+                fields=["run"],
+                name="approval_pending_run",
+            ),
         ),
         migrations.AddIndex(
-            model_name='effect',
-            index=models.Index(fields=['tool', 'action', 'run'], name='effect_tool_action_run'),
+            model_name="effect",
+            index=models.Index(fields=["tool", "action", "run"], name="effect_tool_action_run"),
         ),
         migrations.AddIndex(
-            model_name='effect',
-            index=models.Index(condition=models.Q(('status__in', ['unknown', 'discrepancy'])), fields=['run'], name='effect_look_at_run'),
+            model_name="effect",
+            index=models.Index(
+                condition=models.Q(("status__in", ["unknown", "discrepancy"])),
+                fields=["run"],
+                name="effect_look_at_run",
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['created_at', 'id'], name='run_created_keyset'),
+            model_name="run",
+            index=models.Index(fields=["created_at", "id"], name="run_created_keyset"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['updated_at', 'id'], name='run_updated_keyset'),
+            model_name="run",
+            index=models.Index(fields=["updated_at", "id"], name="run_updated_keyset"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['state', 'created_at', 'id'], name='run_state_keyset'),
+            model_name="run",
+            index=models.Index(fields=["state", "created_at", "id"], name="run_state_keyset"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['agent', 'created_at', 'id'], name='run_agent_keyset'),
+            model_name="run",
+            index=models.Index(fields=["agent", "created_at", "id"], name="run_agent_keyset"),
         ),
     ]

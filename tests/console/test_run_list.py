@@ -99,7 +99,9 @@ def test_the_list_shows_counts_per_state_as_chips_and_keeps_the_filter_in_links(
 def test_sorting_by_a_column_orders_the_rows(cast, many_runs):
     client = browser(cast)
     oldest_first = row_ids(client.get("/?sort=created").content.decode())
-    expected = [str(pk) for pk in Run.objects.order_by("created_at", "id").values_list("pk", flat=True)[:50]]
+    expected = [
+        str(pk) for pk in Run.objects.order_by("created_at", "id").values_list("pk", flat=True)[:50]
+    ]
     assert oldest_first == expected
     by_state = row_ids(client.get("/?sort=state").content.decode())
     states = [Run.objects.get(pk=i).state for i in by_state]
@@ -137,8 +139,12 @@ def test_an_eight_character_prefix_redirects_to_the_run(cast, many_runs):
 
 
 def test_an_ambiguous_prefix_lists_the_matches_and_a_missing_one_is_404(cast, many_runs):
-    a = Run.objects.create(agent=many_runs, goal="a", id=uuid.UUID("abcdef01-0000-4000-8000-000000000001"))
-    b = Run.objects.create(agent=many_runs, goal="b", id=uuid.UUID("abcdef01-0000-4000-8000-000000000002"))
+    a = Run.objects.create(
+        agent=many_runs, goal="a", id=uuid.UUID("abcdef01-0000-4000-8000-000000000001")
+    )
+    b = Run.objects.create(
+        agent=many_runs, goal="b", id=uuid.UUID("abcdef01-0000-4000-8000-000000000002")
+    )
     client = browser(cast)
     resp = client.get("/runs/abcdef01/")
     assert resp.status_code == 200
