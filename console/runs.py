@@ -8,6 +8,7 @@ and console/consumers.py sends them on every (re)connect and on every "run.chang
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from audit.models import AuditEvent
@@ -54,20 +56,39 @@ ATTENTION_CAP = 1000  # the "needs attention" chip counts up to this many ("1000
 SORT_LABELS = {"created": "created", "updated": "updated", "state": "state", "agent": "agent"}
 
 
-def run_row(run: Run) -> dict[str, Any]:
-    """What one row of the list shows (the ``run-row`` partial draws it)."""
+def run_row(run: Run, now: datetime | None = None) -> dict[str, Any]:
+    """What one row of the list shows (the ``run-row`` partial draws it): times relative, with the
+    absolute time for the hover, computed here once (a template filter per cell costs more)."""
+    now = now or timezone.now()
     unresolved = getattr(run, "n_unresolved", None)
     return run_summary(run, unresolved) | {
-        "created": run.created_at,
-        "updated": run.updated_at,
-        "state_since": run.state_changed_at,
+        "url": reverse("console:run", args=[run.pk]),
+        "created": _when(run.created_at, now),
+        "updated": _when(run.updated_at, now),
+        "state_since": _when(run.state_changed_at, now),
     }
+
+
+def _when(moment: datetime, now: datetime) -> dict[str, str]:
+    seconds = int((now - moment).total_seconds())
+    if seconds < 0:
+        ago = "just now"
+    elif seconds < 60:
+        ago = f"{seconds} s ago"
+    elif seconds < 3600:
+        ago = f"{seconds // 60} min ago"
+    elif seconds < 86400:
+        ago = f"{seconds // 3600} h {seconds % 3600 // 60} min ago"
+    else:
+        ago = f"{seconds // 86400} d {seconds % 86400 // 3600} h ago"
+    return {"ago": ago, "iso": moment.isoformat(), "abs": f"{moment:%Y-%m-%d %H:%M:%S} UTC"}
 
 
 def row_context(actor, run_ids: list[Any]) -> list[dict[str, Any]]:
     """Rows for the given runs (one query), for pushing changed rows with ``runs/list.html#run-row``."""
     runs = with_unresolved(visible_runs(actor).filter(pk__in=run_ids))
-    return [run_row(r) for r in runs]
+    now = timezone.now()
+    return [run_row(r, now) for r in runs]
 
 
 def list_context(
@@ -78,11 +99,19 @@ def list_context(
     page = page_runs(actor, flt, after=after, before=before, limit=limit)
     counts = state_counts(actor, flt)
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else sum(counts.values())
-    attention = flt.replace(attention=True, states=()).queryset(actor)[: ATTENTION_CAP + 1].count()
+    attention = (
+        flt.replace(attention=True, states=())
+        .queryset(actor)
+        .select_related(None)
+        .order_by()
+        .values("pk")[: ATTENTION_CAP + 1]
+        .count()
+    )
     base = flt.to_query()
     cursor = {"after": after} if after else {"before": before} if before else {}
+    now = timezone.now()
     return {
-        "runs": [run_row(r) for r in page.runs],
+        "runs": [run_row(r, now) for r in page.runs],
         "total": total,
         "filter": flt,
         "query": flt.to_query(**cursor),
