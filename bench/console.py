@@ -197,7 +197,9 @@ def measure(client, path: str, repeat: int, **headers: str) -> dict[str, Any]:
     reset_queries()  # the request_started signal empties the log: start the capture from empty
     with CaptureQueriesContext(connection) as ctx:
         client.get(path, **headers)
-    db_ms = sum(float(q["time"]) for q in ctx.captured_queries) * 1000
+    captured = ctx.captured_queries  # read now: the next request empties the log it points into
+    db_ms = sum(float(q["time"]) for q in captured) * 1000
+    slowest = sorted(captured, key=lambda q: -float(q["time"]))[:2]
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
         resp = client.get(path, **headers)
@@ -213,7 +215,10 @@ def measure(client, path: str, repeat: int, **headers: str) -> dict[str, Any]:
         "cpu_p50_ms": round(statistics.median(cpu), 1),
         "cpu_p95_ms": round(sorted(cpu)[max(0, int(len(cpu) * 0.95) - 1)], 1),
         "db_ms": round(db_ms, 1),
-        "queries": len(ctx.captured_queries),
+        "queries": len(captured),
+        "slowest_queries": [
+            {"ms": round(float(q["time"]) * 1000, 1), "sql": q["sql"][:160]} for q in slowest
+        ],
         "html_kb": round(len(resp.content) / 1024, 1),
     }
 
@@ -358,10 +363,14 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
     buf.write(f"console bench: {result['facts'].get('runs')} runs; results in {out}\n")
     for name, r in result["list_pages"].items():
         times = f"p50 {r['p50_ms']:7.1f}  p95 {r['p95_ms']:7.1f} ms  cpu p95 {r['cpu_p95_ms']:6.1f}"
-        buf.write(f"  {name:30} {times}  db {r['db_ms']:5.1f}  {r['queries']:2} q  {r['html_kb']} KB\n")
+        buf.write(
+            f"  {name:30} {times}  db {r['db_ms']:5.1f}  {r['queries']:2} q  {r['html_kb']} KB\n"
+        )
     for name, r in result["run_page"].items():
         buf.write(f"  {name:32} {r}\n")
-    buf.write(f"  summary: {result['summary']}\n  load average: {result['machine']['load_avg_1_5_15']}\n")
+    buf.write(
+        f"  summary: {result['summary']}\n  load average: {result['machine']['load_avg_1_5_15']}\n"
+    )
     print(buf.getvalue(), end="")
 
 

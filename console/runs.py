@@ -97,8 +97,9 @@ def list_context(
     """One page of the list plus its chips: a constant number of queries whatever the page (the
     page, one GROUP BY for the state counts, one capped count for "needs attention")."""
     page = page_runs(actor, flt, after=after, before=before, limit=limit)
-    counts = state_counts(actor, flt)
-    total = sum(counts.get(s, 0) for s in flt.states) if flt.states else sum(counts.values())
+    counted = state_counts(actor, flt)
+    counts = counted.by_state
+    total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
     attention = (
         flt.replace(attention=True, states=())
         .queryset(actor)
@@ -113,6 +114,7 @@ def list_context(
     return {
         "runs": [run_row(r, now) for r in page.runs],
         "total": total,
+        "counts_complete": counted.complete,
         "filter": flt,
         "query": flt.to_query(**cursor),
         "base_query": base,

@@ -41,7 +41,15 @@ from runs.models import Approval, Effect, Run
 from runs.selectors import visible_runs
 from runs.states import State
 
-__all__ = ["BadFilter", "RunFilter", "RunPage", "page_runs", "runs_by_prefix", "state_counts"]
+__all__ = [
+    "BadFilter",
+    "RunFilter",
+    "RunPage",
+    "StateCounts",
+    "page_runs",
+    "runs_by_prefix",
+    "state_counts",
+]
 
 # The "needs attention" view: a run an operator must look at. States where the control plane handed
 # the run to a person (or is recovering it); effects whose outcome nobody knows or that contradict a
@@ -380,17 +388,31 @@ def _cursor_value(name: str, raw: Any, param: str) -> Any:
 # --- counts and prefixes --------------------------------------------------------------------------
 
 
-def state_counts(actor: Actor, flt: RunFilter) -> dict[str, int]:
+COUNT_CAP = 10_000  # filters no index narrows (effects touched, goal text) count this many runs
+
+
+@dataclass
+class StateCounts:
+    by_state: dict[str, int]
+    complete: bool  # False: counted over the first COUNT_CAP matching runs only (lower bounds)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+
+def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     """Runs per state under the filter without its state chips (what each chip would show): one
-    GROUP BY over the filtered set."""
-    rows = (
-        flt.queryset(actor, with_states=False)
-        .select_related(None)
-        .order_by()
-        .values_list("state")
-        .annotate(n=Count("*"))
-    )
-    return {state: n for state, n in rows}
+    GROUP BY over the filtered set. A filter through the effects or the goal's text would make that
+    a join or a scan of every run, so it counts the first COUNT_CAP matches and says so."""
+    qs = flt.queryset(actor, with_states=False).select_related(None).order_by()
+    if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
+        rows = qs.values_list("state").annotate(n=Count("*"))
+        return StateCounts({state: n for state, n in rows}, complete=True)
+    capped = Run.objects.filter(pk__in=qs.values("pk")[:COUNT_CAP])
+    rows = capped.order_by().values_list("state").annotate(n=Count("*"))
+    counts = {state: n for state, n in rows}
+    return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
 
 
 def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:

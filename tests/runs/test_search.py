@@ -280,7 +280,18 @@ def test_state_counts_ignore_the_state_chips_but_keep_the_rest(viewer, agents):
         make_run(agents["purchasing"], state=state)
     make_run(agents["refunds"], state="running")
     flt = RunFilter.from_query(QueryDict("agent=purchasing&state=paused"))
-    assert state_counts(viewer, flt) == {"running": 2, "paused": 1}
+    counted = state_counts(viewer, flt)
+    assert counted.by_state == {"running": 2, "paused": 1} and counted.complete
+
+
+def test_counts_through_effects_are_capped_and_say_so(viewer, agents, monkeypatch):
+    for _ in range(3):
+        effect(make_run(agents["purchasing"], state="running"), "payments", "charge")
+    flt = RunFilter.from_query(QueryDict("touched=payments:charge"))
+    assert state_counts(viewer, flt).by_state == {"running": 3}
+    monkeypatch.setattr("runs.search.COUNT_CAP", 2)
+    capped = state_counts(viewer, flt)
+    assert capped.total == 2 and not capped.complete
 
 
 def test_a_worker_token_sees_only_its_agents_runs(agents):
