@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
@@ -200,7 +201,9 @@ class RunFilter:
             qs = qs.filter(Exists(effects))
         if self.owner:
             name = actor.name if self.owner == "me" and actor.kind == "user" else self.owner
-            qs = qs.filter(Q(assignee__username=name) | Q(decision_authority__username=name))
+            # By user id (the run's two foreign-key indexes), not by a join on the user's name.
+            users = get_user_model().objects.filter(username=name).values("pk")
+            qs = qs.filter(Q(assignee_id__in=users) | Q(decision_authority_id__in=users))
         if with_states and self.states:
             qs = qs.filter(state__in=self.states)
         if self.attention:
