@@ -6,7 +6,7 @@ They are template builtins (settings.TEMPLATES OPTIONS), so no template needs ``
   whose ``datetime`` is machine-readable. Accepts a datetime, an ISO string or an epoch number.
   Never shows microseconds.
 - ``{% copyable_id value %}``: the first 8 characters, the full id in ``title``, and a copy button
-  (static/console/copy.js copies ``data-copy``).
+  (static/console/console.js copies ``data-copy``); the markup of templates/_id.html.
 - ``{% value_table value %}``: a recorded JSON value (args, versions, a checkpoint state) as a
   key/value table; long text and nested values fold into ``<details>``; ids and times as above.
   Callers redact first (interventions.registry.redact): this draws what it is given.
@@ -92,19 +92,28 @@ def reltime(value: Any, now: datetime | None = None) -> SafeString:
     )
 
 
+COPY_GLYPH = mark_safe(
+    '<svg width="11" height="11" viewBox="0 0 16 16" aria-hidden="true"><path fill="none" '
+    'stroke="currentColor" stroke-width="1.6" d="M5.5 5.5h8v8h-8zM2.5 10.5v-8h8"/></svg>'
+)
+
+
 @register.simple_tag
-def copyable_id(value: Any, length: int = 8) -> SafeString:
+def copyable_id(value: Any, length: int = 8, url: str = "") -> SafeString:
+    """The same markup as templates/_id.html (static/console/console.js copies ``data-copy``)."""
     if value in (None, ""):
         return format_html('<span class="muted">{}</span>', "—")
     full = str(value)
+    code = format_html('<code class="id" title="{}">{}</code>', full, full[:length])
+    if url:
+        code = format_html('<a href="{}">{}</a>', url, code)
     return format_html(
-        '<span class="cid"><code class="id" title="{}">{}</code>'
-        '<button type="button" class="copy" data-copy="{}" title="Copy {}" aria-label="Copy id">'
-        "copy</button></span>",
-        full,
-        full[:length],
+        '{}<button type="button" class="copy" data-copy="{}" title="copy {}" aria-label="copy id">'
+        "{}</button>",
+        code,
         full,
         full,
+        COPY_GLYPH,
     )
 
 
