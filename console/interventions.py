@@ -8,6 +8,7 @@ HTTP status. The services decide and enforce everything again (role, decision au
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from uuid import UUID
 
@@ -112,12 +113,20 @@ def changed_sections(posted: str, sections_now: Any) -> list[str]:
     return [k.replace("_", " ") for k, v in sections_now.items() if before.get(k) != v]
 
 
+# A Python list in a service's message ("role(s) ['operator'] may not ...") read as words.
+LIST_TEXT = re.compile(r"\[((?:'[^'\]]*'(?:, )?)*)\]")
+
+
+def humane(detail: str) -> str:
+    return LIST_TEXT.sub(lambda m: m.group(1).replace("'", "") or "none", detail)
+
+
 def error_dict(err: DomainError) -> dict[str, Any]:
     extra = {k: v for k, v in err.extra.items() if k not in ("problems",)}
     return {
         "status": err.status,
         "code": err.code,
-        "detail": err.detail,
+        "detail": humane(err.detail),
         "extra": present(extra) if extra else None,
         "problems": err.extra.get("problems"),
     }

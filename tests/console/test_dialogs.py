@@ -589,3 +589,12 @@ def test_the_approval_card_shows_the_exact_args_with_the_adapters_redaction_and_
     finally:
         registry._redactions.clear()
         registry._redactions.update(saved)
+
+
+def test_a_refusal_reads_as_words_not_python_lists(cast, worker):
+    run, _ = running_run(worker)
+    from tests.conftest import place_run_in
+
+    place_run_in(run["id"], State.CANCELLED)
+    html = open_dialog(browser("otto"), run["id"], "compensate").content.decode()
+    assert "role(s) operator may not compensate" in html and "[&#x27;" not in html
