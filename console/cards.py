@@ -555,7 +555,12 @@ def recover_card(p: dict[str, Any]) -> list[dict[str, Any]]:
             unresolved_table(p.get("to_reconcile") or []),
             empty="nothing to reconcile",
         ),
-        answer("rebuild_from", "State rebuilt from", checkpoint_text(p.get("checkpoint"))),
+        answer(
+            "rebuild_from",
+            "State rebuilt from",
+            checkpoint_text(p.get("checkpoint")) + ", plus the history after it",
+            checkpoint_table(p.get("checkpoint")),
+        ),
         answer(
             "versions",
             "Versions",

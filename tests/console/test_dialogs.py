@@ -598,3 +598,21 @@ def test_a_refusal_reads_as_words_not_python_lists(cast, worker):
     place_run_in(run["id"], State.CANCELLED)
     html = open_dialog(browser("otto"), run["id"], "compensate").content.decode()
     assert "role(s) operator may not compensate" in html and "[&#x27;" not in html
+
+
+def test_the_recover_card_folds_the_checkpoint_state_instead_of_pasting_it(cast, worker):
+    from tests.conftest import place_run_in
+
+    run, lease = running_run(worker)
+    state = {"cart": {"sku": "sku-1", "qty": 2}, "notes": "n" * 300}
+    worker.post(
+        f"/runs/{run['id']}/checkpoints",
+        {"fencing_token": lease["lease"]["fencing_token"], "step": "reserve", "state": state},
+    )
+    place_run_in(run["id"], State.ORPHANED)
+    html = open_dialog(browser("ian"), run["id"], "recover").content.decode()
+    rebuilt = html[html.index('data-answer-for="rebuild_from"') :]
+    rebuilt = rebuilt[: rebuilt.index("</dd>")]
+    assert "checkpoint 1 · reserve" in rebuilt and "<details" in rebuilt
+    assert rebuilt.index("<details") < rebuilt.index("sku-1")  # the state is folded away
+    assert_readable(html)
