@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -208,7 +209,22 @@ def postgres_facts(database_url: str) -> dict[str, Any]:
 # --- ASGI servers --------------------------------------------------------------------------------
 
 
-def free_port() -> int:
+def free_port(taken: Iterable[int] = ()) -> int:
+    """A free port: the OS's choice, or the first free one in BENCH_PORTS ("20700-20799") when set, for
+    machines where each user keeps to a range."""
+    span = os.environ.get("BENCH_PORTS", "")
+    if span:
+        low, _, high = span.partition("-")
+        for port in range(int(low), int(high or low) + 1):
+            if port in taken:  # handed out already, its server not listening yet
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in BENCH_PORTS={span}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -265,7 +281,7 @@ class Servers:
 
     def start(self) -> None:
         for i in range(self.count):
-            port = free_port()
+            port = free_port(taken=self.ports)
             log = open(self.logdir / f"server-{i}.log", "wb")
             proc = subprocess.Popen(
                 server_command(self.kind, port),
