@@ -384,7 +384,14 @@ def stop_processes(procs) -> None:
 
 
 def run_workers(
-    ctx, servers: Servers, count: int, target, args_of, timeout: float, what: str
+    ctx,
+    servers: Servers,
+    count: int,
+    target,
+    args_of,
+    timeout: float,
+    what: str,
+    kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], CpuUse]:
     """Start ``count`` processes running ``target(*args_of(i), barrier, results)``, release them together
     from a barrier, and collect one report from each (a dict; ``{"fatal": …}`` if one failed). Returns
@@ -393,7 +400,9 @@ def run_workers(
     barrier = ctx.Barrier(count + 1)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=target, daemon=True, args=(*args_of(i), barrier, results))
+        ctx.Process(
+            target=target, daemon=True, args=(*args_of(i), barrier, results), kwargs=kwargs or {}
+        )
         for i in range(count)
     ]
     meter = CpuMeter(

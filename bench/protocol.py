@@ -171,9 +171,12 @@ def worker_main(
     barrier,
     results,
     stop=None,
+    budget_s: float | None = None,
 ) -> None:
     """Takes runs from the shared pool until it is empty (or, with counter=None, runs until `stop` is set)
-    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends."""
+    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends.
+    With `budget_s`, no new run is taken once that long has passed since the barrier (a loaded machine
+    then shortens the phase instead of stretching the whole benchmark)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
     import httpx
 
@@ -190,6 +193,8 @@ def worker_main(
         t_start, cpu0 = time.monotonic(), time.process_time()
         number = 0
         while True:
+            if budget_s is not None and time.monotonic() - t_start > budget_s:
+                break
             if counter is not None:
                 taken = _take_run(counter, total_runs)
                 if taken is None:
@@ -238,9 +243,10 @@ def run_phase(
     token: str,
     timeout: float,
     effects_per_run: int = EFFECTS_PER_RUN,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
-    to the last worker finishing."""
+    """`workers` processes share a pool of `total_runs` runs (taking none after `budget_s`); wall time
+    runs from the common barrier to the last worker finishing."""
     counter = ctx.Value("i", 0)
     reports, cpu = harness.run_workers(
         ctx,
@@ -250,9 +256,11 @@ def run_phase(
         lambda i: (i, servers.urls, token, counter, total_runs, effects_per_run),
         timeout,
         "phase",
+        kwargs={"budget_s": budget_s} if budget_s else None,
     )
     out = summarise(workers, total_runs, reports, dict(cpu))
     out["servers"] = len(servers.urls)
+    out["budget_s"] = budget_s
     return out
 
 

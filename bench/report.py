@@ -28,6 +28,13 @@ def _n(value: Any, digits: int = 1) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _other_pct(phase: dict[str, Any], cores: int) -> float | None:
+    """Share of the machine's CPU that processes outside the benchmark used during a phase."""
+    if phase.get("other_cpu_s") is None or not phase.get("wall_s"):
+        return None
+    return 100 * phase["other_cpu_s"] / (phase["wall_s"] * cores)
+
+
 def render(s: dict[str, Any]) -> str:
     m, machine = s["measured"], s["machine"]
     pg = machine.get("postgres", {})
@@ -49,13 +56,23 @@ def render(s: dict[str, Any]) -> str:
             f"| {g['goal']} | {op} {_n(g['target'])}{unit} | {measured} | {VERDICT[g['met']]} |"
         )
     phases = s["protocol"]["phases"]
+    cores = machine.get("cpu_count") or 1
+    top = phases[max(phases, key=int)]
+    other = _other_pct(top, cores)
+    if other is not None and other > 20:
+        lines += [
+            "",
+            f"**Other processes took {other:.0f} % of the machine during the {top['workers']}-worker phase**: "
+            "absolute rates and latencies are depressed by competing load; CPU per effect, statements "
+            "per effect and the same-run ratios are the figures that hold.",
+        ]
     lines += [
         "",
         f"Protocol, {s['protocol']['servers']} API processes (daphne); CPU per effect of the API processes, "
         "the PostgreSQL backends and the load generator; statements are what the API processes sent:",
         "",
         "| workers | effects/s | server CPU | PostgreSQL CPU | client CPU | statements | transactions "
-        "| declare p50 / p99 | other load |",
+        "| declare p50 / p99 | machine taken by others |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w, p in phases.items():
@@ -63,7 +80,7 @@ def render(s: dict[str, Any]) -> str:
             f"| {w} | {_n(p['effects_per_s'])} | {_n(p['server_cpu_ms_per_effect'])} ms "
             f"| {_n(p['postgres_cpu_ms_per_effect'])} ms | {_n(p['client_cpu_ms_per_effect'])} ms "
             f"| {_n(p['statements_per_effect'])} | {_n(p['transactions_per_effect'])} "
-            f"| {_n(p['declare_p50_ms'])} / {_n(p['declare_p99_ms'])} ms | {_n(p['other_cpu_s'])} CPU-s |"
+            f"| {_n(p['declare_p50_ms'])} / {_n(p['declare_p99_ms'])} ms | {_n(_other_pct(p, cores), 0)} % |"
         )
     lines += [
         "",

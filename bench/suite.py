@@ -120,6 +120,7 @@ def sizes(quick: bool) -> dict[str, Any]:
             "longpoll_load": CONCURRENCY,
             "audit_seconds": 2.0,
             "concurrency": CONCURRENCY,
+            "phase_budget_s": 12.0,
         }
     return {
         "workers": [1, 4, 16],
@@ -134,6 +135,7 @@ def sizes(quick: bool) -> dict[str, Any]:
         "longpoll_load": CONCURRENCY,
         "audit_seconds": 5.0,
         "concurrency": CONCURRENCY,
+        "phase_budget_s": 40.0,
     }
 
 
@@ -245,11 +247,19 @@ def with_servers(
 def phase(ctx, servers, token, workers: int, args) -> dict[str, Any]:
     runs = args.size["runs"].get(workers) or max(2 * workers, 2)
     print(
-        f"phase: {len(servers.urls)} {servers.kind} server(s), {workers} worker(s), {runs} runs …",
+        f"phase: {len(servers.urls)} {servers.kind} server(s), {workers} worker(s), {runs} runs "
+        f"(no new run after {args.size.get('phase_budget_s')} s) …",
         flush=True,
     )
     out = protocol.run_phase(
-        ctx, workers, runs, servers, token, args.phase_timeout, args.size["effects_per_run"]
+        ctx,
+        workers,
+        runs,
+        servers,
+        token,
+        args.phase_timeout,
+        args.size["effects_per_run"],
+        budget_s=args.size.get("phase_budget_s"),
     )
     c, q = out["cpu"], out["sql"]
     print(
