@@ -30,6 +30,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -428,6 +430,7 @@ def build_summary(
         "started_at": facts["started_at"],
         "finished_at": datetime.now(UTC).isoformat(),
         "duration_s": round(time.monotonic() - facts["t0"], 1),
+        "timings_s": facts.get("timings_s"),
         "git_commit": facts["git_commit"],
         "machine": facts["machine"],
         "sizes": {
@@ -490,6 +493,15 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     print(f"wrote {out}")
 
 
+@contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.monotonic() - t0, 1)
+
+
 def baselines(ctx, database_url, size, env, when: str, raw: dict, dbos: dict) -> None:
     """Raw PostgreSQL commits/s and DBOS steps/s, each at 16; run before and after the protocol."""
     print(
@@ -532,20 +544,26 @@ def main(argv: list[str] | None = None) -> int:
     scale: dict[int, Any] = {}
     asgi: dict[str, Any] = {}
     top = max(size["workers"])
+    timings = facts["timings_s"] = {"prepare": round(time.monotonic() - facts["t0"], 1)}
     try:
-        baselines(ctx, database_url, size, env, "before", raw, dbos)
-        main_block = main_servers_block(ctx, env, token, facts["machine"], args)
-        for count in size["scale_out"]:
-            scale[count] = (
-                main_block["phases"][str(top)]
-                if count == 2
-                else one_phase_on(ctx, env, token, args, count, "daphne")
-            )
+        with timed(timings, "baselines_before"):
+            baselines(ctx, database_url, size, env, "before", raw, dbos)
+        with timed(timings, "protocol_floor_longpoll"):
+            main_block = main_servers_block(ctx, env, token, facts["machine"], args)
+        with timed(timings, "scale_out"):
+            for count in size["scale_out"]:
+                scale[count] = (
+                    main_block["phases"][str(top)]
+                    if count == 2
+                    else one_phase_on(ctx, env, token, args, count, "daphne")
+                )
         if args.asgi:
-            asgi["daphne"] = compact_phase(main_block["phases"][str(top)])
-            for kind in ("uvicorn", "granian"):
-                asgi[kind] = compact_phase(one_phase_on(ctx, env, token, args, 2, kind))
-        baselines(ctx, database_url, size, env, "after", raw, dbos)
+            with timed(timings, "asgi_servers"):
+                asgi["daphne"] = compact_phase(main_block["phases"][str(top)])
+                for kind in ("uvicorn", "granian"):
+                    asgi[kind] = compact_phase(one_phase_on(ctx, env, token, args, 2, kind))
+        with timed(timings, "baselines_after"):
+            baselines(ctx, database_url, size, env, "after", raw, dbos)
     except KeyboardInterrupt:
         print("\ninterrupted: servers and workers stopped", file=sys.stderr)
         return 130
@@ -554,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     audit = None
     if not args.no_audit_append:
         print("audit append (bench/audit_append.py) …", flush=True)
-        audit = run_audit_append(env, size, Path(args.out).parent)
+        with timed(timings, "audit_append"):
+            audit = run_audit_append(env, size, Path(args.out).parent)
         if audit is None:
             print("  bench/audit_append.py not present: skipped", flush=True)
     summary = build_summary(args, facts, raw, dbos, main_block, scale, asgi, audit)
