@@ -56,7 +56,7 @@ def _setup(database_url: str, isolation: str):
     datasource = SQLAlchemyDatasource.create(database_url)
     insert = sa.text(f"INSERT INTO {ROW_TABLE} (workflow, step, payload) VALUES (:w, :s, :p)")
 
-    @datasource.transaction(isolation_level=isolation)  # type: ignore[call-overload]
+    @datasource.transaction(isolation_level=isolation)  # type: ignore[call-overload, unused-ignore]
     def write_row(workflow: str, step: int) -> int:
         datasource.sql_session().execute(insert, {"w": workflow, "s": step, "p": "x" * 64})
         return step
