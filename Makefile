@@ -50,6 +50,7 @@ BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
 bench: venv  ## benchmarks on a scratch PostgreSQL database; JSON results in bench/results/
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.protocol
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.longpoll
+	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.audit_append
 
 check-deploy: venv  ## Django's deployment checks against the production settings
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
