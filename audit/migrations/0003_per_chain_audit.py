@@ -29,9 +29,8 @@ def split_chains(apps, schema_editor):
             cursor.execute("ALTER TABLE audit_auditevent ENABLE TRIGGER USER")
             cursor.execute("SELECT coalesce(max(seq), 0) FROM audit_auditevent")
             (top,) = cursor.fetchone()
-            cursor.execute(
-                f"CREATE SEQUENCE IF NOT EXISTS audit_event_order START WITH {int(top) + 1}"
-            )
+            cursor.execute("CREATE SEQUENCE IF NOT EXISTS audit_event_order")
+            cursor.execute("SELECT setval('audit_event_order', %s, %s)", [max(top, 1), top > 0])
             cursor.execute(
                 "ALTER TABLE audit_auditchain ADD COLUMN xid xid8 NOT NULL "
                 "DEFAULT pg_current_xact_id()"
@@ -44,6 +43,12 @@ def split_chains(apps, schema_editor):
         AuditChain.objects.create(
             key="legacy", seq=head.seq, hash=head.hash, prev_hash=before or GENESIS
         )
+
+
+def drop_sequence(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute("DROP SEQUENCE IF EXISTS audit_event_order")
 
 
 class Migration(migrations.Migration):
@@ -74,7 +79,7 @@ class Migration(migrations.Migration):
             field=models.BigIntegerField(default=0),
             preserve_default=False,
         ),
-        migrations.RunPython(split_chains, migrations.RunPython.noop),
+        migrations.RunPython(split_chains, drop_sequence),
         migrations.AddConstraint(
             model_name="auditevent",
             constraint=models.UniqueConstraint(

@@ -459,3 +459,74 @@ def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
     assert report["ok"] and report["stale"] and report["latest_at"].startswith("2026-01-01")
     anchors.write_anchor()
     assert not verify_all(anchors=True)["anchors"]["stale"]
+
+
+# --- per-run chains under the Merkle checkpoint ------------------------------------------------------
+
+
+def _run_events(run_id, n: int) -> None:
+    for i in range(n):
+        record_audit(
+            actor=ACTOR, action="test.step", object_type="run", object_id=i, run_id=run_id
+        )
+
+
+def test_cutting_the_tail_of_one_runs_chain_is_named_with_its_chain_against_the_merkle_anchor():
+    import uuid
+
+    busy, quiet = uuid.uuid4(), uuid.uuid4()
+    _write(2)
+    _run_events(quiet, 3)
+    for _ in range(3):
+        _run_events(busy, 2)
+        anchors.write_anchor()
+    chain = f"run:{busy}"
+    assert AuditChain.objects.get(key=chain).seq == 6
+    assert verify_all(anchors=True)["ok"]
+    with superuser_tampering():  # the run's last two events go, its head moved back to match
+        AuditEvent.objects.filter(chain=chain, chain_seq__gte=5).delete()
+        _set_head(4, _at(4, chain).get().hash, chain)
+    report = verify_all(anchors=True)
+    assert report["chain"]["ok"]  # the chains alone are fooled
+    part = report["anchors"]
+    assert (part["problem"], part["chain"], part["first_broken_seq"]) == ("tail_cut", chain, 5)
+    assert f"tail_cut in chain {chain} at seq 5" in part["summary"]
+    assert [p["chain"] for p in part["problems"]] == [chain]  # the other chains still match
+
+
+def test_rewriting_and_rehashing_one_runs_chain_names_that_chain_only():
+    import uuid
+
+    runs = [uuid.uuid4() for _ in range(3)]
+    for run_id in runs:
+        _run_events(run_id, 4)
+    anchors.write_anchor()
+    chain = f"run:{runs[1]}"
+    with superuser_tampering():
+        _at(2, chain).update(reason="nothing to see")
+        _rehash_from(2, chain)
+    report = verify_all(anchors=True)
+    assert report["chain"]["ok"]
+    part = report["anchors"]
+    assert (part["problem"], part["chain"], part["first_broken_seq"]) == ("rewritten", chain, 4)
+    assert len(part["problems"]) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deleted_anchor_line_shows_as_a_root_that_does_not_add_up():
+    """Committed writes, as in production: each anchor carries only the heads that moved since the
+    one before, so a line taken out of the sink leaves the next root unexplained."""
+    import uuid
+
+    _write(1)
+    first = anchors.write_anchor()
+    _run_events(uuid.uuid4(), 1)
+    second = anchors.write_anchor()
+    third = anchors.write_anchor()  # idle
+    assert len(first["heads"]) == 1 and len(second["heads"]) == 1 and third["heads"] == []
+    assert verify_all(anchors=True)["ok"]
+    lines = _sink_path().read_text().splitlines()
+    _sink_path().write_text(lines[0] + "\n" + lines[2] + "\n")  # the new run chain's anchor goes
+    report = verify_all(anchors=True)["anchors"]
+    assert not report["ok"] and report["problem"] == "anchor_missing"
+    assert "line 2" in report["detail"]
