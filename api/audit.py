@@ -9,9 +9,9 @@ from api import responses as out
 from api.auth import caller, refuse
 from api.responses import ERRORS_READ
 from api.schemas import AuditFilter
+from audit.integrity import verify_for_people
 from audit.models import AuditEvent
 from audit.selectors import audit_events
-from audit.integrity import verify_for_people
 from core.actors import Actor
 from core.roles import may
 

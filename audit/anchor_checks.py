@@ -24,7 +24,9 @@ def read_heads(previous: str | None) -> tuple[list[Leaf], list[Leaf], str | None
     anchor's snapshot. On PostgreSQL a head moved if the transaction of its last append (``xid``) had
     not committed in ``previous``; elsewhere (SQLite) every head counts as moved."""
     if connection.vendor != "postgresql":
-        leaves = [tuple(r) for r in AuditChain.objects.order_by("key").values_list("key", "seq", "hash")]
+        leaves = [
+            tuple(r) for r in AuditChain.objects.order_by("key").values_list("key", "seq", "hash")
+        ]
         return leaves, leaves, None  # type: ignore[return-value]
     # A snapshot never lists its own transaction as in progress: heads this transaction moved (an
     # anchor written inside a caller's transaction, as in tests) count as moved too. A superset of the
@@ -43,8 +45,8 @@ def read_heads(previous: str | None) -> tuple[list[Leaf], list[Leaf], str | None
         rows = cursor.fetchall()
         cursor.execute("SELECT pg_current_snapshot()::text")
         (current,) = cursor.fetchone()
-    leaves = [(k, s, h) for k, s, h, _ in rows]
-    return leaves, [(k, s, h) for k, s, h, m in rows if m], current
+    every: list[Leaf] = [(k, s, h) for k, s, h, _ in rows]
+    return every, [(k, s, h) for k, s, h, m in rows if m], current
 
 
 def contradicted_heads(heads: list[Leaf]) -> list[str]:
@@ -149,9 +151,7 @@ def _held_to_anchors(first_at: dict[tuple[str, int, str], str]) -> list[dict[str
                 last_good = seq
                 continue
             if tops is None:
-                tops = dict(
-                    AuditEvent.objects.values_list("chain").annotate(top=Max("chain_seq"))
-                )
+                tops = dict(AuditEvent.objects.values_list("chain").annotate(top=Max("chain_seq")))
             problems.append(_describe(chain, seq, anchored, have, tops, last_good, at))
             break
     # The most telling first: a whole table gone, then tails cut, then rewrites, then the rest.
@@ -161,7 +161,13 @@ def _held_to_anchors(first_at: dict[tuple[str, int, str], str]) -> list[dict[str
 
 
 def _describe(
-    chain: str, seq: int, anchored: str, have: str | None, tops: dict[str, int], last_good: int, at: str
+    chain: str,
+    seq: int,
+    anchored: str,
+    have: str | None,
+    tops: dict[str, int],
+    last_good: int,
+    at: str,
 ) -> dict[str, Any]:
     signed = f"the anchor of {at} signed {chain} seq {seq} ({anchored[:12]}…)"
     top = tops.get(chain, 0)

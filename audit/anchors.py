@@ -194,10 +194,12 @@ def signed_bytes(record: dict[str, Any]) -> bytes:
 def _previous_snapshot(target: Any) -> str | None:
     """The database snapshot the last anchor read its heads in: the heads that moved since are those
     whose last append's transaction it did not see."""
-    last = target.last() if hasattr(target, "last") else None
-    if last is None and not hasattr(target, "last"):
-        for _, last in target.lines():
-            pass
+    if hasattr(target, "last"):
+        last = target.last()
+    else:  # a sink without a cheap last(): read through it
+        last = None
+        for _, text in target.lines():
+            last = text
     try:
         record = json.loads(last) if last else None
     except ValueError:

@@ -48,8 +48,9 @@ def split_payload(fields: dict[str, Any]) -> tuple[str, str]:
 def _statement(alias: str) -> tuple[str, tuple[str, ...]]:
     qn = connections[alias].ops.quote_name
     meta = AuditEvent._meta
-    columns = tuple(f.attname for f in meta.concrete_fields if f.attname not in _DERIVED)
-    cols = ", ".join(qn(meta.get_field(name).column) for name in columns)
+    fields = [f for f in meta.concrete_fields if f.attname not in _DERIVED]
+    columns = tuple(f.attname for f in fields)
+    cols = ", ".join(qn(str(f.column)) for f in fields)
     values = ", ".join(["%s"] * len(columns))
     head = qn(AuditChain._meta.db_table)
     new_hash = (
@@ -79,10 +80,8 @@ def append(event: AuditEvent) -> AuditEvent:
         return _append_orm(event, using)
     sql, columns = _statement(using)
     before, after = split_payload(event.hashed_fields() | {"seq": 0})
-    meta = AuditEvent._meta
-    values = [
-        meta.get_field(name).get_db_prep_save(getattr(event, name), connection) for name in columns
-    ]
+    fields = {f.attname: f for f in AuditEvent._meta.concrete_fields}
+    values = [fields[name].get_db_prep_save(getattr(event, name), connection) for name in columns]
     params = [
         event.chain,
         GENESIS,

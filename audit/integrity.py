@@ -81,13 +81,16 @@ def failures(report: dict[str, Any]) -> list[str]:
     for name, part in report.items():
         if name == "ok" or part.get("ok", True):
             continue
-        lines.append(f"{name}: {part.get('summary') or _chain_summary(part)}")
+        if name == "chain":
+            lines.append(_chain_summary(part))
+        else:
+            lines.append(f"{name}: {part.get('summary') or part.get('detail', 'failed')}")
     return lines
 
 
 def _chain_summary(part: dict[str, Any]) -> str:
     return (
-        f"audit {part.get('chain')} chain broken at seq {part.get('first_broken_seq')}: "
+        f"audit chain {part.get('chain')} broken at seq {part.get('first_broken_seq')}: "
         f"{part.get('problem')} ({part.get('detail')})"
     )
 

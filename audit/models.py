@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from .triggers import append_only
 
-
 LEGACY = "legacy"  # the single global chain of before per-chain audit; frozen, verified as it was
 SYSTEM = "system"
 
@@ -59,7 +58,8 @@ class AuditEvent(models.Model):
         triggers = append_only("audit")
 
     def __str__(self) -> str:
-        return f"{self.chain}#{self.chain_seq} {self.actor} {self.action} {self.object_type}:{self.object_id} {self.outcome}"
+        what = f"{self.action} {self.object_type}:{self.object_id} {self.outcome}"
+        return f"{self.chain}#{self.chain_seq} {self.actor} {what}"
 
     def hashed_fields(self) -> dict:
         """What the hash covers. ``seq`` is the position in the chain; the legacy chain's rows were

@@ -39,7 +39,7 @@ class ChainReport:
         if self.ok:
             return f"{self.checked} events in {self.chains} chains intact"
         return (
-            f"{self.chain} chain broken at seq {self.first_broken_seq}: {self.problem} "
+            f"audit chain {self.chain} broken at seq {self.first_broken_seq}: {self.problem} "
             f"({self.detail})"
         )
 
@@ -59,7 +59,9 @@ def verify_chains(batch: int = 2000) -> ChainReport:
     for key, (seq, _) in sorted(heads.items()):  # chains whose every row is gone
         if seq:
             chains += 1
-            broken.append(_broken(key, 1, "deleted", f"the chain's head says {seq} events, found 0"))
+            broken.append(
+                _broken(key, 1, "deleted", f"the chain's head says {seq} events, found 0")
+            )
     if not broken:
         return ChainReport(True, checked, head_total, chains=chains)
     first = broken[0]

@@ -72,7 +72,9 @@ def _writer_process(env, mode, threads, seconds, rest_ms, barrier, results) -> N
                         if rest_ms:
                             cursor.execute("SELECT pg_sleep(%s)", [rest_ms / 1000])
                 counts[i] += 1
-        except Exception as exc:  # reported, not raised: one failed writer must not hang the barrier
+        except (
+            Exception
+        ) as exc:  # reported, not raised: one failed writer must not hang the barrier
             errors.append(f"{type(exc).__name__}: {exc}")
         finally:
             connection.close()
@@ -93,9 +95,7 @@ def measure(env, mode: str, processes: int, writers: int, seconds: float, rest_m
     barrier, results = ctx.Barrier(processes), ctx.Queue()
     per = [writers // processes + (1 if i < writers % processes else 0) for i in range(processes)]
     procs = [
-        ctx.Process(
-            target=_writer_process, args=(env, mode, n, seconds, rest_ms, barrier, results)
-        )
+        ctx.Process(target=_writer_process, args=(env, mode, n, seconds, rest_ms, barrier, results))
         for n in per
     ]
     for p in procs:

@@ -15,9 +15,9 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from audit.integrity import verify_for_people
 from audit.models import AuditEvent
 from audit.selectors import audit_events
-from audit.integrity import verify_for_people
 from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.limits import parse_seq
@@ -90,9 +90,7 @@ def audit_verify(request: ConsoleRequest) -> HttpResponse:
     result = verify_for_people()
     chain = result["report"]["chain"]
     broken = (
-        AuditEvent.objects.filter(
-            chain=chain["chain"], chain_seq=chain["first_broken_seq"]
-        ).first()
+        AuditEvent.objects.filter(chain=chain["chain"], chain_seq=chain["first_broken_seq"]).first()
         if not chain["ok"] and chain.get("first_broken_seq")
         else None
     )

@@ -466,9 +466,7 @@ def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
 
 def _run_events(run_id, n: int) -> None:
     for i in range(n):
-        record_audit(
-            actor=ACTOR, action="test.step", object_type="run", object_id=i, run_id=run_id
-        )
+        record_audit(actor=ACTOR, action="test.step", object_type="run", object_id=i, run_id=run_id)
 
 
 def test_cutting_the_tail_of_one_runs_chain_is_named_with_its_chain_against_the_merkle_anchor():

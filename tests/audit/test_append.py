@@ -43,7 +43,7 @@ def test_postgres_computes_the_hash_python_verifies_with_every_kind_of_content()
         object_type="run",
         object_id=run_id,
         run_id=run_id,
-        reason="ünïcødé reason, quotes \" and backslashes \\ and a newline\n",
+        reason='ünïcødé reason, quotes " and backslashes \\ and a newline\n',
         context={"amount": 10.5, "nested": {"seq": 1, "list": [None, True, "✓"]}, "emoji": "🚀"},
     )
     second = record_audit(
@@ -63,8 +63,12 @@ def test_postgres_computes_the_hash_python_verifies_with_every_kind_of_content()
 def test_an_append_is_one_statement_and_takes_no_global_lock():
     run_id = uuid.uuid4()
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
-        record_audit(actor=ACTOR, action="test.event", object_type="run", object_id=1, run_id=run_id)
-        record_audit(actor=ACTOR, action="test.event", object_type="run", object_id=1, run_id=run_id)
+        record_audit(
+            actor=ACTOR, action="test.event", object_type="run", object_id=1, run_id=run_id
+        )
+        record_audit(
+            actor=ACTOR, action="test.event", object_type="run", object_id=1, run_id=run_id
+        )
     statements = [q["sql"] for q in queries.captured_queries]
     assert len(statements) == 2  # one per event: the INSERT with its head's move folded in
     assert all("FOR UPDATE" not in sql for sql in statements)

@@ -221,9 +221,7 @@ def test_verify_names_an_edited_row_even_when_its_hash_was_recomputed():
     row = _row(3)
     row.reason = "approved by the CFO"
     with tampering():
-        _at(3).update(
-            reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields())
-        )
+        _at(3).update(reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields()))
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "edited")
 
@@ -233,9 +231,7 @@ def test_verify_names_the_last_row_edited_and_rehashed():
     row = _row(6)
     row.reason = "nothing happened"
     with tampering():
-        _at(6).update(
-            reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields())
-        )
+        _at(6).update(reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields()))
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 6, "edited")
 

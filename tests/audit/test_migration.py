@@ -35,7 +35,9 @@ def _migrate(targets) -> None:
 
 
 def _latest():
-    return [key for key in MigrationExecutor(connection).loader.graph.leaf_nodes() if key[0] == "audit"]
+    return [
+        key for key in MigrationExecutor(connection).loader.graph.leaf_nodes() if key[0] == "audit"
+    ]
 
 
 def _write_old_chain(n: int) -> list[str]:
@@ -70,12 +72,22 @@ def _write_old_chain(n: int) -> list[str]:
                 " source_ip, user_agent, request_id, context, prev_hash, hash) VALUES"
                 " (%s, %s, %s, 'system', 'old', '', '', 'test.old', 'run', %s, NULL, %s, 'allowed',"
                 " 'test', '', '', '', %s, %s, %s)",
-                [seq, fields["event_id"], fields["created_at"], str(seq), fields["reason"],
-                 json.dumps({"n": seq}), prev, value],
+                [
+                    seq,
+                    fields["event_id"],
+                    fields["created_at"],
+                    str(seq),
+                    fields["reason"],
+                    json.dumps({"n": seq}),
+                    prev,
+                    value,
+                ],
             )
             hashes.append(value)
             prev = value
-        cur.execute("INSERT INTO audit_auditchainhead (id, seq, hash) VALUES (1, %s, %s)", [n, prev])
+        cur.execute(
+            "INSERT INTO audit_auditchainhead (id, seq, hash) VALUES (1, %s, %s)", [n, prev]
+        )
     return hashes
 
 
@@ -107,7 +119,9 @@ def test_the_old_chain_becomes_the_legacy_chain_and_still_verifies_with_its_old_
     report = verify_chain()
     assert report.ok and report.checked == 5 and report.chains == 1
 
-    new = record_audit(actor=system_actor("test"), action="test.new", object_type="user", object_id=1)
+    new = record_audit(
+        actor=system_actor("test"), action="test.new", object_type="user", object_id=1
+    )
     assert (new.chain, new.chain_seq, new.prev_hash) == (SYSTEM, 1, GENESIS)
     assert new.seq == 6  # the reading order carries on after the legacy rows
     anchors.write_anchor()  # v2, over the legacy and system heads
@@ -117,7 +131,9 @@ def test_the_old_chain_becomes_the_legacy_chain_and_still_verifies_with_its_old_
 
     with connection.cursor() as cur:  # an edit of a legacy row is named in the legacy chain
         cur.execute("ALTER TABLE audit_auditevent DISABLE TRIGGER ALL")
-        cur.execute("UPDATE audit_auditevent SET reason = 'rewritten' WHERE chain = 'legacy' AND chain_seq = 2")
+        cur.execute(
+            "UPDATE audit_auditevent SET reason = 'rewritten' WHERE chain = 'legacy' AND chain_seq = 2"
+        )
         cur.execute("ALTER TABLE audit_auditevent ENABLE TRIGGER ALL")
     report = verify_chain()
     assert (report.ok, report.chain, report.first_broken_seq, report.problem) == (

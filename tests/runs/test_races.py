@@ -209,7 +209,9 @@ def test_an_open_decision_on_one_run_does_not_hold_up_audit_on_another():
     def hold_a() -> None:
         try:
             with transaction.atomic():
-                record_audit(actor=WORKER, action="test.hold", object_type="run", object_id="a", run_id=run_a)
+                record_audit(
+                    actor=WORKER, action="test.hold", object_type="run", object_id="a", run_id=run_a
+                )
                 appended.set()
                 release.wait(timeout=30)
         finally:
