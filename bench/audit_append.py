@@ -13,7 +13,9 @@ are spread over 1, 2 and 4 processes (64 writers in all each time), in two modes
   row FOR UPDATE (as ``_lock_head`` did) and then appends; every decision in the system queues there.
 - ``per_run``: every writer appends to its own run's chain, as decisions on different runs do now.
 
-Results go to bench/results/audit_append.json.
+Settings are interleaved over ``--rounds`` repetitions and the medians reported, with the writers'
+own CPU per append and the load average at each sample (the machine may be shared). Results go to
+bench/results/audit_append.json.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import statistics
 import threading
 import time
 import uuid
@@ -36,7 +39,8 @@ GLOBAL_TABLE = "bench_audit_global_head"
 
 def _writer_process(env, mode, threads, seconds, rest_ms, barrier, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ.update(env)
+    # One pooled connection per writer thread (the pool's default cap would make writers wait for it).
+    os.environ.update(env | {"DB_POOL_MIN": "1", "DB_POOL_MAX": str(threads + 2)})
     import django
 
     django.setup()
@@ -46,6 +50,9 @@ def _writer_process(env, mode, threads, seconds, rest_ms, barrier, results) -> N
     from core.actors import system_actor
 
     actor = system_actor("bench")
+    import resource
+
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     counts = [0] * threads
     errors: list[str] = []
     ready = threading.Barrier(threads + 1)
@@ -53,8 +60,10 @@ def _writer_process(env, mode, threads, seconds, rest_ms, barrier, results) -> N
     def loop(i: int) -> None:
         run_id = uuid.uuid4()  # the writer's own run: its own chain
         try:
-            connection.ensure_connection()
-            ready.wait()
+            try:
+                connection.ensure_connection()
+            finally:
+                ready.wait()  # whatever happened: the others must not wait for this writer
             deadline = start + seconds
             while time.monotonic() < deadline:
                 with transaction.atomic():
@@ -87,7 +96,16 @@ def _writer_process(env, mode, threads, seconds, rest_ms, barrier, results) -> N
     ready.wait()
     for w in workers:
         w.join()
-    results.put({"appends": sum(counts), "elapsed": time.monotonic() - start, "errors": errors})
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    results.put(
+        {
+            "appends": sum(counts),
+            "elapsed": time.monotonic() - start,
+            "cpu_s": cpu,
+            "errors": errors,
+        }
+    )
 
 
 def measure(env, mode: str, processes: int, writers: int, seconds: float, rest_ms: float) -> dict:
@@ -106,6 +124,7 @@ def measure(env, mode: str, processes: int, writers: int, seconds: float, rest_m
     appends = sum(g["appends"] for g in got)
     elapsed = max(g["elapsed"] for g in got)
     errors = [e for g in got for e in g["errors"]]
+    cpu = sum(g["cpu_s"] for g in got)
     return {
         "mode": mode,
         "processes": processes,
@@ -113,6 +132,8 @@ def measure(env, mode: str, processes: int, writers: int, seconds: float, rest_m
         "appends": appends,
         "seconds": round(elapsed, 2),
         "appends_per_s": round(appends / elapsed, 1) if elapsed else 0.0,
+        "client_cpu_ms_per_append": round(1000 * cpu / appends, 3) if appends else None,
+        "loadavg": round(os.getloadavg()[0], 1),
         "errors": errors[:5],
     }
 
@@ -123,6 +144,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--processes", default="1,2,4")
     parser.add_argument("--rest-ms", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
     parser.add_argument("--fresh-db", action="store_true")
     parser.add_argument("--out", default=str(harness.RESULTS_DIR / "audit_append.json"))
     args = parser.parse_args()
@@ -137,18 +159,29 @@ def main() -> None:
         conn.execute(f"INSERT INTO {GLOBAL_TABLE} VALUES (1) ON CONFLICT DO NOTHING")
     counts = [int(x) for x in args.processes.split(",")]
     rows = []
-    for processes in counts:
-        for mode in MODES:
-            row = measure(env, mode, processes, args.writers, args.seconds, args.rest_ms)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    for round_ in range(args.rounds):  # interleaved: a noisy neighbour hits every setting alike
+        for processes in counts:
+            for mode in MODES:
+                row = measure(env, mode, processes, args.writers, args.seconds, args.rest_ms)
+                row["round"] = round_ + 1
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     verified = json.loads(harness.manage(env, "audit_verify").strip().splitlines()[-1])
-    rate = {(r["mode"], r["processes"]): r["appends_per_s"] for r in rows}
+    rate = {
+        (mode, p): statistics.median(
+            r["appends_per_s"] for r in rows if (r["mode"], r["processes"]) == (mode, p)
+        )
+        for mode in MODES
+        for p in counts
+    }
     result: dict[str, Any] = {
         "benchmark": "audit_append",
         "writers": args.writers,
         "rest_of_decision_ms": args.rest_ms,
-        "results": rows,
+        "seconds_per_sample": args.seconds,
+        "rounds": args.rounds,
+        "median_appends_per_s": {f"{m}/{p}": rate[(m, p)] for m in MODES for p in counts},
+        "samples": rows,
         "per_run_over_global_lock": {
             str(p): round(rate[("per_run", p)] / rate[("global_lock", p)], 2)
             for p in counts

@@ -94,5 +94,5 @@ def test_export_needs_the_audit_export_permission(cast, worker):
     lines = b"".join(resp.streaming_content).decode().splitlines()
     assert len(lines) == AuditEvent.objects.count()
     rows = [json.loads(line) for line in lines]
-    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
+    assert [r["order"] for r in rows] == sorted(r["order"] for r in rows)  # the reading order
     assert all(r["hash"] and "prev_hash" in r for r in rows)
