@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from django.db.models import Q
-
 from .chain import GENESIS, link_hash
 from .models import AuditChain, AuditEvent
 
@@ -153,13 +151,5 @@ def _broken_link(
 
 
 def _iter_events(batch: int) -> Iterator[AuditEvent]:
-    """Every event in (chain, position) order, in keyset pages."""
-    rows = list(AuditEvent.objects.order_by("chain", "chain_seq")[:batch])
-    while rows:
-        yield from rows
-        last = rows[-1]
-        rows = list(
-            AuditEvent.objects.filter(
-                Q(chain=last.chain, chain_seq__gt=last.chain_seq) | Q(chain__gt=last.chain)
-            ).order_by("chain", "chain_seq")[:batch]
-        )
+    """Every event in (chain, position) order, streamed (a server-side cursor on PostgreSQL)."""
+    return AuditEvent.objects.order_by("chain", "chain_seq").iterator(chunk_size=batch)
