@@ -1,4 +1,4 @@
-"""Migration 0003 splits the single global chain into per-chain audit without touching a written row:
+"""Migration 0004 splits the single global chain into per-chain audit without touching a written row:
 the rows of before become the frozen ``legacy`` chain and verify as before, old (v1) anchors still hold
 them, and new events go to their own chains after them."""
 
@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.usefixtures("postgres_only", "anchor_config"),
 ]
 
-BEFORE = [("audit", "0002_append_only_triggers")]
+BEFORE = [("audit", "0003_audit_created_at_index")]
 
 
 def _migrate(targets) -> None:

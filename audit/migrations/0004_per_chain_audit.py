@@ -53,7 +53,7 @@ def drop_sequence(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0002_append_only_triggers"),
+        ("audit", "0003_audit_created_at_index"),
     ]
 
     operations = [
