@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--processes", default="1,2,4")
     parser.add_argument("--rest-ms", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--fresh-db", action="store_true")
     parser.add_argument("--out", default=str(harness.RESULTS_DIR / "audit_append.json"))
     args = parser.parse_args()
