@@ -92,12 +92,6 @@ def reltime(value: Any, now: datetime | None = None) -> SafeString:
     )
 
 
-COPY_GLYPH = mark_safe(
-    '<svg width="11" height="11" viewBox="0 0 16 16" aria-hidden="true"><path fill="none" '
-    'stroke="currentColor" stroke-width="1.6" d="M5.5 5.5h8v8h-8zM2.5 10.5v-8h8"/></svg>'
-)
-
-
 @register.simple_tag
 def copyable_id(value: Any, length: int = 8, url: str = "") -> SafeString:
     """The same markup as templates/_id.html (static/console/console.js copies ``data-copy``)."""
@@ -107,13 +101,13 @@ def copyable_id(value: Any, length: int = 8, url: str = "") -> SafeString:
     code = format_html('<code class="id" title="{}">{}</code>', full, full[:length])
     if url:
         code = format_html('<a href="{}">{}</a>', url, code)
+    # The glyph is drawn by CSS (static/console/theme.css button.copy::before).
     return format_html(
         '{}<button type="button" class="copy" data-copy="{}" title="copy {}" aria-label="copy id">'
-        "{}</button>",
+        "</button>",
         code,
         full,
         full,
-        COPY_GLYPH,
     )
 
 
