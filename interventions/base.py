@@ -18,6 +18,7 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority
+from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
 from runs.models import Approval, Run
@@ -252,6 +253,7 @@ def issue(*, actor: Actor, run_id: Any, req: Request, policy: str = "") -> Inter
         }
         intervention.receipt = _jsonable(receipt)
         intervention.save(update_fields=["receipt", "status"])
+        announce(run.pk, "intervention", intervention.pk)
         record_audit(
             actor=actor,
             action=f"intervention.{req.kind}",
@@ -281,6 +283,7 @@ def finish_job(intervention: Intervention, status: str, result: dict[str, Any]) 
     intervention.status = status
     intervention.completed_at = timezone.now()
     intervention.save(update_fields=["receipt", "status", "completed_at"])
+    announce(intervention.run_id, "intervention", intervention.pk)
 
 
 def pending_approvals(run: Run) -> list[dict[str, Any]]:
