@@ -42,6 +42,7 @@ TREE_LIMIT = 200  # groups joined for one run page: the run and its descendants
 
 class LiveConsumer(AsyncWebsocketConsumer):
     coalesce_s = 0.15
+    gather_s = 0.01  # a quiet page still waits this long: the rest of one commit's hints join it
     resync_s = 30.0
     _task: asyncio.Task[None] | None
 
@@ -68,7 +69,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         self._pending: dict[str, Any] = {}  # run id -> {kind: {object ids}}, or None: everything
-        self._refresh, self._task = False, None
+        self._refresh, self._task, self._last_push = False, None, 0.0
         self._rendering = asyncio.Lock()
         await self.accept()
         await self.push(resync=True)  # (re)connect: everything, fresh from the database
@@ -112,11 +113,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self._task = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
+        """Leading edge at once (a quiet page shows a fact as soon as it is rendered), then at most
+        one push per ``coalesce_s`` while facts keep coming: a busy run costs one render per window
+        however many facts it commits."""
+        loop = asyncio.get_running_loop()
         while self._pending or self._refresh:
-            await asyncio.sleep(self.coalesce_s)
+            wait = self._last_push + self.coalesce_s - loop.time()
+            await asyncio.sleep(max(wait, self.gather_s))
             pending, refresh = self._pending, self._refresh
             self._pending, self._refresh = {}, False
             await self.push(pending=pending, refresh=refresh)
+            self._last_push = loop.time()
 
     async def _resync_loop(self) -> None:
         while True:
@@ -175,8 +182,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
             except Exception:  # a failed render must not kill the socket; the next hint retries
                 log.exception("live render failed for %s", self.scope.get("path"))
                 return
-        if html and not self.closed:
-            await self.send(text_data=html)
+        for frame in [html] if isinstance(html, str) else html:
+            if frame and not self.closed:
+                await self.send(text_data=frame)
 
     # -- per page --------------------------------------------------------------------------------
 
@@ -190,8 +198,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """Everything the page shows that can change (a (re)connect)."""
         raise NotImplementedError
 
-    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
-        """What these facts changed (``refresh``: the periodic catch-up). By default, everything."""
+    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str | list[str]:
+        """What these facts changed (``refresh``: the periodic catch-up), as one frame or several.
+        By default, everything."""
         return self.render()
 
 
@@ -311,7 +320,7 @@ class RunConsumer(LiveConsumer):
         self.page = RunPagePush(self.user, self.run_id, query)
         return self.page.resync()
 
-    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
+    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str | list[str]:
         """Only what the facts changed: the sections they touch, each changed effect row, the new
         timeline entries; a child's facts redraw the tree. Too many facts to name: everything."""
         own = pending.get(self.run_id, {})

@@ -318,6 +318,7 @@ FACT_SECTIONS: dict[str, tuple[str, ...]] = {
 REFRESH_FACTS = (
     "checkpoint",
     "lease",
+    "job",
     "state_changed",
     "approval_decided",
     "intervention",
@@ -380,12 +381,13 @@ class RunPagePush:
         self.sent_entries = {e.ref for e in entries}
         self.newest_entry = entries[0].at if entries else None
 
-    def facts(self, own: dict[str, Any], tree_changed: bool) -> str:
+    def facts(self, own: dict[str, Any], tree_changed: bool) -> list[str]:
         """Fragments for the facts of this run (``own``: kind -> object ids) and, when a child run
-        changed, the tree section."""
+        changed, the tree section: a list of WebSocket frames (table rows travel in frames of their
+        own: an HTML parser drops a ``<tr>`` that follows a ``<section>``)."""
         run = self._run()
         if run is None:
-            return ""
+            return []
         roles = roles_of(self.user)
         sections = sections_for(own) if own else set()
         if tree_changed:
@@ -396,42 +398,57 @@ class RunPagePush:
         ctx["oob"] = True
         html: list[str] = [render_to_string(f"runs/detail.html#{s}", ctx) for s in sorted(sections)]
         effect_ids = {oid for kind in EFFECT_FACTS for oid in own.get(kind, ()) if oid}
-        if rows or "compensation_step_done" in own:
-            effect_ids |= self.known_effects  # a step changes the compensated rows' status
-        if effect_ids:
-            html.append(self._effect_rows(run, effect_ids, ctx))
+        if rows:
+            effect_ids |= self.known_effects  # a compensation step changes the rows' status
+        new, changed = self._effect_rows(run, effect_ids) if effect_ids else ([], [])
+        if new or changed:
+            html.append(render_to_string("runs/detail.html#effects-count", ctx))
         if own:
-            html.append(self._new_entries(run, ctx))
-        return "".join(html)
+            html.append(self._new_entries(run, own, ctx))
+        frames = ["".join(html)]
+        if new:
+            frames.append(
+                render_to_string("runs/detail.html#effects-new", ctx | {"new_effects": new})
+            )
+        if changed:
+            frames.append(
+                render_to_string(
+                    "runs/detail.html#effects-changed", ctx | {"changed_effects": changed}
+                )
+            )
+        return [f.strip() for f in frames if f.strip()]
 
-    def _effect_rows(self, run: Run, ids: set[str], ctx: dict[str, Any]) -> str:
+    def _effect_rows(
+        self, run: Run, ids: set[str]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(new rows, newest first; changed rows). A row is new unless the page shows it or it is
+        older than the oldest row on the page (then it is on an "older" page, or not shown)."""
         now = timezone.now()
         effects = list(Effect.objects.filter(run=run, pk__in=list(ids)[:EFFECTS_PAGE]))
-        effects.sort(
-            key=lambda e: (e.declared_at, str(e.pk))
-        )  # oldest first: prepending keeps order
-        html = []
+        effects.sort(key=effects_cursor)
+        new, changed = [], []
         for e in effects:
             row = effect_row(e, now)
             known = row["id"] in self.known_effects
             older = self.oldest_effect is not None and effects_cursor(e) < self.oldest_effect
-            mode = "replace" if known or older else "prepend"
-            if mode == "prepend":
-                self.known_effects.add(row["id"])
-                if self.oldest_effect is None:
-                    self.oldest_effect = effects_cursor(e)
-            html.append(
-                render_to_string(
-                    "runs/detail.html#effect-push", ctx | {"e": row, "mode": mode, "oob": False}
-                )
-            )
-        return "".join(html)
+            if known or older:
+                changed.append(row)
+                continue
+            new.append(row)
+            self.known_effects.add(row["id"])
+            if self.oldest_effect is None:
+                self.oldest_effect = effects_cursor(e)
+        new.reverse()  # afterbegin inserts the block as is: newest first, like the page
+        return new, changed
 
-    def _new_entries(self, run: Run, ctx: dict[str, Any]) -> str:
+    def _new_entries(self, run: Run, own: dict[str, Any], ctx: dict[str, Any]) -> str:
         after = None
         if self.newest_entry is not None:
             after = self.newest_entry - timedelta(seconds=self.OVERLAP_S)
-        page = tl.timeline(run, kinds=tl.parse_kinds(self.params), after=after)
+        # History holds every fact but three: interventions, lease ends and jobs have tables of their
+        # own (refusals are not announced: a denied decision changed nothing).
+        sources = {"history"} | (set(own) & {"intervention", "lease", "job"})
+        page = tl.timeline(run, kinds=tl.parse_kinds(self.params), after=after, sources=sources)
         fresh = [e for e in page["entries"] if e.ref not in self.sent_entries]
         if not fresh:
             return ""

@@ -97,13 +97,17 @@ def timeline(
     before: datetime | None = None,
     after: datetime | None = None,
     limit: int = PAGE,
+    sources: set[str] | None = None,
 ) -> dict[str, Any]:
     """Newest first: one page before ``before`` (or the newest page), or everything after ``after``
-    (the live push, up to ``limit``). ``next_before``: the cursor of the older page, if any."""
+    (the live push, up to ``limit``). ``next_before``: the cursor of the older page, if any.
+    ``sources``: read only these tables (a live push knows which facts it carries)."""
     chosen = set(kinds or KINDS)
     entries: list[Entry] = []
     more = False
-    for source in (_history, _interventions, _leases, _jobs, _denials):
+    for name, source in SOURCES.items():
+        if sources is not None and name not in sources:
+            continue
         rows, full = source(run, chosen, before, after, limit + 1)
         entries.extend(rows)
         more = more or full
@@ -304,3 +308,12 @@ def _denials(run, chosen, before, after, n):
             )
         )
     return out, len(rows) >= n
+
+
+SOURCES = {
+    "history": _history,
+    "intervention": _interventions,
+    "lease": _leases,
+    "job": _jobs,
+    "denial": _denials,
+}
