@@ -266,8 +266,8 @@ class RunListConsumer(LiveConsumer):
         return render_list_push(self.user, query)
 
     def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
-        """The list: only the rows of the runs that changed (a new run, or a state change under a
-        state filter, redraws the table: runs join or leave it). The inbox: redrawn when an
+        """The list: only the rows of the runs that changed (a new run or a state change redraws the
+        table: runs join or leave it, and its counts change). The inbox: redrawn when an
         approval or a state changed."""
         from django.http import QueryDict
 
@@ -278,8 +278,10 @@ class RunListConsumer(LiveConsumer):
             if everything or any(k.startswith("approval_") or k == "state_changed" for k in kinds):
                 return self.render()
             return ""
-        moved = "state_changed" in kinds and bool(QueryDict(query).getlist("state"))
-        if everything or "run_created" in kinds or moved:  # a run joins or leaves the list
+        # A new run or a new state changes which runs the page lists and its counts per state; a
+        # list sorted by last change reorders on every fact. Everything else changes rows only.
+        reorders = QueryDict(query).get("sort", "").lstrip("-") == "updated"
+        if everything or reorders or kinds & {"run_created", "state_changed"}:
             return self.render()
         from console.runs import render_list_rows
 
