@@ -28,12 +28,16 @@ from console.common import (
 from core.auth import actor_for_user
 from core.filters import BadFilter, check_text
 from runs.models import Agent, Run
-from runs.search import RunFilter, page_runs, runs_by_prefix, state_counts, with_unresolved
+from runs.search import (
+    RunFilter,
+    attention_ids,
+    page_runs,
+    runs_by_prefix,
+    state_counts,
+    with_unresolved,
+)
 from runs.selectors import run_summary, visible_runs
 from runs.states import State
-
-TIMELINE_LIMIT = 200
-AUDIT_LIMIT = 50
 
 # --- run list -------------------------------------------------------------------------------------
 # What the list shows is runs/search.py's RunFilter (the same filter the API and fleet operations
@@ -89,8 +93,9 @@ def list_context(
     counts = counted.by_state
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
     attention = (
-        flt.replace(attention=True, states=())
+        flt.replace(attention=False, states=())
         .queryset(actor)
+        .filter(pk__in=attention_ids(timezone.now()))
         .select_related(None)
         .order_by()
         .values("pk")[: ATTENTION_CAP + 1]
