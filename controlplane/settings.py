@@ -148,7 +148,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # No read timeout: the layer's receive is a blocking BZPOPMIN, and redis-py 8 reads
+            # with a 5 s socket_timeout by default, which tore every idle socket down every ~5 s
+            # (django/channels_redis#422, redis/redis-py#4091).
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
         }
     }
 else:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority, PreviewStale
+from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
 from runs.models import Approval, Run
@@ -306,6 +307,7 @@ def issue(
         }
         intervention.receipt = _jsonable(receipt)
         intervention.save(update_fields=["receipt", "status"])
+        announce(run.pk, "intervention", intervention.pk)
         record_audit(
             actor=actor,
             action=f"intervention.{req.kind}",
@@ -335,6 +337,7 @@ def finish_job(intervention: Intervention, status: str, result: dict[str, Any]) 
     intervention.status = status
     intervention.completed_at = timezone.now()
     intervention.save(update_fields=["receipt", "status", "completed_at"])
+    announce(intervention.run_id, "intervention", intervention.pk)
 
 
 def pending_approvals(run: Run) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
-from core.live import push_run_update
+from core.live import announce
 from core.rows import select_row
 from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
@@ -85,7 +85,19 @@ def append_history(
         {**(run_updates or {}), "history_seq": seq, "history_head": event.hash, "updated_at": now},
     )
     run.history_seq, run.history_head = seq, event.hash
+    announce(run.pk, kind, fact_object(kind, payload))  # the console hears it after COMMIT
     return event
+
+
+def fact_object(kind: str, data: dict[str, Any]) -> Any:
+    """The object a history event is about (an effect, approval, intervention, plan, lease,
+    checkpoint), named in the live hint so the page redraws that object only."""
+    if kind == "checkpoint":
+        return data.get("seq")
+    for key in ("effect", "approval", "intervention", "plan", "lease", "job"):
+        if isinstance(data.get(key), str):
+            return data[key]
+    return None
 
 
 def verify_history(run: Run) -> dict[str, Any]:
@@ -119,6 +131,7 @@ def end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
     stale one, release, finish, expiry, a pause with nothing in flight); caller holds the run lock."""
     lease.status, lease.ended_at, lease.end_reason = status, now, why
     ExecutionLease.objects.filter(pk=lease.pk).update(status=status, ended_at=now, end_reason=why)
+    announce(lease.run_id, "lease", lease.pk)
 
 
 def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
@@ -188,7 +201,7 @@ def notify_run_changed(run: Run) -> None:
             cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
             if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
                 cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, work_key(run.agent_id)])
-    transaction.on_commit(lambda: push_run_update(run.pk))
+    announce(run.pk, "run")  # sent after COMMIT (core.live)
 
 
 def apply_transition(

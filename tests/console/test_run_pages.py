@@ -158,7 +158,8 @@ def test_detail_shows_ledger_facets_timeline_leases_and_audit(cast, worker):
     assert "order-7-charge" in html and "st st-unknown" in html
     assert "1 unresolved effect" in html
     assert "payments:charge" in html and "inventory:*" in html  # grants
-    assert "state_changed" in html and "run.claim" in html  # timeline and this run's audit events
+    assert "attempt 1 claimed" in html and "effect declared" in html  # the timeline
+    assert f"/audit/?run={run['id']}" in html  # this run's audit events, a click away
     assert f'ws-connect="/ws/runs/{run["id"]}/"' in html
     assert f"/effects/{effect['id']}/reconcile/" in html
 
@@ -237,12 +238,13 @@ def test_websocket_pushes_fresh_partials_on_connect_and_after_a_transition(cast,
             worker, run["id"]
         )  # committed transition -> run.changed
         pushed = await page.receive_from(timeout=5)
-        assert (
+        assert (  # the facts of the claim: header, leases, attempts, timeline; not the ledger
             'data-state="running"' in pushed
-            and 'id="run-ledger"' in pushed
+            and 'id="run-attempts"' in pushed
+            and 'id="run-ledger"' not in pushed
             and "hx-swap-oob" in pushed
         )
-        row = await listing.receive_from(timeout=5)
+        row = await listing.receive_from(timeout=5)  # the run entered the filter: the table
         assert run["id"][:8] in row and 'id="run-table" hx-swap-oob="true"' in row
         assert await page.receive_nothing(timeout=0.5)  # coalesced: one render per burst
         inbox = WebsocketCommunicator(application, "/ws/runs/?view=approvals", headers=headers)
