@@ -252,6 +252,16 @@ class EffectDeniedOut(ErrorOut):
     reason: str | None = None
 
 
+class OutcomeOut(EffectOut):
+    """200 on an outcome: the effect; with a ``checkpoint`` in the request, the checkpoint written
+    (``CheckpointWrittenOut``) or why it was refused (``ErrorOut``: the outcome is recorded anyway);
+    with ``next``, the next declaration's answer: the effect with ``decision`` (authorized, replayed
+    or denied) and ``http_status`` (what POST /runs/{id}/effects would have answered), or an error."""
+
+    checkpoint: JSON | None = None
+    next: JSON | None = None
+
+
 class EffectListOut(Out):
     effects: list[EffectOut]
 

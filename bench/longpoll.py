@@ -209,6 +209,7 @@ class Load:
                     None,
                     0,
                     EFFECTS_PER_RUN,
+                    "none",
                     self.barrier,
                     self.results,
                     self.stop_event,

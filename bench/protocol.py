@@ -67,6 +67,7 @@ def _one_run(
     number: int,
     effects: int,
     tally: dict[str, int],
+    fold: str = "none",
 ) -> None:
     """Create, claim, `effects` × (declare, outcome committed, checkpoint), finish. Counts committed
     effects in `tally` as they happen, so a run that fails half-way still counts what it committed."""
@@ -95,6 +96,25 @@ def _one_run(
     )
     token, lease_id = claim["lease"]["fencing_token"], claim["lease"]["id"]
     last_beat = time.monotonic()
+
+    def declaration(i: int) -> dict:
+        return {
+            "fencing_token": token,
+            "step": f"step-{i}",
+            "tool": "bench",
+            "action": "write",
+            "idempotency_key": f"{run_id}:step-{i}",
+            "args": {"i": i, "worker": worker},
+            "compensation": {"tool": "bench", "action": "undo"},
+            "irreversible": False,
+        }
+
+    def authorized(effect: dict, call: str) -> dict:
+        if effect.get("decision") != "authorized":
+            raise CallFailed(f"{call} -> decision {effect.get('decision')}: {effect.get('reason')}")
+        return effect
+
+    effect = None
     for i in range(effects):
         if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
             _post(
@@ -105,43 +125,41 @@ def _one_run(
                 {"fencing_token": token},
             )
             last_beat = time.monotonic()
-        effect = _post(
-            client,
-            lat,
-            "declare",
-            f"{base}/runs/{run_id}/effects",
-            {
-                "fencing_token": token,
-                "step": f"step-{i}",
-                "tool": "bench",
-                "action": "write",
-                "idempotency_key": f"{run_id}:step-{i}",
-                "args": {"i": i, "worker": worker},
-                "compensation": {"tool": "bench", "action": "undo"},
-                "irreversible": False,
-            },
-            ok=(201,),
-        )
-        if effect.get("decision") != "authorized":
-            raise CallFailed(
-                f"declare -> decision {effect.get('decision')}: {effect.get('reason')}"
+        if effect is None:
+            effect = authorized(
+                _post(
+                    client,
+                    lat,
+                    "declare",
+                    f"{base}/runs/{run_id}/effects",
+                    declaration(i),
+                    ok=(201,),
+                ),
+                "declare",
             )
-        _post(
-            client,
-            lat,
-            "outcome",
-            f"{base}/effects/{effect['id']}/outcome",
-            {"fencing_token": token, "status": "committed", "external_ref": f"bench-{i}"},
-        )
+        outcome = {"fencing_token": token, "status": "committed", "external_ref": f"bench-{i}"}
+        checkpoint = {"step": f"step-{i}", "state": {"done": i + 1}}
+        if fold == "none":
+            _post(client, lat, "outcome", f"{base}/effects/{effect['id']}/outcome", outcome)
+            tally["effects"] += 1
+            _post(
+                client,
+                lat,
+                "checkpoint",
+                f"{base}/runs/{run_id}/checkpoints",
+                {"fencing_token": token, **checkpoint},
+                ok=(201,),
+            )
+            effect = None
+            continue
+        outcome["checkpoint"] = checkpoint
+        if fold == "next" and i + 1 < effects:
+            outcome["next"] = declaration(i + 1)
+        answer = _post(client, lat, "outcome", f"{base}/effects/{effect['id']}/outcome", outcome)
         tally["effects"] += 1
-        _post(
-            client,
-            lat,
-            "checkpoint",
-            f"{base}/runs/{run_id}/checkpoints",
-            {"fencing_token": token, "step": f"step-{i}", "state": {"done": i + 1}},
-            ok=(201,),
-        )
+        if "error" in (answer.get("checkpoint") or {"error": "missing"}):
+            raise CallFailed(f"outcome -> checkpoint {answer.get('checkpoint')}")
+        effect = authorized(answer["next"], "next") if "next" in outcome else None
     _post(
         client,
         lat,
@@ -168,6 +186,7 @@ def worker_main(
     counter,
     total_runs: int,
     effects: int,
+    fold: str,
     barrier,
     results,
     stop=None,
@@ -199,7 +218,7 @@ def worker_main(
                 break
             base = servers[(index + number) % len(servers)] + "/api/v1"
             try:
-                _one_run(client, base, lat, index, number, effects, tally)
+                _one_run(client, base, lat, index, number, effects, tally, fold)
                 done_runs += 1
             except (CallFailed, httpx.HTTPError, ValueError, KeyError) as exc:
                 error_count += 1
@@ -231,21 +250,53 @@ def worker_main(
 
 
 def run_phase(
-    ctx, workers: int, total_runs: int, servers: harness.Servers, token: str, timeout: float
+    ctx,
+    workers: int,
+    total_runs: int,
+    servers: harness.Servers,
+    token: str,
+    timeout: float,
+    fold: str = "none",
 ) -> dict[str, Any]:
     """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
     to the last worker finishing."""
     counter = ctx.Value("i", 0)
+    before = server_stats(servers.urls)
     reports, cpu = harness.run_workers(
         ctx,
         servers,
         workers,
         worker_main,
-        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN),
+        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN, fold),
         timeout,
         "phase",
     )
-    return summarise(workers, total_runs, reports, dict(cpu))
+    after = server_stats(servers.urls)
+    summary = summarise(workers, total_runs, reports, dict(cpu))
+    if before is not None and after is not None:
+        diff = {k: after[k] - before[k] for k in after}
+        summary["sql"] = diff
+        if summary["effects"]:
+            summary["sql"]["statements_per_effect"] = round(
+                diff["statements"] / summary["effects"], 2
+            )
+            summary["sql"]["commits_per_effect"] = round(diff["commits"] / summary["effects"], 2)
+    return summary
+
+
+def server_stats(urls: list[str]) -> dict[str, int] | None:
+    """The servers' statement and commit totals (bench/stats.py), summed; None if one does not answer."""
+    import httpx
+
+    totals = {"requests": 0, "statements": 0, "commits": 0}
+    try:
+        for url in urls:
+            found = httpx.get(f"{url}/bench/stats/", timeout=10).json()
+            for key in totals:
+                totals[key] += int(found[key])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return totals
 
 
 def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> dict[str, Any]:
@@ -351,7 +402,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=5.0,
         help="duration of each floor measurement (no-work endpoints, bench/floor.py); 0 skips it",
     )
+    parser.add_argument(
+        "--fold",
+        default="none,checkpoint,next",
+        help="comma-separated: none (declare, outcome, checkpoint: 3 calls per effect), checkpoint "
+        "(the outcome carries the checkpoint: 2 calls), next (it also carries the next declaration: "
+        "1 call per effect after a run's first); each is a phase per worker count (default all three)",
+    )
     args = parser.parse_args(argv)
+    args.folds = [f.strip() for f in args.fold.split(",") if f.strip()]
+    if not args.folds or set(args.folds) - {"none", "checkpoint", "next"}:
+        parser.error("--fold takes none, checkpoint and next")
     try:
         args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
@@ -375,14 +436,25 @@ def run_phases(
         print(f"{args.servers} daphne server(s) ready on {', '.join(servers.urls)}", flush=True)
         # Warm-up (not measured): imports, connection pools, the LISTEN connection, first query plans.
         run_phase(ctx, args.servers, args.servers, servers, token, args.phase_timeout)
-        for workers in args.worker_counts:
+        for workers, fold in [(w, f) for w in args.worker_counts for f in args.folds]:
             runs = phase_runs(workers, args)
             print(
-                f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects …",
+                f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects, "
+                f"calls folded: {fold} …",
                 flush=True,
             )
-            phase = phases[str(workers)] = run_phase(
-                ctx, workers, runs, servers, token, args.phase_timeout
+            key = str(workers) if fold == "none" else f"{workers}/{fold}"
+            phase = phases[key] = run_phase(
+                ctx, workers, runs, servers, token, args.phase_timeout, fold
+            )
+            phase["fold"] = fold
+            sql = phase.get("sql", {})
+            cpu = phase["cpu"]
+            print(
+                f"  server CPU {cpu.get('server_cpu_ms_per_effect')} ms/effect · PostgreSQL CPU "
+                f"{cpu.get('postgres_cpu_ms_per_effect')} ms/effect · {sql.get('statements_per_effect')} "
+                f"statements + {sql.get('commits_per_effect')} commits per effect",
+                flush=True,
             )
             print(
                 f"  {phase['effects_per_s']:.0f} effects/s · declare p50 {phase['declare_p50_ms']} / "
@@ -490,7 +562,12 @@ def build_result(
     floors: dict[str, Any],
 ) -> dict[str, Any]:
     raw_rate = round((raw["before"]["commits_per_s"] + raw["after"]["commits_per_s"]) / 2, 1)
-    headline = phases.get(str(TARGET_WORKERS)) or phases[str(max(args.worker_counts))]
+    fold = args.folds[-1]  # the headline: the fewest round trips measured, at 16 workers
+
+    def key(w: int) -> str:
+        return str(w) if fold == "none" else f"{w}/{fold}"
+
+    headline = phases.get(key(TARGET_WORKERS)) or phases[key(max(args.worker_counts))]
     return {
         "benchmark": "protocol",
         "started_at": facts["started_at"],

@@ -6,3 +6,6 @@ The protocol phases run against these servers too: the only difference from
 from controlplane.settings import *  # noqa: F403
 
 ROOT_URLCONF = "bench.urls"
+
+# Statements and commits per request (bench/stats.py), read by the benchmark per phase.
+MIDDLEWARE = ["bench.stats.CountStatements", *MIDDLEWARE]  # noqa: F405

@@ -11,6 +11,7 @@ from django.http import JsonResponse
 from django.urls import path
 from ninja import NinjaAPI, Schema
 
+from bench.stats import stats
 from controlplane.urls import urlpatterns as control_plane_urls
 
 floor_api = NinjaAPI(urls_namespace="bench-floor", docs_url=None, openapi_url=None)
@@ -38,6 +39,7 @@ def noop(request):
 
 urlpatterns = [
     path("bench/noop/", noop),
+    path("bench/stats/", stats),
     path("bench/", floor_api.urls),
     *control_plane_urls,
 ]

@@ -60,9 +60,25 @@ def append_history(
 ) -> HistoryEvent:
     """Append to the run's hash chain. Caller holds the run lock, so seq and head cannot race.
     ``run_updates``: further columns of the run row to write in the same UPDATE as the new head."""
+    event = next_history(run, kind, data, attempt=attempt, actor=actor)
+    # The event's INSERT and the run's head UPDATE in one round trip (see audit.dbutil).
+    insert_and_update(event, Run, run.pk, {**(run_updates or {}), **history_head(run, event)})
+    return event
+
+
+def next_history(
+    run: Run,
+    kind: str,
+    data: dict[str, Any] | None = None,
+    *,
+    attempt=None,
+    actor: Actor | None = None,
+) -> HistoryEvent:
+    """The run's next history link, hashed but not written, and the run's head moved to it in memory:
+    for decisions that write it together with their other rows (``core.rows.write_rows``, with
+    ``history_head(run, event)`` in the run's UPDATE). Caller holds the run lock."""
     seq = run.history_seq + 1
     prev = run.history_head or GENESIS
-    now = timezone.now()
     payload = normalise(data or {})
     # ``attempt`` may be an Attempt or its id: callers pass the id so no row is loaded just for this.
     attempt_id = getattr(attempt, "pk", attempt)
@@ -73,19 +89,21 @@ def append_history(
         attempt_id=attempt_id,
         actor=actor.label if actor else "",
         data=payload,
-        created_at=now,
+        created_at=timezone.now(),
         prev_hash=prev,
     )
     event.hash = link_hash(prev, history_fields(event))
-    # The event's INSERT and the run's head UPDATE in one round trip (see audit.dbutil).
-    insert_and_update(
-        event,
-        Run,
-        run.pk,
-        {**(run_updates or {}), "history_seq": seq, "history_head": event.hash, "updated_at": now},
-    )
     run.history_seq, run.history_head = seq, event.hash
     return event
+
+
+def history_head(run: Run, event: HistoryEvent) -> dict[str, Any]:
+    """The run columns that record its chain's head after ``event``."""
+    return {
+        "history_seq": run.history_seq,
+        "history_head": run.history_head,
+        "updated_at": event.created_at,
+    }
 
 
 def verify_history(run: Run) -> dict[str, Any]:
