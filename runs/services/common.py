@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -199,6 +199,21 @@ def run_snapshot(run: Run) -> dict[str, Any]:
     }
 
 
+def protocol_snapshot(run: Run) -> dict[str, Any]:
+    """What a worker-protocol transition (claim, finish) decided on, from the locked run row alone:
+    the audit context of the worker's own moves, without ``run_snapshot``'s five queries inside the
+    write. The operator's moves keep the full snapshot (authority, unresolved effects, assignee)."""
+    return {
+        "state": run.state,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
+        "fencing_token": run.fencing_token,
+        "checkpoint_seq": run.checkpoint_seq,
+        "history_seq": run.history_seq,
+    }
+
+
 def notify_run_changed(run: Run) -> None:
     """Wake long-polling heartbeats. pg_notify is transactional: delivered only if we commit."""
     if connection.vendor == "postgresql":
@@ -218,8 +233,11 @@ def apply_transition(
     data: dict[str, Any] | None = None,
     audit_action: str | None = None,
     audit_context: dict[str, Any] | None = None,
+    snapshot: Callable[[Run], dict[str, Any]] | None = None,
 ) -> State:
-    """Move the locked run along the table, with history and audit in the same transaction."""
+    """Move the locked run along the table, with history and audit in the same transaction.
+    ``snapshot``: what renders the audit's before/after (default ``run_snapshot``)."""
+    snapshot = snapshot or run_snapshot
     edge = transition(run.state, event)
     if edge is None:
         raise Conflict(
@@ -227,7 +245,7 @@ def apply_transition(
             state=run.state,
             event=event.value,
         )
-    before = run_snapshot(run) if audit_context is None else None
+    before = snapshot(run) if audit_context is None else None
     previous = run.state
     now = timezone.now()
     run.state, run.state_changed_at = edge.target.value, now
@@ -240,9 +258,7 @@ def apply_transition(
         actor=actor,
     )
     context = (
-        audit_context
-        if audit_context is not None
-        else {"before": before, "after": run_snapshot(run)}
+        audit_context if audit_context is not None else {"before": before, "after": snapshot(run)}
     )
     context = {"from_state": previous, "to_state": run.state, "event": event.value, **context}
     record_audit(

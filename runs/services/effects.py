@@ -390,10 +390,22 @@ def _deny(
 
 def effect_run_id(effect_id: Any) -> Any:
     """The run an effect belongs to, read before locking that run (every effect decision does)."""
+    from django.db import connection
+
+    # ``Effect.objects.values_list("run_id", flat=True).get(pk=…)`` without the query compiler: every
+    # outcome starts here.
     try:
-        return Effect.objects.values_list("run_id", flat=True).get(pk=effect_id)
-    except (Effect.DoesNotExist, ValueError):
-        raise NotFound(f"effect {effect_id} does not exist", object="effect") from None
+        pk = Effect._meta.pk.get_db_prep_value(effect_id, connection)
+    except (ValueError, TypeError, ValidationError):
+        pk = None
+    row = None
+    if pk is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT run_id FROM {Effect._meta.db_table} WHERE id = %s", [pk])
+            row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"effect {effect_id} does not exist", object="effect")
+    return Effect._meta.get_field("run").target_field.to_python(row[0])
 
 
 @dataclass

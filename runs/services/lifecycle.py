@@ -45,6 +45,7 @@ from .common import (
     lease_ttl,
     lock_run,
     notify_run_changed,
+    protocol_snapshot,
     run_snapshot,
     starting_checkpoint,
 )
@@ -267,6 +268,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             actor=actor,
             reason=f"claimed by {worker}",
             data={"fencing_token": run.fencing_token},
+            snapshot=protocol_snapshot,
         )
     return Claim(run, attempt, lease, checkpoint_summary(cp))
 
@@ -477,6 +479,7 @@ def finish_attempt(
             actor=actor,
             reason=error or f"attempt {outcome}",
             data={"failure_class": failure_class, "error": error},
+            snapshot=protocol_snapshot,
         )
     return run
 
