@@ -18,7 +18,7 @@ _lock = threading.Lock()
 TOTALS = {"requests": 0, "statements": 0, "commits": 0}
 _local = threading.local()
 
-_original_commit = BaseDatabaseWrapper._commit
+_original_commit = BaseDatabaseWrapper._commit  # type: ignore[attr-defined]
 
 
 def _counted_commit(self):
@@ -27,7 +27,7 @@ def _counted_commit(self):
     return _original_commit(self)
 
 
-BaseDatabaseWrapper._commit = _counted_commit  # type: ignore[method-assign]
+BaseDatabaseWrapper._commit = _counted_commit  # type: ignore[attr-defined]
 
 
 class CountStatements:

@@ -185,7 +185,9 @@ def write_rows(
                 raise RuntimeError(f"{update_model.__name__} {pk} was not updated")
         return
     qn = conn.ops.quote_name
-    parts, params, selects = [], [], []
+    parts: list[str] = []
+    params: list[Any] = []
+    selects: list[str] = []
     autos: list[tuple[models.Model, models.Field]] = []
     for i, obj in enumerate(inserts):
         sql, fields, auto = _insert_shape(type(obj), alias)
@@ -203,6 +205,7 @@ def write_rows(
         sets = []
         for name, value in values.items():
             field = meta.get_field(name)
+            assert isinstance(field, models.Field), f"{name} is not a column of {meta.label}"
             if isinstance(value, models.Model):
                 value = value.pk
             sets.append(f"{qn(_column(field))} = %s")

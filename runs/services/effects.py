@@ -140,7 +140,7 @@ def declaration_facts(
         )
     if not _FACTS_SQL:
         _FACTS_SQL.append(_facts_sql())
-    params = {
+    params: dict[str, Any] = {
         "run": run.pk,
         "token": int(fencing_token),
         "key": idempotency_key,
