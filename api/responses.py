@@ -345,7 +345,9 @@ class ContractsOut(Out):
 
 
 class AuditEventOut(Out):
-    seq: int
+    seq: int  # global reading order, for after_seq
+    chain: str  # "run:<id>" or "system" ("legacy": before per-chain audit)
+    chain_seq: int  # the position in the chain, which the hash covers
     event_id: str
     created_at: str
     actor_kind: str
@@ -371,10 +373,15 @@ class AuditListOut(Out):
     events: list[AuditEventOut]
 
 
-class ChainReportOut(Out):
+class VerifyOut(Out):
+    """The answer first ("Intact: …" or "Broken: <the first break, named>"), then the figures, then
+    every part's report as ``audit_verify`` prints it."""
+
     ok: bool
-    checked: int
-    head_seq: int
-    first_broken_seq: int | None
-    problem: str
-    detail: str
+    answer: str
+    events: int
+    chains: int
+    anchored_at: str | None
+    anchors_checked: bool
+    failures: list[str]
+    report: dict[str, Any]

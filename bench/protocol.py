@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import signal
 import sys
 import time
@@ -67,7 +68,6 @@ def _one_run(
     number: int,
     effects: int,
     tally: dict[str, int],
-    fold: str = "none",
 ) -> None:
     """Create, claim, `effects` × (declare, outcome committed, checkpoint), finish. Counts committed
     effects in `tally` as they happen, so a run that fails half-way still counts what it committed."""
@@ -96,6 +96,9 @@ def _one_run(
     )
     token, lease_id = claim["lease"]["fencing_token"], claim["lease"]["id"]
     last_beat = time.monotonic()
+    # BENCH_FOLD: none (declare, outcome, checkpoint: 3 calls per effect), checkpoint (the outcome
+    # carries the step's checkpoint: 2 calls), next (it also carries the next declaration: 1 call).
+    fold = os.environ.get("BENCH_FOLD", "none")
 
     def declaration(i: int) -> dict:
         return {
@@ -126,18 +129,15 @@ def _one_run(
             )
             last_beat = time.monotonic()
         if effect is None:
-            effect = authorized(
-                _post(
-                    client,
-                    lat,
-                    "declare",
-                    f"{base}/runs/{run_id}/effects",
-                    declaration(i),
-                    ok=(201,),
-                ),
-                "declare",
+            declared = _post(
+                client, lat, "declare", f"{base}/runs/{run_id}/effects", declaration(i), ok=(201,)
             )
-        outcome = {"fencing_token": token, "status": "committed", "external_ref": f"bench-{i}"}
+            effect = authorized(declared, "declare")
+        outcome: dict = {
+            "fencing_token": token,
+            "status": "committed",
+            "external_ref": f"bench-{i}",
+        }
         checkpoint = {"step": f"step-{i}", "state": {"done": i + 1}}
         if fold == "none":
             _post(client, lat, "outcome", f"{base}/effects/{effect['id']}/outcome", outcome)
@@ -186,13 +186,15 @@ def worker_main(
     counter,
     total_runs: int,
     effects: int,
-    fold: str,
     barrier,
     results,
     stop=None,
+    budget_s: float | None = None,
 ) -> None:
     """Takes runs from the shared pool until it is empty (or, with counter=None, runs until `stop` is set)
-    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends."""
+    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends.
+    With `budget_s`, no new run is taken once that long has passed since the barrier (a loaded machine
+    then shortens the phase instead of stretching the whole benchmark)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
     import httpx
 
@@ -209,6 +211,8 @@ def worker_main(
         t_start, cpu0 = time.monotonic(), time.process_time()
         number = 0
         while True:
+            if budget_s is not None and time.monotonic() - t_start > budget_s:
+                break
             if counter is not None:
                 taken = _take_run(counter, total_runs)
                 if taken is None:
@@ -218,7 +222,7 @@ def worker_main(
                 break
             base = servers[(index + number) % len(servers)] + "/api/v1"
             try:
-                _one_run(client, base, lat, index, number, effects, tally, fold)
+                _one_run(client, base, lat, index, number, effects, tally)
                 done_runs += 1
             except (CallFailed, httpx.HTTPError, ValueError, KeyError) as exc:
                 error_count += 1
@@ -256,47 +260,26 @@ def run_phase(
     servers: harness.Servers,
     token: str,
     timeout: float,
-    fold: str = "none",
+    effects_per_run: int = EFFECTS_PER_RUN,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
-    to the last worker finishing."""
+    """`workers` processes share a pool of `total_runs` runs (taking none after `budget_s`); wall time
+    runs from the common barrier to the last worker finishing."""
     counter = ctx.Value("i", 0)
-    before = server_stats(servers.urls)
     reports, cpu = harness.run_workers(
         ctx,
         servers,
         workers,
         worker_main,
-        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN, fold),
+        lambda i: (i, servers.urls, token, counter, total_runs, effects_per_run),
         timeout,
         "phase",
+        kwargs={"budget_s": budget_s} if budget_s else None,
     )
-    after = server_stats(servers.urls)
-    summary = summarise(workers, total_runs, reports, dict(cpu))
-    if before is not None and after is not None:
-        diff = {k: after[k] - before[k] for k in after}
-        summary["sql"] = diff
-        if summary["effects"]:
-            summary["sql"]["statements_per_effect"] = round(
-                diff["statements"] / summary["effects"], 2
-            )
-            summary["sql"]["commits_per_effect"] = round(diff["commits"] / summary["effects"], 2)
-    return summary
-
-
-def server_stats(urls: list[str]) -> dict[str, int] | None:
-    """The servers' statement and commit totals (bench/stats.py), summed; None if one does not answer."""
-    import httpx
-
-    totals = {"requests": 0, "statements": 0, "commits": 0}
-    try:
-        for url in urls:
-            found = httpx.get(f"{url}/bench/stats/", timeout=10).json()
-            for key in totals:
-                totals[key] += int(found[key])
-    except (httpx.HTTPError, ValueError, KeyError):
-        return None
-    return totals
+    out = summarise(workers, total_runs, reports, dict(cpu))
+    out["servers"] = len(servers.urls)
+    out["budget_s"] = budget_s
+    return out
 
 
 def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> dict[str, Any]:
@@ -328,6 +311,7 @@ def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> 
     out["errors"] = sum(r["errors"] for r in reports)
     out["error_samples"] = [e for r in reports for e in r["error_samples"]][:5]
     cpu = dict(cpu)
+    statements, db = cpu.pop("statements", None), cpu.pop("db", None)
     busy_s = cpu.pop("machine_busy_s", None)
     cpu["workers_cpu_s"] = round(worker_cpu, 2)
     if busy_s is not None:
@@ -340,6 +324,28 @@ def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> 
         cpu["postgres_cpu_ms_per_effect"] = round(1000 * cpu["postgres_cpu_s"] / effects, 2)
         cpu["client_cpu_ms_per_effect"] = round(1000 * worker_cpu / effects, 2)
     out["cpu"] = cpu
+    out["sql"] = sql_per_effect(statements, db, effects)
+    return out
+
+
+def sql_per_effect(
+    statements: int | None, db: dict[str, int] | None, effects: int
+) -> dict[str, Any]:
+    """Statements the servers sent (exact, bench/sqlcount.py), and transactions and rows written from
+    pg_stat_database (approximate at the window's edges), each per committed effect. Per effect means
+    declare + outcome + checkpoint plus a 20th of the run's create, claim and finish."""
+    out: dict[str, Any] = {"statements": statements, "db": db}
+    if not effects:
+        return out
+    if statements is not None:
+        out["statements_per_effect"] = round(statements / effects, 2)
+    if db:
+        out["transactions_per_effect"] = round(
+            (db["xact_commit"] + db["xact_rollback"]) / effects, 2
+        )
+        out["rows_written_per_effect"] = round(
+            (db["tup_inserted"] + db["tup_updated"] + db["tup_deleted"]) / effects, 2
+        )
     return out
 
 
@@ -402,17 +408,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=5.0,
         help="duration of each floor measurement (no-work endpoints, bench/floor.py); 0 skips it",
     )
-    parser.add_argument(
-        "--fold",
-        default="none,checkpoint,next",
-        help="comma-separated: none (declare, outcome, checkpoint: 3 calls per effect), checkpoint "
-        "(the outcome carries the checkpoint: 2 calls), next (it also carries the next declaration: "
-        "1 call per effect after a run's first); each is a phase per worker count (default all three)",
-    )
     args = parser.parse_args(argv)
-    args.folds = [f.strip() for f in args.fold.split(",") if f.strip()]
-    if not args.folds or set(args.folds) - {"none", "checkpoint", "next"}:
-        parser.error("--fold takes none, checkpoint and next")
     try:
         args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
@@ -436,25 +432,14 @@ def run_phases(
         print(f"{args.servers} daphne server(s) ready on {', '.join(servers.urls)}", flush=True)
         # Warm-up (not measured): imports, connection pools, the LISTEN connection, first query plans.
         run_phase(ctx, args.servers, args.servers, servers, token, args.phase_timeout)
-        for workers, fold in [(w, f) for w in args.worker_counts for f in args.folds]:
+        for workers in args.worker_counts:
             runs = phase_runs(workers, args)
             print(
-                f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects, "
-                f"calls folded: {fold} …",
+                f"phase: {workers} worker(s) sharing {runs} runs × {EFFECTS_PER_RUN} effects …",
                 flush=True,
             )
-            key = str(workers) if fold == "none" else f"{workers}/{fold}"
-            phase = phases[key] = run_phase(
-                ctx, workers, runs, servers, token, args.phase_timeout, fold
-            )
-            phase["fold"] = fold
-            sql = phase.get("sql", {})
-            cpu = phase["cpu"]
-            print(
-                f"  server CPU {cpu.get('server_cpu_ms_per_effect')} ms/effect · PostgreSQL CPU "
-                f"{cpu.get('postgres_cpu_ms_per_effect')} ms/effect · {sql.get('statements_per_effect')} "
-                f"statements + {sql.get('commits_per_effect')} commits per effect",
-                flush=True,
+            phase = phases[str(workers)] = run_phase(
+                ctx, workers, runs, servers, token, args.phase_timeout
             )
             print(
                 f"  {phase['effects_per_s']:.0f} effects/s · declare p50 {phase['declare_p50_ms']} / "
@@ -562,12 +547,7 @@ def build_result(
     floors: dict[str, Any],
 ) -> dict[str, Any]:
     raw_rate = round((raw["before"]["commits_per_s"] + raw["after"]["commits_per_s"]) / 2, 1)
-    fold = args.folds[-1]  # the headline: the fewest round trips measured, at 16 workers
-
-    def key(w: int) -> str:
-        return str(w) if fold == "none" else f"{w}/{fold}"
-
-    headline = phases.get(key(TARGET_WORKERS)) or phases[key(max(args.worker_counts))]
+    headline = phases.get(str(TARGET_WORKERS)) or phases[str(max(args.worker_counts))]
     return {
         "benchmark": "protocol",
         "started_at": facts["started_at"],
@@ -643,7 +623,7 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
     for w, p in result["phases"].items():
         print(
             f"{w:>7} {p['effects_per_s']:>10.1f} {p['declare_p50_ms']:>9}/{p['declare_p99_ms']:<9} "
-            f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {str(p['checkpoint_p50_ms']):>18} {p['errors']:>7}"
+            f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {p['checkpoint_p50_ms']:>18} {p['errors']:>7}"
         )
     print(
         f"raw PostgreSQL: {result['raw_pg_commits_per_s']:.0f} INSERT+COMMIT/s over {RAW_CONNECTIONS} connections; "

@@ -11,7 +11,6 @@ from django.http import JsonResponse
 from django.urls import path
 from ninja import NinjaAPI, Schema
 
-from bench.stats import stats
 from controlplane.urls import urlpatterns as control_plane_urls
 
 floor_api = NinjaAPI(urls_namespace="bench-floor", docs_url=None, openapi_url=None)
@@ -35,6 +34,13 @@ def echo(request, body: EchoIn):
 
 def noop(request):
     return JsonResponse({"ok": True})
+
+
+def stats(request):
+    """This server process's SQL statement count so far (bench/sqlcount.py)."""
+    from bench import sqlcount
+
+    return JsonResponse(sqlcount.snapshot())
 
 
 urlpatterns = [
