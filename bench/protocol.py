@@ -623,7 +623,7 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
     for w, p in result["phases"].items():
         print(
             f"{w:>7} {p['effects_per_s']:>10.1f} {p['declare_p50_ms']:>9}/{p['declare_p99_ms']:<9} "
-            f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {p['checkpoint_p50_ms']:>18} {p['errors']:>7}"
+            f"{p['outcome_p50_ms']:>9}/{p['outcome_p99_ms']:<9} {str(p['checkpoint_p50_ms']):>18} {p['errors']:>7}"
         )
     print(
         f"raw PostgreSQL: {result['raw_pg_commits_per_s']:.0f} INSERT+COMMIT/s over {RAW_CONNECTIONS} connections; "
