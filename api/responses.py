@@ -254,15 +254,38 @@ class EffectDeniedOut(ErrorOut):
     reason: str | None = None
 
 
-class EffectListOut(Out):
-    effects: list[EffectOut]
-
-
 class CheckpointWrittenOut(Out):
     id: int
     seq: int
     step: str
     hash: str
+
+
+class NextDeclarationOut(EffectOut):
+    """The declaration an outcome carried (``next``), as POST /runs/{id}/effects answers it (the
+    effect with ``decision``: authorized, replayed or denied); ``http_status`` is that call's status."""
+
+    http_status: int
+    error: str | None = None
+
+
+class NextDeclarationErrorOut(ErrorOut):
+    """A carried declaration refused outright (e.g. ``idempotency_key_reused``): the error that
+    POST /runs/{id}/effects would have answered, with its ``http_status``."""
+
+    http_status: int
+
+
+class OutcomeOut(EffectOut):
+    """200 on an outcome: the effect. With ``checkpoint`` in the request: the checkpoint written, or
+    why it was refused (the outcome is recorded anyway). With ``next``: that declaration's answer."""
+
+    checkpoint: CheckpointWrittenOut | ErrorOut | None = None
+    next: NextDeclarationOut | NextDeclarationErrorOut | None = None
+
+
+class EffectListOut(Out):
+    effects: list[EffectOut]
 
 
 class EventsAppendedOut(Out):

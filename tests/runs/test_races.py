@@ -199,6 +199,89 @@ def test_sixteen_concurrent_audit_writers_never_fork_a_chain():
     assert report.chains == 2
 
 
+def _declared(run: Run) -> tuple[int, Effect]:
+    token = services.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
+    effect = services.declare_effect(
+        actor=WORKER,
+        run_id=run.pk,
+        fencing_token=token,
+        step="charge",
+        tool="payments",
+        action="charge",
+        idempotency_key="k",
+        args={"amount": 1},
+    ).effect
+    return token, effect
+
+
+def test_twenty_concurrent_outcomes_carrying_checkpoints_record_one_outcome_and_number_every_checkpoint():
+    """An SDK retry storm: the outcome is recorded once; each carried checkpoint takes the next seq
+    under the run lock (no gap, no duplicate), and both chains stay whole."""
+    from runs.models import Checkpoint, HistoryEvent
+
+    run = _queued_run()
+    token, effect = _declared(run)
+    results = run_together(
+        20,
+        lambda i: services.record_outcome_with(
+            actor=WORKER,
+            effect_id=effect.pk,
+            fencing_token=token,
+            status="committed",
+            external_ref="ch_1",
+            checkpoint={"step": "charge", "state": {"racer": i}},
+        ),
+    )
+    assert _codes(results) == Counter(ok=20)
+    assert all(v.checkpoint is not None for _, v in results)
+    assert sorted(Checkpoint.objects.filter(run=run).values_list("seq", flat=True)) == list(
+        range(1, 21)
+    )
+    assert HistoryEvent.objects.filter(run=run, kind="effect_outcome").count() == 1
+    assert AuditEvent.objects.filter(action="effect.outcome", object_id=str(effect.pk)).count() == 1
+    run.refresh_from_db()
+    assert run.checkpoint_seq == 20 and verify_history(run)["ok"] and verify_chain().ok
+
+
+def test_an_outcome_carrying_a_checkpoint_racing_the_finish_never_checkpoints_after_the_lease_ended():
+    from runs.models import Checkpoint, HistoryEvent
+
+    for _ in range(5):
+        run = _queued_run()
+        token, effect = _declared(run)
+
+        def work(i: int, run=run, token=token, effect=effect):
+            if i == 0:
+                return services.record_outcome_with(
+                    actor=WORKER,
+                    effect_id=effect.pk,
+                    fencing_token=token,
+                    status="committed",
+                    checkpoint={"step": "charge", "state": {}},
+                )
+            return services.finish_attempt(
+                actor=WORKER, run_id=run.pk, fencing_token=token, outcome="failed"
+            )
+
+        results = run_together(2, work)
+        assert _codes(results) == Counter(ok=2)
+        recorded = results[0][1]
+        effect.refresh_from_db()
+        assert effect.status == "committed"  # the outcome is a fact, recorded either way
+        kinds = list(
+            HistoryEvent.objects.filter(run=run).order_by("seq").values_list("kind", flat=True)
+        )
+        finished = max(i for i, k in enumerate(kinds) if k == "state_changed")
+        if recorded.checkpoint is not None:  # the outcome won: its checkpoint precedes the finish
+            assert kinds.index("checkpoint") < finished and not effect.late
+        else:  # the finish won: the lease had ended, the checkpoint was refused
+            assert recorded.checkpoint_refused.code == "lease_lost" and effect.late
+            assert not Checkpoint.objects.filter(run=run).exists()
+        run.refresh_from_db()
+        assert verify_history(run)["ok"]
+    assert verify_chain().ok
+
+
 def test_an_open_decision_on_one_run_does_not_hold_up_audit_on_another():
     """No global serialisation point: a transaction that appended to run A's chain and has not
     committed yet blocks the next append to A's chain only; an append to run B's chain (and to the
