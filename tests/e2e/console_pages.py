@@ -186,7 +186,7 @@ class Dialog:
         return self
 
     def select(self, label: str | re.Pattern[str], value: str) -> Dialog:
-        self.root.get_by_label(label).select_option(value)
+        self.root.get_by_label(label, exact=isinstance(label, str)).select_option(value)
         self.wait_preview()
         return self
 
