@@ -86,10 +86,11 @@ class RunList:
         if self.search_box().count():
             self.search_box().fill(short)
             self.search_box().press("Enter")
-        link = self.page.locator(f"a[href*='{run_id}']").first
+        # The link may carry the full id or a unique prefix of it (both resolve).
+        link = self.page.locator(f"a[href*='/runs/{short}']").first
         expect(link).to_be_visible(timeout=15_000)
         link.click()
-        expect(self.page).to_have_url(re.compile(re.escape(run_id)))
+        expect(self.page).to_have_url(re.compile(re.escape(short)))
         return RunPage(self.page, self.base, run_id)
 
 
@@ -105,7 +106,15 @@ class RunPage:
 
     # -- what the page says ----------------------------------------------------------------------
     def badge(self) -> Locator:
-        return self.page.locator("#run-header [data-state]").first
+        return self.page.locator("[data-testid=run-state], #run-header [data-state]").first
+
+    def lease_holder(self) -> str:
+        """The worker holding the run's execution lease, as the run header names it."""
+        cell = self.page.locator(
+            "[data-testid=lease-holder], dt:text-is('execution lease holder') + dd code"
+        ).first
+        expect(cell).to_be_visible()
+        return cell.inner_text().strip()
 
     def expect_state(self, *states: str, timeout: float = 30_000) -> str:
         """Wait for the header badge to show one of ``states`` (pushed live; no reload)."""
