@@ -11,6 +11,7 @@ Needs Debian's chromium at /usr/bin/chromium; ``playwright install`` is never us
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,18 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1440, "height": 1000}
 
 
-def server_password(user: Any, raw: str) -> None:
-    """Give a test user a password the *server* process can check: the suite hashes with MD5 for
-    speed, the server only knows its real hashers."""
+@functools.cache
+def server_password_hash(raw: str) -> str:
+    """A password hash the *server* process can check (the suite hashes with MD5 for speed, the server
+    only knows its real hashers). Computed once: PBKDF2 is slow on purpose."""
     from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-    hasher = PBKDF2PasswordHasher()
-    user.password = hasher.encode(raw, hasher.salt())
+    return PBKDF2PasswordHasher().encode(raw, "console-pages-salt")
+
+
+def server_password(user: Any, raw: str) -> None:
+    """Give one test user a password the server can check."""
+    user.password = server_password_hash(raw)
     user.save(update_fields=["password"])
 
 
