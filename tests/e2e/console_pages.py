@@ -178,6 +178,7 @@ class Dialog:
     def __init__(self, page: Page):
         self.page = page
         self.root = page.locator("#dialog")
+        self.stale_confirms = 0  # confirms refused because the run had moved on since the preview
 
     def preview(self) -> Locator:
         return self.root.locator("[data-testid=preview-card], #preview").first
@@ -229,9 +230,20 @@ class Dialog:
         expect(self.preview()).to_be_visible()
 
     def confirm(self) -> Dialog:
+        """Click Confirm. If the run moved on since the preview was drawn, the console refuses the
+        stale confirm and shows the new preview: read it (it is in the dialog) and confirm again."""
         button = self.confirm_button()
         expect(button).to_be_enabled()
         button.click()
+        done = self.root.locator(
+            "[data-testid=receipt-card], [id^=receipt-], [role=alert], [data-testid=preview-changed]"
+        ).first
+        expect(done).to_be_visible(timeout=20_000)
+        if self.receipt().count() == 0 and re.search(r"preview.stale|changed since", self.text()):
+            self.stale_confirms += 1
+            button = self.confirm_button()
+            expect(button).to_be_enabled()
+            button.click()
         return self
 
     def expect_receipt(self, timeout: float = 20_000) -> Locator:
