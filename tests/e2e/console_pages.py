@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
+from playwright.sync_api import Error as PlaywrightError
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -153,6 +154,20 @@ class RunPage:
         """Open every folded detail in a section (what an operator clicks to read it)."""
         section.evaluate("s => s.querySelectorAll('details').forEach(d => d.open = true)")
 
+    def screenshot_section(self, name: str, path: Path) -> Path:
+        """One panel, unfolded, as a PNG. A live push may redraw the panel mid-shot: try again."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            section = self.section(name)
+            try:
+                self.unfold(section)
+                section.screenshot(path=str(path))
+                return path
+            except PlaywrightError:
+                if attempt == 2:
+                    raise
+        return path
+
     # -- acting -----------------------------------------------------------------------------------
     def action_button(self, kind: str) -> Locator:
         label = kind.replace("_", " ").capitalize()
@@ -183,6 +198,12 @@ class Dialog:
     def preview(self) -> Locator:
         return self.root.locator("[data-testid=preview-card], #preview").first
 
+    def preview_text(self) -> str:
+        """What the preview says, folded parts opened, lower-cased (see :meth:`text`)."""
+        preview = self.preview()
+        preview.evaluate("p => p.querySelectorAll('details').forEach(x => x.open = true)")
+        return preview.inner_text().lower()
+
     def confirm_button(self) -> Locator:
         return self.root.locator("[data-testid=confirm-button], #preview button[type=submit]").first
 
@@ -193,7 +214,10 @@ class Dialog:
         return self.root.get_by_role("alert").first
 
     def text(self) -> str:
-        return self.root.inner_text()
+        """What the dialog says, with every folded part ("more", long values) opened first, as an
+        operator reading it all would; lower-cased, so a heading's capital does not matter."""
+        self.root.evaluate("d => d.querySelectorAll('details').forEach(x => x.open = true)")
+        return self.root.inner_text().lower()
 
     def choose_scope(self, scope: str) -> Dialog:
         label = "this run and its descendants" if scope == "tree" else "this run"
@@ -239,11 +263,14 @@ class Dialog:
             "[data-testid=receipt-card], [id^=receipt-], [role=alert], [data-testid=preview-changed]"
         ).first
         expect(done).to_be_visible(timeout=20_000)
-        if self.receipt().count() == 0 and re.search(r"preview.stale|changed since", self.text()):
+        for _ in range(3):
+            if self.receipt().count() or not re.search(r"preview.stale|changed since", self.text()):
+                break
             self.stale_confirms += 1
             button = self.confirm_button()
             expect(button).to_be_enabled()
             button.click()
+            expect(done).to_be_visible(timeout=20_000)
         return self
 
     def expect_receipt(self, timeout: float = 20_000) -> Locator:
