@@ -268,7 +268,11 @@ class Dialog:
                 break
             self.stale_confirms += 1
             button = self.confirm_button()
-            expect(button).to_be_enabled()
+            if not button.is_enabled():
+                raise AssertionError(
+                    "Confirm is disabled on the preview shown after a stale confirm; the dialog "
+                    "says:\n" + self.text()[:4000]
+                )
             button.click()
             expect(done).to_be_visible(timeout=20_000)
         return self
