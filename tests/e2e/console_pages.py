@@ -263,16 +263,18 @@ class Dialog:
             "[data-testid=receipt-card], [id^=receipt-], [role=alert], [data-testid=preview-changed]"
         ).first
         expect(done).to_be_visible(timeout=20_000)
-        for _ in range(3):
+        for _ in range(4):
             if self.receipt().count() or not re.search(r"preview.stale|changed since", self.text()):
                 break
             self.stale_confirms += 1
             button = self.confirm_button()
-            if not button.is_enabled():
+            try:  # disabled while the preview refreshes itself (every few seconds)
+                expect(button).to_be_enabled(timeout=15_000)
+            except AssertionError:
                 raise AssertionError(
-                    "Confirm is disabled on the preview shown after a stale confirm; the dialog "
-                    "says:\n" + self.text()[:4000]
-                )
+                    "Confirm stays disabled on the preview shown after a stale confirm; the "
+                    "dialog says:\n" + self.text()[:4000]
+                ) from None
             button.click()
             expect(done).to_be_visible(timeout=20_000)
         return self
