@@ -29,6 +29,7 @@ from tests.acceptance.test_run_control import (
     assert_no_duplicates,
     effect,
     purchase,
+    wait_effect,
     wait_state,
     world_commits,
 )
@@ -114,7 +115,7 @@ def see_effect(
     """Wait for the ledger to show ``tool:action`` in ``status`` live; if it does not arrive within a
     few seconds, reload like an operator would (and note the live-update gap)."""
     try:
-        run.expect_effect(tool, action, status, timeout=min(5, timeout) * 1000)
+        run.expect_effect(tool, action, status, timeout=min(3, timeout) * 1000)
         return
     except AssertionError:
         pass
@@ -431,14 +432,18 @@ def test_walk_6_transfer_ownership_under_pressure(live, console):
 def test_walk_7_recover_after_a_worker_disappears(live, console):
     worker, world = live["worker"], live["world"]
     live["start_workers"](2)
-    world.set_fault("payments", "slow", action="charge", count=1, delay_ms=5000)
+    world.set_fault("payments", "slow", action="charge", count=1, delay_ms=3000)
     rid = purchase(live)["id"]
     ian = open_run(console, "ian", rid)
-    see_effect(ian, 7, "payments", "charge", "in_flight")
-    holder = ian.lease_holder()  # the operator reads who holds the lease; the harness kills it
-    assert holder in live["started"], holder
-    old_token = worker.run(rid)["fencing_token"]
+    # The harness kills the worker the moment its charge is dispatched (the crash does not wait for
+    # the operator); the run page then shows the charge stuck in flight and who held the lease.
+    wait_effect(worker, rid, "payments", "charge", "in_flight")
+    run = worker.run(rid)
+    holder, old_token = run["leases"][0]["worker"], run["fencing_token"]
     live["procs"].sigkill(holder)  # between dispatching the charge and recording its outcome
+    ian.reload()  # the charge stays in flight until the lease expires (6 s) and recovery runs
+    ian.expect_effect("payments", "charge", "in_flight", timeout=5_000)
+    assert ian.lease_holder() == holder
 
     see_state(ian, 7, "orphaned", "recovering", "running", "succeeded", timeout=30)
     see_state(ian, 7, "succeeded", timeout=90)
