@@ -288,6 +288,7 @@ class PreviewOut(Out):
     allowed: bool
     next_state: str
     scope: str
+    digest: str  # send it back as preview_digest to refuse a confirm once the run has moved on
 
 
 class ReceiptOut(Out):
@@ -322,7 +323,9 @@ class ContractsOut(Out):
 
 
 class AuditEventOut(Out):
-    seq: int
+    seq: int  # global reading order, for after_seq
+    chain: str  # "run:<id>" or "system" ("legacy": before per-chain audit)
+    chain_seq: int  # the position in the chain, which the hash covers
     event_id: str
     created_at: str
     actor_kind: str
@@ -348,10 +351,15 @@ class AuditListOut(Out):
     events: list[AuditEventOut]
 
 
-class ChainReportOut(Out):
+class VerifyOut(Out):
+    """The answer first ("Intact: …" or "Broken: <the first break, named>"), then the figures, then
+    every part's report as ``audit_verify`` prints it."""
+
     ok: bool
-    checked: int
-    head_seq: int
-    first_broken_seq: int | None
-    problem: str
-    detail: str
+    answer: str
+    events: int
+    chains: int
+    anchored_at: str | None
+    anchors_checked: bool
+    failures: list[str]
+    report: dict[str, Any]

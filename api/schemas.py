@@ -213,6 +213,9 @@ class InterventionIn(Schema):
     scope: Literal["run", "tree"] = "run"
     options: InterventionOptions = Field(default_factory=InterventionOptions)
     override_reason: str = Field(default="", max_length=2000)
+    # The digest of the preview the caller confirms (POST .../interventions/preview answers it). If
+    # given and the run has moved on since, the intervention is refused: 409 preview_stale.
+    preview_digest: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class ReconcileIn(Schema):

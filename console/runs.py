@@ -40,7 +40,14 @@ from interventions.jobs import attention
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
 from runs.models import Agent, AuthorityGrant, HistoryEvent, Run
-from runs.search import RunFilter, page_runs, runs_by_prefix, state_counts, with_unresolved
+from runs.search import (
+    RunFilter,
+    attention_ids,
+    page_runs,
+    runs_by_prefix,
+    state_counts,
+    with_unresolved,
+)
 from runs.selectors import ledger, run_detail, run_summary, visible_runs
 from runs.states import State, allowed_events
 
@@ -101,8 +108,9 @@ def list_context(
     counts = counted.by_state
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
     attention = (
-        flt.replace(attention=True, states=())
+        flt.replace(attention=False, states=())
         .queryset(actor)
+        .filter(pk__in=attention_ids(timezone.now()))
         .select_related(None)
         .order_by()
         .values("pk")[: ATTENTION_CAP + 1]

@@ -94,6 +94,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # reltime, copyable_id, value_table: on every console template without {% load %}.
+            "builtins": ["console.templatetags.console_tags"],
         },
     },
 ]

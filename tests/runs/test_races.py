@@ -8,12 +8,13 @@ so the pool gets it back and the test database can be flushed.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from audit.models import AuditEvent
 from audit.services import record_audit, verify_chain
@@ -159,32 +160,80 @@ def test_fifty_concurrent_declarations_after_the_outcome_all_replay_the_same_eff
     assert Effect.objects.filter(run=run).count() == 1
 
 
-def test_sixteen_concurrent_audit_writers_never_fork_the_chain():
+def test_sixteen_concurrent_audit_writers_never_fork_a_chain():
+    """Half the writers append to the system chain, half to one run's chain, all at once: each chain
+    comes out gap-free, every row linked to the one before, the run's chain created exactly once."""
     writers, per_writer = 16, 25
+    shared_run = uuid.uuid4()
 
-    def write(i: int) -> list[int]:
+    def write(i: int) -> list[tuple[str, int]]:
         actor = system_actor(f"writer-{i}")
-        return [
-            record_audit(
+        written = []
+        for j in range(per_writer):
+            event = record_audit(
                 actor=actor,
                 action="test.write",
                 object_type="run",
                 object_id=f"{i}-{j}",
+                run_id=shared_run if i % 2 else None,
                 context={"writer": i, "n": j},
-            ).seq
-            for j in range(per_writer)
-        ]
+            )
+            written.append((event.chain, event.chain_seq))
+        return written
 
     results = run_together(writers, write)
     assert all(kind == "ok" for kind, _ in results), [v for k, v in results if k == "err"]
-    seqs = sorted(s for _, mine in results for s in mine)
     total = writers * per_writer
-    assert seqs == list(range(1, total + 1))  # no gaps, no duplicates
-    rows = list(AuditEvent.objects.order_by("seq").values_list("seq", "prev_hash", "hash"))
-    assert [r[0] for r in rows] == list(range(1, total + 1))
-    assert all(
-        rows[i][1] == rows[i - 1][2] for i in range(1, len(rows))
-    )  # each links to the one before
-    assert len({r[2] for r in rows}) == total  # no two rows claim the same position
+    for chain in ("system", f"run:{shared_run}"):
+        seqs = sorted(s for _, mine in results for c, s in mine if c == chain)
+        assert seqs == list(range(1, total // 2 + 1))  # no gaps, no duplicates
+        rows = list(
+            AuditEvent.objects.filter(chain=chain)
+            .order_by("chain_seq")
+            .values_list("chain_seq", "prev_hash", "hash")
+        )
+        assert all(rows[i][1] == rows[i - 1][2] for i in range(1, len(rows)))  # each links back
+        assert len({r[2] for r in rows}) == total // 2  # no two rows claim the same position
     report = verify_chain()
     assert report.ok and report.checked == total and report.head_seq == total
+    assert report.chains == 2
+
+
+def test_an_open_decision_on_one_run_does_not_hold_up_audit_on_another():
+    """No global serialisation point: a transaction that appended to run A's chain and has not
+    committed yet blocks the next append to A's chain only; an append to run B's chain (and to the
+    system chain) goes through at once."""
+    run_a, run_b = uuid.uuid4(), uuid.uuid4()
+    appended, release = threading.Event(), threading.Event()
+
+    def hold_a() -> None:
+        try:
+            with transaction.atomic():
+                record_audit(
+                    actor=WORKER, action="test.hold", object_type="run", object_id="a", run_id=run_a
+                )
+                appended.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_a)
+    holder.start()
+    assert appended.wait(timeout=30)
+    try:
+        outcomes = run_together(3, lambda i: _append_with_lock_timeout([run_b, None, run_a][i]))
+    finally:
+        release.set()
+        holder.join(timeout=30)
+    (b_kind, _), (system_kind, _), (a_kind, a_error) = outcomes
+    assert (b_kind, system_kind) == ("ok", "ok")
+    assert a_kind == "err" and "lock timeout" in str(a_error)
+
+
+def _append_with_lock_timeout(run_id):
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '500ms'")
+        return record_audit(
+            actor=WORKER, action="test.try", object_type="run", object_id="x", run_id=run_id
+        ).chain
