@@ -77,7 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     p.add_argument("--runs", type=int, default=20_000 if quick else 100_000)
-    p.add_argument("--repeat", type=int, default=6 if quick else 15, help="requests per page measured")
+    p.add_argument(
+        "--repeat", type=int, default=6 if quick else 15, help="requests per page measured"
+    )
     p.add_argument("--quick", action="store_true", default=quick, help="BENCH_QUICK=1: smaller")
     p.add_argument("--no-live", action="store_true", help="skip the daphne/WebSocket measurements")
     p.add_argument("--sizes", default="", help="JSON overriding live sizes (tests run tiny ones)")
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "console",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "database": harness.redact(database_url),
@@ -432,7 +434,9 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
         buf.write(f"  throughput: {result['throughput']}\n")
     for g in result["goals"]:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
-        buf.write(f"  {g['goal']:55} {g['op']} {g['target']:7} {g['unit']:3} {g['measured']!s:>8}  {verdict}\n")
+        buf.write(
+            f"  {g['goal']:55} {g['op']} {g['target']:7} {g['unit']:3} {g['measured']!s:>8}  {verdict}\n"
+        )
     print(buf.getvalue(), end="")
 
 

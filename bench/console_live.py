@@ -53,7 +53,7 @@ def login(base: str) -> str:
         resp = client.post(
             "/accounts/login/",
             data=data,
-            headers={"X-CSRFToken": client.cookies.get("csrftoken", ""), "Referer": base + "/"},
+            headers={"X-CSRFToken": client.cookies.get("csrftoken") or "", "Referer": base + "/"},
         )
         session = client.cookies.get("sessionid")
         if resp.status_code not in (200, 302) or not session:
@@ -253,7 +253,8 @@ class ListPages:
 
     def __init__(self, urls: list[str], sessions: list[str], count: int):
         self.urls, self.sessions, self.count = urls, sessions, count
-        self.ready, self.error = threading.Event(), None
+        self.ready = threading.Event()
+        self.error: str | None = None
         self.result: dict[str, Any] = {}
 
     def __enter__(self) -> ListPages:
@@ -311,8 +312,14 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
             try:
                 background.update(
                     protocol.run_phase(
-                        ctx, size["workers"], 10_000, servers, secret, 600,
-                        effects_per_run=size["effects_per_run"], budget_s=size["probe_load_s"],
+                        ctx,
+                        size["workers"],
+                        10_000,
+                        servers,
+                        secret,
+                        600,
+                        effects_per_run=size["effects_per_run"],
+                        budget_s=size["probe_load_s"],
                     )  # fmt: skip
                 )
             except Exception as exc:
