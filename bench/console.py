@@ -1,8 +1,8 @@
 """Console pages at scale (issue 10, "Budgets"): the run list among 100,000 runs and the page of a run
 with 1,000 effects and 5,000 history events, on PostgreSQL. A benchmark, not a test.
 
-    .venv/bin/python -m bench.console [--runs 100000] [--repeat 15] [--fresh-db]
-                                      [--out bench/results/console.json]
+    .venv/bin/python -m bench.console [--runs 100000] [--repeat 15] [--fresh-db] [--quick]
+                                      [--no-live] [--sizes JSON] [--out bench/results/console.json]
 
 It seeds a scratch database (``DATABASE_URL``, default ``…/controlplane_console_bench``; created and
 migrated if missing, seeded once, reused after) with COPY, then renders pages in-process with
@@ -11,7 +11,9 @@ response out: middleware, views, queries, templates; no network), its p50/p95 ov
 requests, and the number of SQL queries each page ran. List pages include deep keyset pages (the
 cursor of the 50,000th run), every sort and each filter. EXPLAIN ANALYZE of the list's main query
 on a deep page is kept in the JSON. Targets: list p95 ≤ 150 ms with the same number of queries on
-every page; run page p95 ≤ 300 ms.
+every page; run page p95 ≤ 300 ms. Then bench/console_live.py: fact-to-screen p95 ≤ 1 s with 10
+open run pages while protocol workers run, and the protocol's effects/s with 10 open list pages at
+most 10 % below 0 (real daphne servers, WebSockets, worker processes). ``BENCH_QUICK=1``: smaller.
 """
 
 from __future__ import annotations
