@@ -179,13 +179,18 @@ async def probe(
                 },
             )
             claim = await post(f"{base}/runs/{run['id']}/claim", {"worker": f"probe-{i}"})
-            runs.append((base, run["id"], claim["lease"]["fencing_token"]))
+            lease = claim["lease"]
+            runs.append((base, run["id"], lease["fencing_token"], lease["id"]))
         sockets = await open_pages(urls, sessions, [f"/ws/runs/{r[1]}/" for r in runs])
 
         async def drive(i: int) -> None:
-            base, run_id, fence = runs[i]
+            base, run_id, fence, lease_id = runs[i]
             sock = sockets[i]
+            beat = time.monotonic()
             for n in range(effects):
+                if time.monotonic() - beat > protocol.HEARTBEAT_EVERY_S:  # leases last 30 s
+                    await post(f"{base}/leases/{lease_id}/heartbeat", {"fencing_token": fence})
+                    beat = time.monotonic()
                 mark = len(sock.frames)
                 effect = await post(
                     f"{base}/runs/{run_id}/effects",
