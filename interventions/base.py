@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -89,6 +89,8 @@ CONTRACT_MODULES = [
     "approvals",
     "authority",
     "close",
+    "freeze",
+    "fleet",  # no contract of its own: registers its wave job
 ]
 
 
@@ -204,13 +206,31 @@ def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
     }
 
 
-def issue(*, actor: Actor, run_id: Any, req: Request, policy: str = "") -> Intervention:
+class Parent(Protocol):
+    """A parent record taking part in each of its runs' decisions (a fleet operation)."""
+
+    def before(self) -> None:
+        """First thing in the decision's transaction, before the run lock: lock the parent, refuse
+        (a DomainError) if it no longer wants this decision."""
+
+    def after(self, intervention: Intervention) -> None:
+        """Once the receipt is written, in the same transaction: link it to the parent."""
+
+
+def issue(
+    *, actor: Actor, run_id: Any, req: Request, policy: str = "", parent: Parent | None = None
+) -> Intervention:
     """One transaction: lock, authorise, check the table, apply, record intervention + history + audit.
 
     ``policy``: the control plane issuing on its own (a system actor, e.g. recovery of an orphan). It
     has no role to check and no answer to a decision authority, so those checks are skipped and the
-    policy is recorded in their place, on the receipt and in the audit context."""
+    policy is recorded in their place, on the receipt and in the audit context.
+
+    ``parent``: a record this decision belongs to (interventions/fleet.py); its lock is taken before
+    the run's, so a halt of the parent and this decision are serialised."""
     with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
+        if parent is not None:
+            parent.before()
         if policy and actor.kind != "system":
             raise Forbidden("only the control plane itself issues by policy")
         if not req.reason.strip():
@@ -252,6 +272,8 @@ def issue(*, actor: Actor, run_id: Any, req: Request, policy: str = "") -> Inter
         }
         intervention.receipt = _jsonable(receipt)
         intervention.save(update_fields=["receipt", "status"])
+        if parent is not None:
+            parent.after(intervention)
         record_audit(
             actor=actor,
             action=f"intervention.{req.kind}",

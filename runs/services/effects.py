@@ -27,6 +27,7 @@ from runs.states import EFFECT_STATES, State, denial_reason
 from .approvals import approval_denial
 from .common import append_history, decision, lock_run
 from .discrepancy import record_discrepancy, reported_again
+from .freeze import capability_frozen
 from .lifecycle import check_fencing
 
 OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
@@ -140,6 +141,8 @@ def declare_effect(
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
         reason = reason or _authority_denial(run, tool, action, now)
         approval, detail = None, ""
+        if reason is None:
+            reason, detail = capability_frozen(run.pk, tool, action)
         if reason is None:
             reason, approval, detail = approval_denial(run, approval_id, tool, action, args)
         if reason is not None:
