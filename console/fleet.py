@@ -27,7 +27,22 @@ from interventions.fleet import (
 from interventions.fleet_views import operation_dict, recent_operations
 from interventions.models import FleetOperation
 
-FILTER_KEYS = ("state", "agent", "id")
+FORM_KEYS = frozenset(
+    {
+        "kind",
+        "filter",
+        "capability",
+        "suspend_authority",
+        "wave_size",
+        "pause_s",
+        "max_failures",
+        "max_failure_pct",
+        "override_reason",
+        "reason",
+        "digest",
+        "csrfmiddlewaretoken",
+    }
+)
 
 
 def _kinds(roles: frozenset[str]) -> list[tuple[str, str]]:
@@ -64,13 +79,13 @@ def params_from(data: QueryDict) -> FleetParams:
 
 
 def _filter_of(data: QueryDict) -> str:
-    """The run list's filter, as a query string (the form's own fields dropped)."""
+    """The run list's filter, as a query string: every key but the fleet form's own, so a key the
+    fleet selection does not understand is refused by the service rather than silently dropped."""
     if given := str(data.get("filter", "")).strip():
         return given
-    kept = QueryDict(mutable=True)
-    for key in FILTER_KEYS:
-        for value in data.getlist(key):
-            kept.appendlist(key, value)
+    kept = data.copy()
+    for key in FORM_KEYS & set(kept):
+        del kept[key]
     return kept.urlencode()
 
 

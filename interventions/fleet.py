@@ -117,9 +117,24 @@ def contract_options(kind: str, actor: Actor, options: dict[str, Any]) -> dict[s
     return dict(options)
 
 
+# The filter keys a fleet selection understands (runs/search.py). Any other key is refused, never
+# ignored: dropping an "owner=olga" would widen the operation to every owner's runs.
+FILTER_KEYS = frozenset({"state", "agent", "id"})
+PAGING_KEYS = frozenset({"cursor", "before", "after", "page", "sort", "order", "limit"})
+
+
 def parse_filter(run_filter: str) -> RunFilter:
+    query = QueryDict(run_filter, mutable=True)
+    for key in PAGING_KEYS & set(query):  # a list page's paging: the operation takes every match
+        del query[key]
+    unknown = sorted(set(query) - FILTER_KEYS)
+    if unknown:
+        raise Invalid(
+            f"a fleet operation cannot select runs by {unknown[0]!r}; use {sorted(FILTER_KEYS)}",
+            field=f"filter.{unknown[0]}",
+        )
     try:
-        selected = RunFilter.from_query(QueryDict(run_filter))
+        selected = RunFilter.from_query(query)
     except Invalid as err:
         raise Invalid(
             err.detail, field=f"filter.{err.extra.get('field', '')}".rstrip(".")
@@ -313,7 +328,7 @@ def start_fleet_operation(
             reason=reason,
             context={**operation_facts(op), "filter": run_filter, "options": options},
         )
-        jobs.enqueue("fleet_wave", wave_key(op.pk, 1), None)
+        jobs.enqueue("fleet_wave", wave_key(op.pk, 1), None, timeout_s=wave_timeout_s(op))
     return op
 
 
@@ -357,6 +372,11 @@ def halt(op: FleetOperation, actor: Actor, reason: str, *, automatic: bool) -> N
         reason=reason,
         context={**operation_facts(op), "automatic": automatic, "skipped_runs": skipped_runs[:200]},
     )
+
+
+def wave_timeout_s(op: FleetOperation) -> int:
+    """A wave of many runs takes longer than one job: the sweep must not think it lost meanwhile."""
+    return jobs.default_timeout_s() + 2 * op.wave_size
 
 
 def wave_key(operation_id: Any, wave: int) -> str:

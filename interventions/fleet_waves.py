@@ -31,7 +31,7 @@ from core.auth import actor_for_user
 from core.errors import Conflict, DomainError
 from interventions import jobs
 from interventions.base import Request, issue
-from interventions.fleet import FLEET_KINDS, halt, operation_facts, wave_key
+from interventions.fleet import FLEET_KINDS, halt, operation_facts, wave_key, wave_timeout_s
 from interventions.models import FleetOperation, FleetTarget, Intervention, Job
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,13 @@ def _close_wave(op_id: Any, wave: int) -> dict[str, Any]:
             return {"next": None, "state": op.state}
         op.current_wave, op.next_wave_at = following, now + timedelta(seconds=op.pause_s)
         op.save(update_fields=["current_wave", "next_wave_at"])
-        jobs.enqueue("fleet_wave", wave_key(op.pk, following), None, countdown=op.pause_s)
+        jobs.enqueue(
+            "fleet_wave",
+            wave_key(op.pk, following),
+            None,
+            countdown=op.pause_s,
+            timeout_s=wave_timeout_s(op),
+        )
         return {"next": following, "state": op.state, "in_s": op.pause_s}
 
 
