@@ -30,6 +30,7 @@ from audit.services import snapshot
 from core.actors import Actor
 from core.errors import NotFound
 from core.roles import may
+from interventions.registry import redact
 from runs import selectors, services
 from runs.directive_bus import get_bus
 from runs.models import Run
@@ -109,7 +110,13 @@ def get_run(request: HttpRequest, run_id: UUID):
 
 @router.get("/runs/{run_id}/effects", response={200: out.EffectListOut, **ERRORS_READ})
 def list_effects(request: HttpRequest, run_id: UUID):
-    return {"effects": selectors.ledger(selectors.get_visible_run(caller(request), run_id))}
+    actor = caller(request)
+    effects = selectors.ledger(selectors.get_visible_run(actor, run_id))
+    if not actor.is_worker:
+        # People read args through the adapters' redaction rules, as in the console; the worker
+        # that declared them (it may act for the run's agent) reads them as declared.
+        effects = [e | {"args": redact(e["tool"], e["args"])} for e in effects]
+    return {"effects": effects}
 
 
 @router.get("/runs/{run_id}/history", response={200: out.HistoryOut, **ERRORS_READ})

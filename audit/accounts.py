@@ -171,3 +171,27 @@ def record_role_change(
 
         transaction.on_commit(push_all)
     return event
+
+
+LOCKOUT_RESET = "login_lockout_reset"
+
+
+def reset_lockouts(*, actor: Actor, username: str | None = None, ip: str | None = None) -> int:
+    """Lift django-axes lockouts (all, or those of a username and/or an address) and record who did
+    it, in one transaction: an unlocked account is an access change like any other."""
+    from axes.utils import reset
+
+    with transaction.atomic():
+        removed = reset(ip=ip, username=username)
+        scope = (
+            " from ".join(part for part in (username, ip) if part) or "every username and address"
+        )
+        record_audit(
+            actor=actor,
+            action=LOCKOUT_RESET,
+            object_type="user",
+            object_id=(username or ip or "*")[:64],
+            reason=f"lockouts lifted for {scope}: {removed} attempt records removed",
+            context={"username": username, "ip_address": ip, "records_removed": removed},
+        )
+    return removed

@@ -31,6 +31,7 @@ from api.auth import TokenAuth
 from core.roles import ADMIN
 from interventions.models import Intervention
 from interventions.models_compensation import CompensationStep
+from interventions.models_jobs import Job
 from runs.models import Effect, Run
 from runs.states import State
 
@@ -90,19 +91,44 @@ class DatabaseCollector(Collector):
         for kind, status, n in rows:
             issued.add_metric([kind, status], n)
         yield issued
-        pending = Intervention.objects.filter(status=Intervention.PENDING).aggregate(
-            n=Count("*"), oldest=Min("created_at")
-        )
-        yield GaugeMetricFamily(
+        pending_jobs = GaugeMetricFamily(
             "controlplane_intervention_jobs_pending",
-            "Interventions whose follow-up job has not finished.",
-            value=pending["n"],
+            "Follow-up jobs (outbox rows) pending or running, by kind.",
+            labels=["kind"],
         )
-        yield GaugeMetricFamily(
+        oldest_jobs = GaugeMetricFamily(
             "controlplane_intervention_jobs_oldest_pending_age_seconds",
-            "Age of the oldest intervention still waiting for its job (0 when there is none).",
-            value=_age_s(pending["oldest"], now),
+            "Age of the oldest unfinished follow-up job, by kind (0 when there is none).",
+            labels=["kind"],
         )
+        overdue_jobs = GaugeMetricFamily(
+            "controlplane_intervention_jobs_overdue",
+            "Unfinished follow-up jobs past their due time: the beat sweep delivers them again.",
+            labels=["kind"],
+        )
+        gave_up = GaugeMetricFamily(
+            "controlplane_intervention_jobs_failed",
+            "Follow-up jobs that failed after their last attempt (their run needs an operator).",
+            labels=["kind"],
+        )
+        # The outbox, not Intervention.status, says whether a follow-up job is still owed: it also
+        # holds compensation plans, and a job row outlives a lost broker message.
+        for kind in Job.KINDS:
+            open_ = Job.objects.filter(kind=kind, status__in=Job.OPEN)
+            pending = open_.aggregate(n=Count("*"), oldest=Min("created_at"))
+            overdue = open_.filter(due_at__lt=now).count()
+            pending_jobs.add_metric([kind], pending["n"])
+            oldest_jobs.add_metric([kind], _age_s(pending["oldest"], now))
+            overdue_jobs.add_metric([kind], overdue)
+        failed_jobs = (
+            Job.objects.filter(status=Job.FAILED).values_list("kind").annotate(n=Count("*"))
+        )
+        for kind, n in failed_jobs.order_by():
+            gave_up.add_metric([kind], n)
+        yield pending_jobs
+        yield oldest_jobs
+        yield overdue_jobs
+        yield gave_up
 
     def _compensation(self, now: datetime) -> Iterator[Metric]:
         steps = CompensationStep.objects.filter(status__in=CompensationStep.OPEN)

@@ -52,8 +52,9 @@ INSTALLED_APPS = [
     "django_htmx",
     "channels",
     "pgtrigger",
-    "axes",
+    # audit before axes: its audited axes_reset* commands take the place of axes' own.
     "audit",
+    "axes",
     "runs",
     "interventions",
 ]

@@ -100,16 +100,22 @@ class Traffic:
         self.refunded: set[str] = set()
         self.prices: dict[str, float] = {}
         self.made: dict[str, int] = {}
+        self.backlogged: set[str | None] = set()
 
     # -- one tick ---------------------------------------------------------------------------------
     def tick(self) -> dict[str, Any] | None:
         """Create at most one run. Returns it, or None when the system is busy enough."""
         self.restock()
         active = self.client.list_runs(state=ACTIVE_STATES, limit=100)
-        if len(active) >= self.max_active:
-            log.debug("%d active runs: waiting", len(active))
-            return None
         waiting = sum(1 for r in active if r.get("state") == "awaiting_approval")
+        # Runs waiting for a human do not count against the cap (they are capped by --max-approvals):
+        # unattended, they would otherwise fill it and the demo would stop producing runs.
+        if len(active) - waiting >= self.max_active:
+            log.debug("%d active runs: waiting", len(active) - waiting)
+            return None
+        # An agent with queued runs has every thread busy (e.g. all blocked on approvals nobody
+        # gives): new framework runs go elsewhere instead of joining its queue.
+        self.backlogged = {r.get("agent") for r in active if r.get("state") == "queued"}
         kinds = [k for k in WEIGHTS if not (k == "approval" and waiting >= self.max_approvals)]
         kind = self.rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
         run = self.make(kind)
@@ -159,6 +165,8 @@ class Traffic:
         agent = "purchasing"
         if kind in ("ok", "approval") and os.environ.get("DEMO_FRAMEWORK_AGENTS") == "1":
             agent = self.rng.choices(FRAMEWORK_AGENTS, FRAMEWORK_WEIGHTS)[0]
+            if agent in self.backlogged:
+                agent = "purchasing"
         return self.client.create_run(
             agent,
             f"buy {qty} x {sku} for {name} ({inp['order']})",

@@ -113,3 +113,43 @@ def test_metrics_allow_ips_admits_the_listed_address(client, db, settings):
     settings.METRICS_ALLOW_IPS = [OUTSIDE]
     assert client.get("/metrics", REMOTE_ADDR=OUTSIDE).status_code == 200
     assert client.get("/metrics").status_code == 403  # loopback is no longer listed
+
+
+def test_follow_up_jobs_are_counted_from_the_outbox_by_kind(client, worker):
+    """The job gauges read the outbox (interventions.Job): a row not done is owed work, whatever the
+    intervention's own status says; one past its due time is counted as overdue."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from interventions.models_jobs import Job
+
+    run = Run.objects.get(pk=start_run(worker)["id"])
+    now = timezone.now()
+    Job.objects.create(kind="reconcile", target_id="a", run=run, timeout_s=60, due_at=now)
+    Job.objects.create(
+        kind="reconcile",
+        target_id="b",
+        run=run,
+        timeout_s=60,
+        status=Job.RUNNING,
+        due_at=now + timedelta(hours=1),
+        created_at=now - timedelta(minutes=5),
+    )
+    Job.objects.create(
+        kind="compensation", target_id="c", run=run, timeout_s=60, status=Job.DONE, due_at=now
+    )
+    Job.objects.create(
+        kind="recovery", target_id="d", run=run, timeout_s=60, status=Job.FAILED, due_at=now
+    )
+
+    samples = scrape(client)
+
+    assert value(samples, "controlplane_intervention_jobs_pending", kind="reconcile") == 2
+    assert value(samples, "controlplane_intervention_jobs_pending", kind="compensation") == 0
+    assert value(samples, "controlplane_intervention_jobs_overdue", kind="reconcile") == 1
+    age = value(
+        samples, "controlplane_intervention_jobs_oldest_pending_age_seconds", kind="reconcile"
+    )
+    assert 290 <= age <= 400
+    assert value(samples, "controlplane_intervention_jobs_failed", kind="recovery") == 1

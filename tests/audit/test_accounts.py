@@ -103,6 +103,40 @@ def _user_form(user: User, **changes) -> dict:
     return {k: v for k, v in data.items() if v not in ("", None)}
 
 
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("axes_reset_username", ["otto"]),
+        ("axes_reset_ip_username", ["127.0.0.1", "otto"]),
+        ("axes_reset_ip", ["127.0.0.1"]),
+        ("axes_reset", []),
+    ],
+)
+@override_settings(AXES_FAILURE_LIMIT=3)
+def test_lifting_a_lockout_from_the_command_line_is_audited(cast, command, args):
+    """axes' reset commands are replaced by audited ones: the lockout is lifted and the audit chain
+    says by which command, for whom, and how many attempts went."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    client = Client()
+    for _ in range(3):
+        _login(client, "otto", "wrong")
+    assert _login(client, "otto", "pw-otto").status_code == 429
+
+    out = StringIO()
+    call_command(command, *args, stdout=out)
+
+    assert "1 attempts removed." in out.getvalue()  # axes keeps one record per username+address
+    assert _login(client, "otto", "pw-otto").status_code == 302
+    (reset,) = _events("login_lockout_reset")
+    assert reset.actor == "manage.py" and reset.component == command
+    assert reset.context["records_removed"] == 1
+    assert "1 attempt records removed" in reset.reason
+    assert verify_chain().ok
+
+
 def test_an_admin_changing_a_users_roles_leaves_an_audit_event(cast, admin_client):
     vera = cast["vera"][0]
     operator, viewer = Group.objects.get(name="operator"), Group.objects.get(name="viewer")
