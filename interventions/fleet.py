@@ -35,7 +35,7 @@ from interventions.models import FleetOperation, FleetTarget
 from runs.models import CapabilityFreeze, Effect, Run
 from runs.search import RunFilter
 from runs.services.common import decision
-from runs.states import State, transition
+from runs.states import FINISHED_STATES, State, transition
 
 # fleet kind -> the per-run contract each run receives
 FLEET_KINDS = {
@@ -181,6 +181,8 @@ def refusal(run: Run, kind: str, actor: Actor, frozen: set) -> str:
         return "you already hold decision authority" if owner and owner.pk == actor.user_id else ""
     if contract.kind in OWNER_BOUND and owner is not None and owner.pk != actor.user_id:
         return f"{owner.username} holds decision authority over this run"
+    if kind == "freeze_capability" and run.state in FINISHED_STATES:
+        return f"the run is {run.state}: it can take no new effect, so there is nothing to freeze"
     if kind == "freeze_capability" and run.pk in frozen:
         return "already frozen"
     if kind == "restore_capability" and run.pk not in frozen:

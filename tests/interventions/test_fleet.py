@@ -183,6 +183,15 @@ def test_an_operator_halt_stops_the_waves_not_yet_run(worker, cast):
 
 def test_freeze_denies_the_declaration_on_every_run_and_restore_lifts_it(worker, cast):
     ids = _runs(worker, 2)
+    done = _runs(worker, 1)[0]
+    place_run_in(done, "succeeded")  # not active: a freeze across the filter leaves it out
+    shown = preview_fleet_operation(
+        actor=_actor(cast, "ian"),
+        kind="freeze_capability",
+        run_filter=_ids_filter([*ids, done]),
+        params=FleetParams(options={"scope": "payments:charge"}),
+    )
+    assert (shown["will_act_on"], shown["excluded_runs"][0]["id"]) == (2, done)
     op = _drive(_start(cast, "ian", "freeze_capability", ids, options={"scope": "payments:charge"}))
     assert (op.state, op.succeeded) == ("completed", 2)
     for run_id in ids:
