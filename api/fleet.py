@@ -20,6 +20,8 @@ from interventions.fleet import (
     MAX_PAUSE_S,
     MAX_WAVE_SIZE,
     FleetParams,
+    cancel_fleet_operation,
+    confirm_fleet_operation,
     halt_fleet_operation,
     preview_fleet_operation,
     start_fleet_operation,
@@ -61,6 +63,8 @@ class FleetIn(Schema):
 class FleetStartIn(FleetIn):
     reason: str = Field(min_length=1, max_length=2000)
     digest: str = Field(default="", max_length=64)  # the preview's: a changed selection is refused
+    # Record it "previewed" (its runs fixed, nothing issued) until POST /fleet/{id}/confirm.
+    hold: StrictBool = False
 
 
 class HaltIn(Schema):
@@ -163,6 +167,7 @@ def start(request: HttpRequest, body: FleetStartIn) -> Any:
         reason=body.reason,
         params=_params(body),
         digest=body.digest,
+        hold=body.hold,
     )
     return Status(202, operation_dict(op))
 
@@ -190,4 +195,18 @@ def get_operation(request: HttpRequest, operation_id: UUID) -> Any:
 def halt(request: HttpRequest, operation_id: UUID, body: HaltIn) -> Any:
     actor = caller(request)
     op = halt_fleet_operation(actor=actor, operation_id=operation_id, reason=body.reason)
+    return operation_dict(op)
+
+
+@router.post("/fleet/{operation_id}/confirm", response={202: FleetOperationOut, **ERRORS_WRITE})
+def confirm(request: HttpRequest, operation_id: UUID) -> Any:
+    op = confirm_fleet_operation(actor=caller(request), operation_id=operation_id)
+    return Status(202, operation_dict(op))
+
+
+@router.post("/fleet/{operation_id}/cancel", response={200: FleetOperationOut, **ERRORS_WRITE})
+def cancel(request: HttpRequest, operation_id: UUID, body: HaltIn) -> Any:
+    op = cancel_fleet_operation(
+        actor=caller(request), operation_id=operation_id, reason=body.reason
+    )
     return operation_dict(op)

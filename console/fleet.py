@@ -20,6 +20,8 @@ from core.roles import may
 from interventions.fleet import (
     FLEET_KINDS,
     FleetParams,
+    cancel_fleet_operation,
+    confirm_fleet_operation,
     halt_fleet_operation,
     preview_fleet_operation,
     start_fleet_operation,
@@ -156,7 +158,8 @@ def _progress_ctx(request: ConsoleRequest, op: FleetOperation) -> dict[str, Any]
         "obj": op,
         "label": kind_label(op.kind),
         "running": op.state == FleetOperation.RUNNING,
-        "may_halt": op.state == FleetOperation.RUNNING
+        "held": op.state == FleetOperation.PREVIEWED,
+        "may_halt": op.state in (FleetOperation.RUNNING, FleetOperation.PREVIEWED)
         and (
             op.created_by_id == request.user.pk
             or any(k == op.kind for k, _ in _kinds(request.roles))
@@ -175,17 +178,33 @@ def fleet_operation(request: ConsoleRequest, operation_id: UUID) -> HttpResponse
     return render(request, template, ctx)
 
 
-@console_view
-@require_POST
-def fleet_halt(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+def _decide(request: ConsoleRequest, operation_id: UUID, service, **kwargs) -> HttpResponse:
+    """Halt, confirm or cancel; the progress fragment answers, with the refusal if there was one."""
     op = _operation_or_404(operation_id)
-    status = 200
-    error = None
+    status, error = 200, None
     try:
-        op = halt_fleet_operation(
-            actor=request.actor, operation_id=op.pk, reason=request.POST.get("reason", "").strip()
-        )
+        op = service(actor=request.actor, operation_id=op.pk, **kwargs)
     except DomainError as err:
         status, error = err.status, error_dict(err)
     ctx = _progress_ctx(request, op) | {"error": error}
     return render(request, "fleet/operation.html#progress", ctx, status=status)
+
+
+@console_view
+@require_POST
+def fleet_halt(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    reason = request.POST.get("reason", "").strip()
+    return _decide(request, operation_id, halt_fleet_operation, reason=reason)
+
+
+@console_view
+@require_POST
+def fleet_confirm(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    return _decide(request, operation_id, confirm_fleet_operation)
+
+
+@console_view
+@require_POST
+def fleet_cancel(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    reason = request.POST.get("reason", "").strip()
+    return _decide(request, operation_id, cancel_fleet_operation, reason=reason)

@@ -271,8 +271,11 @@ def start_fleet_operation(
     reason: str,
     params: FleetParams,
     digest: str = "",
+    hold: bool = False,
 ) -> FleetOperation:
-    """One transaction: the parent record, one target per run (in waves), the first wave's job."""
+    """One transaction: the parent record, one target per run (in waves), the first wave's job.
+    ``hold``: record it ``previewed`` instead -- its runs fixed, nothing issued -- until
+    :func:`confirm_fleet_operation` (or :func:`cancel_fleet_operation`)."""
     op_id = uuid.uuid4()
     with decision(actor, "fleet.start", "fleet_operation", op_id):
         authorize_fleet(actor, kind)
@@ -305,7 +308,7 @@ def start_fleet_operation(
             pause_s=params.pause_s,
             max_failures=params.budget(total),
             max_failure_pct=params.max_failure_pct,
-            state=FleetOperation.RUNNING,
+            state=FleetOperation.PREVIEWED if hold else FleetOperation.RUNNING,
             total=total,
             excluded=len(sel.excluded),
             waves=math.ceil(total / params.wave_size),
@@ -316,7 +319,7 @@ def start_fleet_operation(
             created_by_label=actor.label,
             role=actor.role,
             created_at=now,
-            started_at=now,
+            started_at=None if hold else now,
         )
         FleetTarget.objects.bulk_create(
             FleetTarget(operation=op, run=run, position=i, wave=i // params.wave_size + 1)
@@ -324,13 +327,62 @@ def start_fleet_operation(
         )
         record_audit(
             actor=actor,
-            action="fleet.started",
+            action="fleet.recorded" if hold else "fleet.started",
             object_type="fleet_operation",
             object_id=op.pk,
             reason=reason,
             context={**operation_facts(op), "filter": run_filter, "options": options},
         )
+        if not hold:
+            jobs.enqueue("fleet_wave", wave_key(op.pk, 1), None, timeout_s=wave_timeout_s(op))
+    return op
+
+
+def confirm_fleet_operation(*, actor: Actor, operation_id: Any) -> FleetOperation:
+    """A held (``previewed``) operation starts: its recorded runs, its first wave now. Only by the
+    operator who recorded it, whose name every run's decision carries."""
+    with decision(actor, "fleet.confirm", "fleet_operation", operation_id):
+        op = _locked(actor, operation_id)
+        if op.created_by_id is None or op.created_by_id != actor.user_id:
+            raise Forbidden(f"only {op.created_by_label} may start what they recorded")
+        if op.state != FleetOperation.PREVIEWED:
+            raise Conflict(f"the operation is already {op.state}", state=op.state)
+        now = timezone.now()
+        op.state, op.started_at, op.next_wave_at = FleetOperation.RUNNING, now, now
+        op.save(update_fields=["state", "started_at", "next_wave_at"])
+        record_audit(
+            actor=actor,
+            action="fleet.started",
+            object_type="fleet_operation",
+            object_id=op.pk,
+            reason=op.reason,
+            context=operation_facts(op),
+        )
         jobs.enqueue("fleet_wave", wave_key(op.pk, 1), None, timeout_s=wave_timeout_s(op))
+    return op
+
+
+def cancel_fleet_operation(*, actor: Actor, operation_id: Any, reason: str) -> FleetOperation:
+    """A held operation is dropped before any run was touched: every target skipped, audited."""
+    with decision(actor, "fleet.cancel", "fleet_operation", operation_id):
+        if not reason.strip():
+            raise Invalid("a reason is required to cancel a fleet operation", field="reason")
+        op = _locked(actor, operation_id)
+        if op.state != FleetOperation.PREVIEWED:
+            raise Conflict(
+                f"the operation is {op.state}: only a held one is cancelled (halt a running one)",
+                state=op.state,
+            )
+        halt(op, actor, reason, automatic=False, to=FleetOperation.CANCELLED)
+    return op
+
+
+def _locked(actor: Actor, operation_id: Any) -> FleetOperation:
+    op = FleetOperation.objects.select_for_update().filter(pk=operation_id).first()
+    if op is None:
+        raise NotFound(f"fleet operation {operation_id} does not exist", object="fleet_operation")
+    if op.created_by_id != actor.user_id:
+        authorize_fleet(actor, op.kind)
     return op
 
 
@@ -339,36 +391,37 @@ def halt_fleet_operation(*, actor: Actor, operation_id: Any, reason: str) -> Fle
     with decision(actor, "fleet.halt", "fleet_operation", operation_id):
         if not reason.strip():
             raise Invalid("a reason is required to halt a fleet operation", field="reason")
-        op = FleetOperation.objects.select_for_update().filter(pk=operation_id).first()
-        if op is None:
-            raise NotFound(
-                f"fleet operation {operation_id} does not exist", object="fleet_operation"
-            )
-        if op.created_by_id != actor.user_id:
-            authorize_fleet(actor, op.kind)
+        op = _locked(actor, operation_id)
         if op.state != FleetOperation.RUNNING:
             raise Conflict(f"the operation is already {op.state}", state=op.state)
         halt(op, actor, reason, automatic=False)
     return op
 
 
-def halt(op: FleetOperation, actor: Actor, reason: str, *, automatic: bool) -> None:
+def halt(
+    op: FleetOperation,
+    actor: Actor,
+    reason: str,
+    *,
+    automatic: bool,
+    to: str = FleetOperation.HALTED,
+) -> None:
     """Inside the caller's transaction, operation row locked: skip every target not yet reached."""
     now = timezone.now()
     pending = FleetTarget.objects.filter(operation=op, status=FleetTarget.PENDING)
     skipped_runs = [str(r) for r in pending.values_list("run_id", flat=True)]
     skipped = pending.update(
         status=FleetTarget.SKIPPED,
-        detail=f"not issued: the operation was halted ({reason})"[:2000],
+        detail=f"not issued: the operation was {to} ({reason})"[:2000],
         finished_at=now,
     )
-    op.state, op.skipped = FleetOperation.HALTED, op.skipped + skipped
+    op.state, op.skipped = to, op.skipped + skipped
     op.halted_reason, op.halted_by, op.halted_automatically = reason, actor.label, automatic
     op.finished_at, op.next_wave_at = now, None
     op.save()
     record_audit(
         actor=actor,
-        action="fleet.halted",
+        action=f"fleet.{to}",
         object_type="fleet_operation",
         object_id=op.pk,
         reason=reason,

@@ -115,3 +115,24 @@ def test_a_worker_token_is_refused(worker):
 def test_an_unknown_operation_is_404(as_user):
     resp = as_user("otto").get("/fleet/00000000-0000-0000-0000-000000000000")
     assert resp.status_code == 404 and resp.json()["error"] == "not_found"
+
+
+def test_a_held_operation_waits_for_its_confirm_or_is_cancelled(worker, as_user):
+    ids = [running_run(worker)[0]["id"] for _ in range(2)]
+    otto = as_user("otto")
+    held = otto.post("/fleet", _body(ids, reason="change window at 02:00", hold=True))
+    assert held.status_code == 202, held.content
+    op = held.json()
+    assert (op["state"], op["pending"]) == ("previewed", 2)
+    assert otto.post(f"/fleet/{op['id']}/halt", {"reason": "x"}).status_code == 409
+    assert as_user("olga").post(f"/fleet/{op['id']}/confirm").status_code == 403  # not hers
+    confirmed = otto.post(f"/fleet/{op['id']}/confirm")
+    assert confirmed.status_code == 202 and confirmed.json()["state"] == "running"
+    run_fleet_wave(f"{op['id']}:1")
+    assert otto.get(f"/fleet/{op['id']}").json()["state"] == "completed"
+
+    other = otto.post("/fleet", _body(ids, kind="resume", reason="later", hold=True)).json()
+    cancelled = as_user("olga").post(f"/fleet/{other['id']}/cancel", {"reason": "not needed"})
+    assert cancelled.status_code == 200, cancelled.content
+    assert (cancelled.json()["state"], cancelled.json()["skipped"]) == ("cancelled", 2)
+    assert otto.post(f"/fleet/{other['id']}/confirm").status_code == 409

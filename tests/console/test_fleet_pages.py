@@ -60,3 +60,25 @@ def test_bad_input_and_refusals_are_shown_with_their_status(cast, worker):
     assert refused.status_code == 403
     assert not FleetOperation.objects.exists()
     assert otto.get("/fleet/00000000-0000-0000-0000-000000000000/").status_code == 404
+
+
+def test_a_held_operation_is_started_or_cancelled_from_its_page(cast, worker):
+    from core.auth import actor_for_user
+    from interventions.fleet import FleetParams, start_fleet_operation
+
+    ids = [running_run(worker)[0]["id"] for _ in range(2)]
+    held = start_fleet_operation(
+        actor=actor_for_user(cast["otto"][0]),
+        kind="pause",
+        run_filter="&".join(f"id={i}" for i in ids),
+        reason="change window",
+        params=FleetParams(),
+        hold=True,
+    )
+    otto = browser("otto")
+    page = otto.get(f"/fleet/{held.pk}/").content.decode()
+    assert "Recorded, not started" in page and "Start now" in page
+    started = otto.post(f"/fleet/{held.pk}/confirm/", HTTP_HX_REQUEST="true")
+    assert started.status_code == 200 and "Wave 1 of 1" in started.content.decode()
+    again = otto.post(f"/fleet/{held.pk}/cancel/", {"reason": "no"}, HTTP_HX_REQUEST="true")
+    assert again.status_code == 409 and "only a held one is cancelled" in again.content.decode()
