@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test lint venv browser migrate seed bench check-deploy clean
+.PHONY: run test lint venv browser migrate seed bench bench-console check-deploy clean
 
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -50,6 +50,11 @@ BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
 bench: venv  ## benchmarks on a scratch PostgreSQL database; JSON results in bench/results/
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.protocol
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.longpoll
+
+BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_console_bench
+
+bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY); JSON in bench/results/console.json
+	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" $(PY) -m bench.console
 
 check-deploy: venv  ## Django's deployment checks against the production settings
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \

@@ -63,6 +63,8 @@ class RunSummaryOut(Out):
 
 class RunListOut(Out):
     runs: list[RunSummaryOut]
+    next_cursor: str | None = None  # pass as ``after`` for the next page; null on the last one
+    prev_cursor: str | None = None  # pass as ``before`` for the page before
 
 
 class ChildOut(Out):

@@ -23,8 +23,8 @@ from api.schemas import (
     HeartbeatIn,
     OutcomeIn,
     ReleaseIn,
-    RunFilter,
     RunIn,
+    RunListQuery,
 )
 from audit.services import snapshot
 from core.actors import Actor
@@ -34,6 +34,8 @@ from interventions.registry import redact
 from runs import selectors, services
 from runs.directive_bus import get_bus
 from runs.models import Run
+from runs.search import RunFilter, page_runs
+from runs.selectors import run_summary
 from runs.states import directive_for
 
 router = Router(tags=["worker protocol"])
@@ -95,11 +97,19 @@ def create_run(request: HttpRequest, body: RunIn):
 
 
 @router.get("/runs", response={200: out.RunListOut, **ERRORS_READ})
-def list_runs(request: HttpRequest, filters: Query[RunFilter]):
+def list_runs(request: HttpRequest, query: Query[RunListQuery]):
+    """Runs of a filter, newest first unless ``sort`` says otherwise; a bad parameter is a 400
+    naming it. Any unique id prefix: ``?id=3f9a2c1b``."""
+    # The schema documents and bounds the parameters; the filter reads the query string itself, so
+    # repeated ones (agent=a&agent=b) count.
+    flt = RunFilter.from_query(request.GET)
+    page = page_runs(
+        caller(request), flt, after=query.after or "", before=query.before or "", limit=query.limit
+    )
     return {
-        "runs": selectors.list_runs(
-            caller(request), agent=filters.agent, state=filters.state, limit=filters.limit
-        )
+        "runs": [run_summary(r, getattr(r, "n_unresolved", None)) for r in page.runs],
+        "next_cursor": page.next_cursor,
+        "prev_cursor": page.prev_cursor,
     }
 
 

@@ -225,9 +225,24 @@ class ReconcileIn(Schema):
     override_reason: str = Field(default="", max_length=2000)
 
 
-class RunFilter(Schema):
+class RunListQuery(Schema):
+    """``GET /runs``: runs/search.py's RunFilter (the console's run list reads the same parameters;
+    ``agent``, ``touched`` and ``state`` may repeat), then a keyset page of ``limit`` runs."""
+
+    q: str | None = Field(default=None, max_length=200, description="id prefix, goal text or agent")
+    id: str | None = Field(default=None, max_length=36, description="a run id or its prefix")
     agent: str | None = Field(default=None, max_length=100)
-    state: str | None = Field(default=None, max_length=300)
+    touched: str | None = Field(default=None, max_length=201, description="tool or tool:action")
+    owner: str | None = Field(default=None, max_length=150, description="assignee or decider")
+    state: str | None = Field(default=None, max_length=300, description="comma-separated states")
+    attention: str | None = Field(default=None, max_length=5, description="1: needs attention")
+    since: str | None = Field(default=None, max_length=40, description="created since: 2h or ISO")
+    until: str | None = Field(default=None, max_length=40)
+    updated_since: str | None = Field(default=None, max_length=40)
+    updated_until: str | None = Field(default=None, max_length=40)
+    sort: str | None = Field(default=None, max_length=10, description="created|updated|state|agent")
+    after: str | None = Field(default=None, max_length=400, description="next_cursor of a page")
+    before: str | None = Field(default=None, max_length=400, description="prev_cursor of a page")
     limit: int = Field(default=50, ge=1, le=500)
 
 

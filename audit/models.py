@@ -38,6 +38,8 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["seq"]
+        # The audit page's time range (console/audit.py): seq order, bounded by time.
+        indexes = [models.Index(fields=["created_at"], name="audit_created_at")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(outcome__in=["allowed", "denied", "error"]),

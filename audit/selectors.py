@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
+from datetime import datetime
 
 from django.db.models import Q, QuerySet
+
+from core.filters import BadFilter, parse_id_prefix, prefix_range
 
 from .models import AuditEvent
 
@@ -19,12 +21,15 @@ def audit_events(
     run_id: str = "",
     after_seq: int | None = None,
     before_seq: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> QuerySet[AuditEvent]:
     """Audit events matching every filter given (empty = no filter), unordered.
 
     ``action`` names an action or a family of them: ``intervention`` matches ``intervention.pause``,
     ``run.claim`` matches only itself. ``actor`` matches part of the actor's name, case-insensitive.
-    A ``run_id`` that is not a UUID matches nothing (it cannot name a run)."""
+    ``run_id`` is a run id or its prefix (the 8 characters pages show); one that is not hexadecimal
+    matches nothing (it cannot name a run). ``since`` / ``until`` bound ``created_at``."""
     qs = AuditEvent.objects.all()
     if action:
         family = action if action.endswith(".") else action + "."
@@ -39,9 +44,15 @@ def audit_events(
         qs = qs.filter(component=component)
     if run_id:
         try:
-            qs = qs.filter(run_id=uuid.UUID(str(run_id)))
-        except ValueError:
+            low, high = prefix_range(parse_id_prefix("run", str(run_id)))
+        except BadFilter:
             qs = qs.none()
+        else:
+            qs = qs.filter(run_id__gte=low, run_id__lte=high)
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    if until is not None:
+        qs = qs.filter(created_at__lte=until)
     if after_seq is not None:
         qs = qs.filter(seq__gt=after_seq)
     if before_seq is not None:

@@ -18,11 +18,13 @@ from audit.models import AuditEvent
 from audit.selectors import audit_events
 from audit.services import export_jsonl, verify_chain
 from console.common import ConsoleRequest, console_view, is_fragment, present
+from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
 from core.roles import may
 
 PAGE = 100
-FILTERS = ("action", "actor", "outcome", "object_type", "component", "run")
+FILTERS = ("action", "actor", "outcome", "object_type", "component", "run", "since", "until")
+TEXT_LIMITS = {"action": 60, "actor": 150, "object_type": 30, "component": 30}
 
 
 def _seq_param(request: HttpRequest, name: str) -> int | None:
@@ -35,11 +37,33 @@ def _seq_param(request: HttpRequest, name: str) -> int | None:
 
 
 def audit_filters(request: HttpRequest) -> dict[str, str]:
-    return {name: request.GET.get(name, "").strip() for name in FILTERS}
+    """The filters as written (they go back into the form and the URL), each checked: a bad value is
+    a 400 page naming it."""
+    filters = {name: request.GET.get(name, "").strip() for name in FILTERS}
+    try:
+        for name, limit in TEXT_LIMITS.items():
+            check_text(name, filters[name], max_len=limit)
+        if filters["outcome"] and filters["outcome"] not in OUTCOMES:
+            raise BadFilter("outcome", f"one of {', '.join(OUTCOMES)}")
+        if filters["run"]:
+            parse_id_prefix("run", filters["run"])
+        for name in ("since", "until"):
+            if filters[name]:
+                parse_when(name, filters[name])
+    except BadFilter as exc:
+        raise BadRequest(exc.detail) from None
+    return filters
+
+
+OUTCOMES = [AuditEvent.ALLOWED, AuditEvent.DENIED, AuditEvent.ERROR]
 
 
 def audit_context(request: ConsoleRequest) -> dict:
+    """One page by keyset on seq: ``before`` walks to older events, ``after`` back to newer ones;
+    either way two queries at most, whatever the depth."""
     filters = audit_filters(request)
+    before, after = _seq_param(request, "before"), _seq_param(request, "after")
+    now = timezone.now()
     qs = audit_events(
         action=filters["action"],
         actor=filters["actor"],
@@ -47,18 +71,28 @@ def audit_context(request: ConsoleRequest) -> dict:
         object_type=filters["object_type"],
         component=filters["component"],
         run_id=filters["run"],
-        before_seq=_seq_param(request, "before"),
+        before_seq=before,
+        after_seq=None if before is not None else after,
+        since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
+        until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
     )
-    rows = list(qs.order_by("-seq")[: PAGE + 1])
+    newer_first = before is not None or after is None
+    rows = list(qs.order_by("-seq" if newer_first else "seq")[: PAGE + 1])
     more = len(rows) > PAGE
     rows = rows[:PAGE]
+    if not newer_first:
+        rows.reverse()
     query = urlencode({k: v for k, v in filters.items() if v})
+    has_older = more if newer_first else True
+    has_newer = (before is not None) if newer_first else more
     return {
         "events": [{"a": a, "context": present(a.context)} for a in rows],
         "filters": filters,
-        "next_before": rows[-1].seq if more and rows else None,
+        "next_before": rows[-1].seq if has_older and rows else None,
+        "prev_after": rows[0].seq if has_newer and rows else None,
+        "first_page": before is None and after is None,
         "query": query,
-        "outcomes": [AuditEvent.ALLOWED, AuditEvent.DENIED, AuditEvent.ERROR],
+        "outcomes": OUTCOMES,
         "may_export": may(request.roles, "audit_export"),
         "nav": "audit",
     }

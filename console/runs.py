@@ -8,14 +8,17 @@ and console/consumers.py sends them on every (re)connect and on every "run.chang
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Q
-from django.http import HttpResponse, QueryDict
-from django.shortcuts import render
+from django.core.exceptions import BadRequest
+from django.http import Http404, HttpResponse, QueryDict
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from audit.models import AuditEvent
@@ -29,90 +32,189 @@ from console.common import (
 )
 from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
+from core.filters import BadFilter, check_text
 from core.roles import may, roles_of
 from interventions.base import descendants
 from interventions.contracts import CONTRACT_SPECS
 from interventions.jobs import attention
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
-from runs.models import Agent, AuthorityGrant, Effect, HistoryEvent, Run
+from runs.models import Agent, AuthorityGrant, HistoryEvent, Run
+from runs.search import RunFilter, page_runs, runs_by_prefix, state_counts, with_unresolved
 from runs.selectors import ledger, run_detail, run_summary, visible_runs
 from runs.states import State, allowed_events
 
-LIST_LIMIT = 100
 TIMELINE_LIMIT = 200
 AUDIT_LIMIT = 50
 
 # --- run list -------------------------------------------------------------------------------------
+# What the list shows is runs/search.py's RunFilter (the same filter the API and fleet operations
+# read), paged by keyset: the URL holds the filter, the sort and the cursor, so a view can be shared.
+
+PAGE_SIZE = 50
+ATTENTION_CAP = 1000  # the "needs attention" chip counts up to this many ("1000+")
+SORT_LABELS = {"created": "created", "updated": "updated", "state": "state", "agent": "agent"}
 
 
-def list_filters(params: QueryDict) -> dict[str, Any]:
-    states = [
-        s for s in params.getlist("state") for s in s.split(",") if s in State._value2member_map_
-    ]
-    return {
-        "state": states,
-        "agent": params.get("agent", "").strip(),
-        "owner": params.get("owner", "").strip(),
+def run_row(run: Run, now: datetime | None = None) -> dict[str, Any]:
+    """What one row of the list shows (the ``run-row`` partial draws it): times relative, with the
+    absolute time for the hover, computed here once (a template filter per cell costs more)."""
+    now = now or timezone.now()
+    unresolved = getattr(run, "n_unresolved", None)
+    return run_summary(run, unresolved) | {
+        "url": reverse("console:run", args=[run.pk]),
+        "created": _when(run.created_at, now),
+        "updated": _when(run.updated_at, now),
+        "state_since": _when(run.state_changed_at, now),
     }
 
 
-def list_context(actor, filters: dict[str, Any]) -> dict[str, Any]:
-    qs = visible_runs(actor)
-    if filters["state"]:
-        qs = qs.filter(state__in=filters["state"])
-    if filters["agent"]:
-        qs = qs.filter(agent__name=filters["agent"])
-    if filters["owner"]:
-        qs = qs.filter(
-            Q(assignee__username=filters["owner"])
-            | Q(decision_authority__username=filters["owner"])
-        )
-    total = qs.count()
-    qs = qs.annotate(
-        n_unresolved=Count(
-            "effects",
-            filter=Effect.unresolved_q("effects__"),
-        )
+def _when(moment: datetime, now: datetime) -> dict[str, str]:
+    seconds = int((now - moment).total_seconds())
+    if seconds < 0:
+        ago = "just now"
+    elif seconds < 60:
+        ago = f"{seconds} s ago"
+    elif seconds < 3600:
+        ago = f"{seconds // 60} min ago"
+    elif seconds < 86400:
+        ago = f"{seconds // 3600} h {seconds % 3600 // 60} min ago"
+    else:
+        ago = f"{seconds // 86400} d {seconds % 86400 // 3600} h ago"
+    return {"ago": ago, "iso": moment.isoformat(), "abs": f"{moment:%Y-%m-%d %H:%M:%S} UTC"}
+
+
+def row_context(actor, run_ids: list[Any]) -> list[dict[str, Any]]:
+    """Rows for the given runs (one query), for pushing changed rows with ``runs/list.html#run-row``."""
+    runs = with_unresolved(visible_runs(actor).filter(pk__in=run_ids))
+    now = timezone.now()
+    return [run_row(r, now) for r in runs]
+
+
+def list_context(
+    actor, flt: RunFilter, *, after: str = "", before: str = "", limit: int = PAGE_SIZE
+) -> dict[str, Any]:
+    """One page of the list plus its chips: a constant number of queries whatever the page (the
+    page, one GROUP BY for the state counts, one capped count for "needs attention")."""
+    page = page_runs(actor, flt, after=after, before=before, limit=limit)
+    counted = state_counts(actor, flt)
+    counts = counted.by_state
+    total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
+    attention = (
+        flt.replace(attention=True, states=())
+        .queryset(actor)
+        .select_related(None)
+        .order_by()
+        .values("pk")[: ATTENTION_CAP + 1]
+        .count()
     )
-    runs = [run_summary(r, r.n_unresolved) for r in qs.order_by("-created_at")[:LIST_LIMIT]]
-    query = QueryDict(mutable=True)
-    query.setlist("state", filters["state"])
-    for key in ("agent", "owner"):
-        if filters[key]:
-            query[key] = filters[key]
+    base = flt.to_query()
+    cursor = {"after": after} if after else {"before": before} if before else {}
+    now = timezone.now()
     return {
-        "runs": runs,
+        "runs": [run_row(r, now) for r in page.runs],
         "total": total,
-        "filters": filters,
-        "query": query.urlencode(),
+        "counts_complete": counted.complete,
+        "filter": flt,
+        "query": flt.to_query(**cursor),
+        "base_query": base,
+        "next_query": flt.to_query(after=page.next_cursor) if page.next_cursor else None,
+        "prev_query": flt.to_query(before=page.prev_cursor) if page.prev_cursor else None,
+        "first_page": not (after or before),
+        "chips": [
+            {
+                "state": s.value,
+                "n": counts.get(s.value, 0),
+                "on": s.value in flt.states,
+            }
+            for s in State
+            if counts.get(s.value) or s.value in flt.states
+        ],
+        "attention_n": attention,
+        "attention_more": attention > ATTENTION_CAP,
+        "attention_cap": ATTENTION_CAP,
+        "sorts": [
+            {
+                "name": name,
+                "label": label,
+                "on": flt.sort.lstrip("-") == name,
+                "desc": flt.descending,
+                # click: descending first; on the active column, flip
+                "query": flt.replace(
+                    sort=name if flt.sort == f"-{name}" else f"-{name}"
+                ).to_query(),
+            }
+            for name, label in SORT_LABELS.items()
+        ],
         "nav": "runs",
-        "states": [s.value for s in State],
-        "limit": LIST_LIMIT,
+        "limit": limit,
     }
+
+
+def _filter_or_400(params: QueryDict) -> tuple[RunFilter, str, str]:
+    try:
+        flt = RunFilter.from_query(params)
+        after = check_text("after", params.get("after", ""), max_len=400)
+        before = check_text("before", params.get("before", ""), max_len=400)
+    except BadFilter as exc:
+        raise BadRequest(exc.detail) from None
+    return flt, after, before
 
 
 @console_view
 @require_GET
 def run_list(request: ConsoleRequest) -> HttpResponse:
-    ctx = list_context(request.actor, list_filters(request.GET))
+    flt, after, before = _filter_or_400(request.GET)
+    try:
+        ctx = list_context(request.actor, flt, after=after, before=before)
+    except BadFilter as exc:  # a cursor that does not decode
+        raise BadRequest(exc.detail) from None
     if is_fragment(request):
         return render(request, "runs/list.html#run-live", ctx)
-    users = get_user_model().objects.filter(
-        Q(assigned_runs__isnull=False) | Q(decided_runs__isnull=False)
-    )
     ctx |= {
         "agents": Agent.objects.order_by("name").values_list("name", flat=True),
-        "owners": users.order_by("username").values_list("username", flat=True).distinct(),
+        "owners": get_user_model()
+        .objects.filter(is_active=True)
+        .order_by("username")
+        .values_list("username", flat=True),
+        "states": [s.value for s in State],
     }
     return render(request, "runs/list.html", ctx)
 
 
 def render_list_push(user, query_string: str) -> str:
-    """The run table, as an out-of-band swap, for the "runs" group (filters from the socket's URL)."""
+    """The run table, as an out-of-band swap, for the "runs" group (filter and page from the socket's
+    URL). A bad filter there pushes nothing: the page itself answered it with a 400."""
     actor = actor_for_user(user, None, component="console")
-    ctx = list_context(actor, list_filters(QueryDict(query_string)))
+    try:
+        flt, after, before = _filter_or_400(QueryDict(query_string))
+        ctx = list_context(actor, flt, after=after, before=before)
+    except (BadRequest, BadFilter):
+        return ""
     return render_to_string("runs/list.html#run-table", ctx | {"oob": True})
+
+
+@console_view
+@require_GET
+def run_by_prefix(request: ConsoleRequest, prefix: str) -> HttpResponse:
+    """``/runs/<prefix>/``: the 8-character ids shown everywhere work as URLs. One match redirects
+    to the run (keeping the rest of the path's query), several are listed, none is a 404."""
+    try:
+        matches = runs_by_prefix(request.actor, prefix)
+    except BadFilter as exc:
+        raise BadRequest(exc.detail) from None
+    if len(matches) == 1:
+        url = reverse("console:run", args=[matches[0].pk])
+        if request.GET:
+            url += "?" + request.GET.urlencode()
+        return redirect(url)
+    if not matches:
+        raise Http404(f"no run starts with {prefix}")
+    return render(
+        request,
+        "runs/prefix.html",
+        {"prefix": prefix, "runs": [run_row(r) for r in matches], "nav": "runs"},
+    )
 
 
 # --- run detail -----------------------------------------------------------------------------------

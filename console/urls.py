@@ -9,6 +9,7 @@ app_name = "console"
 urlpatterns = [
     path("", runs.run_list, name="runs"),
     path("runs/<uuid:run_id>/", runs.run_page, name="run"),
+    path("runs/<str:prefix>/", runs.run_by_prefix, name="run-prefix"),
     path(
         "runs/<uuid:run_id>/interventions/new/",
         interventions.intervention_new,

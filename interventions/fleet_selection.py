@@ -10,13 +10,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import QueryDict
 
 from core.actors import Actor
 from core.errors import Invalid
 from interventions.base import OWNER_BOUND, get_contract
 from runs.models import CapabilityFreeze, Run
-from runs.search import RunFilter
+from runs.search import BadFilter, RunFilter
 from runs.states import FINISHED_STATES, State, transition
 
 # fleet kind -> the per-run contract each run receives
@@ -39,14 +40,42 @@ class Selection:
 
 
 # The filter keys a fleet selection understands (runs/search.py). Any other key is refused, never
-# ignored: dropping an "owner=olga" would widen the operation to every owner's runs.
-FILTER_KEYS = frozenset({"state", "agent", "id"})
+# ignored: dropping one would widen the operation to runs the operator did not choose.
+FILTER_KEYS = frozenset(
+    {
+        "q",
+        "id",
+        "agent",
+        "touched",
+        "owner",
+        "state",
+        "attention",
+        "since",
+        "until",
+        "updated_since",
+        "updated_until",
+    }
+)
+# A list page's paging and order: the operation takes every match, in its own order.
 PAGING_KEYS = frozenset({"cursor", "before", "after", "page", "sort", "order", "limit"})
+MAX_IDS = 1000
 
 
-def parse_filter(run_filter: str) -> RunFilter:
+@dataclass(frozen=True)
+class FleetFilter:
+    """The run list's filter, plus an explicit list of runs (several ``id``: runs picked one by one)."""
+
+    runs: RunFilter
+    ids: tuple[uuid.UUID, ...] = ()
+
+    def queryset(self, actor: Actor) -> QuerySet[Run]:
+        qs = self.runs.queryset(actor)
+        return qs.filter(pk__in=self.ids) if self.ids else qs
+
+
+def parse_filter(run_filter: str) -> FleetFilter:
     query = QueryDict(run_filter, mutable=True)
-    for key in PAGING_KEYS & set(query):  # a list page's paging: the operation takes every match
+    for key in PAGING_KEYS & set(query):
         del query[key]
     unknown = sorted(set(query) - FILTER_KEYS)
     if unknown:
@@ -54,15 +83,22 @@ def parse_filter(run_filter: str) -> RunFilter:
             f"a fleet operation cannot select runs by {unknown[0]!r}; use {sorted(FILTER_KEYS)}",
             field=f"filter.{unknown[0]}",
         )
+    ids: tuple[uuid.UUID, ...] = ()
+    if len(picked := query.getlist("id")) > 1:  # one id (or prefix) is the run list's own filter
+        if len(picked) > MAX_IDS:
+            raise Invalid(f"at most {MAX_IDS} ids", field="filter.id")
+        try:
+            ids = tuple(dict.fromkeys(uuid.UUID(v) for v in picked))
+        except ValueError:
+            raise Invalid("several ids must each be a full run id", field="filter.id") from None
+        del query["id"]
     try:
         selected = RunFilter.from_query(query)
-    except Invalid as err:
-        raise Invalid(
-            err.detail, field=f"filter.{err.extra.get('field', '')}".rstrip(".")
-        ) from None
-    if selected.empty:
-        raise Invalid("choose the runs: filter by state, agent or id", field="filter")
-    return selected
+    except BadFilter as err:
+        raise Invalid(err.detail, field=f"filter.{err.field}") from None
+    if selected.is_empty and not ids:
+        raise Invalid("choose the runs: filter by state, agent, id, owner, …", field="filter")
+    return FleetFilter(selected, ids)
 
 
 def select(actor: Actor, kind: str, run_filter: str, options: dict[str, Any]) -> Selection:

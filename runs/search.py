@@ -1,79 +1,425 @@
-"""Run selection from a query string, shared by the run list, the API and fleet operations.
+"""Finding runs: the one definition of "a filtered set of runs".
 
-Minimal until the full search (keyset paging, id prefixes, time range, tool:action, owner) lands:
-``state`` (repeated or comma-separated), ``agent`` and ``id`` (repeated or comma-separated UUIDs).
-``RunFilter.from_query`` raises :class:`core.errors.Invalid` naming the field for a bad value.
+``RunFilter.from_query(params)`` reads a query string (console list, API, a fleet operation's
+selection), validating every parameter (``BadFilter`` names the one that is wrong);
+``RunFilter.queryset(actor)`` is the runs of that filter the actor may see; ``to_query()`` writes it
+back, so a view can be shared as a URL. ``page_runs`` pages it by keyset (a cursor on the sort key
+and the id): every page costs the same queries whatever its depth.
+
+Parameters: ``q`` (search box: an id prefix, else goal text or agent name), ``id`` (id or prefix),
+``agent`` (repeatable), ``touched`` (``tool`` or ``tool:action`` of an effect, repeatable), ``owner``
+(assignee or decision authority; ``me``), ``state`` (repeatable or comma-separated), ``attention``
+(1: the "needs attention" view), ``since`` / ``until`` (created) and ``updated_since`` /
+``updated_until`` (``2h``, ``7d`` or ISO 8601), ``sort`` (``created``, ``updated``, ``state``,
+``agent``; ``-`` for newest / descending first).
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import QuerySet
+from django.contrib.auth import get_user_model
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.http import QueryDict
+from django.utils import timezone
 
 from core.actors import Actor
-from core.errors import Invalid
-from runs.models import Run
+from core.filters import (
+    BadFilter,
+    check_text,
+    decode_cursor,
+    encode_cursor,
+    looks_like_id_prefix,
+    parse_id_prefix,
+    parse_when,
+    prefix_range,
+)
+from runs.models import Approval, Effect, Run
 from runs.selectors import visible_runs
 from runs.states import State
 
-MAX_IDS = 1000
+__all__ = [
+    "BadFilter",
+    "RunFilter",
+    "RunPage",
+    "StateCounts",
+    "page_runs",
+    "runs_by_prefix",
+    "state_counts",
+]
 
+# The "needs attention" view: a run an operator must look at. States where the control plane handed
+# the run to a person (or is recovering it); effects whose outcome nobody knows or that contradict a
+# reconciliation; approvals waiting for a human; follow-up jobs past their due time (the sweep
+# should have delivered them: something is stuck). A job that gave up moved its run to
+# needs_attention (runs/states.py JOB_FAILED), which the states cover.
+ATTENTION_STATES = (
+    State.ORPHANED,
+    State.RECOVERING,
+    State.NEEDS_ATTENTION,
+    State.COMPENSATION_FAILED,
+)
+LOOK_AT_EFFECTS = (Effect.UNKNOWN, Effect.DISCREPANCY)
+# interventions.models_jobs.Job.OPEN (runs sits below interventions and may not import it)
+OPEN_JOB_STATUSES = ("pending", "running")
+STUCK_JOB_GRACE = timedelta(minutes=1)
 
-def _values(query: Any, name: str) -> list[str]:
-    raw = query.getlist(name) if hasattr(query, "getlist") else query.get(name) or []
-    if isinstance(raw, str):
-        raw = [raw]
-    return [v.strip() for item in raw for v in str(item).split(",") if v.strip()]
+# sort name -> the run fields of its key; the id always ends it, so the order is total.
+SORTS: dict[str, tuple[str, ...]] = {
+    "created": ("created_at",),
+    "updated": ("updated_at",),
+    "state": ("state", "created_at"),
+    # Grouped by agent, in the order agents were registered: the index (agent, created_at, id)
+    # serves it at any depth; ordering by the agent's name would sort every filtered run per page.
+    "agent": ("agent_id", "created_at"),
+}
+DEFAULT_SORT = "-created"
+TIME_PARAMS = {
+    "since": ("created_at", "gte"),
+    "until": ("created_at", "lte"),
+    "updated_since": ("updated_at", "gte"),
+    "updated_until": ("updated_at", "lte"),
+}
+MAX_VALUES = 20  # repeatable parameters: at most this many values each
 
 
 @dataclass(frozen=True)
 class RunFilter:
+    q: str = ""
+    id: str = ""  # hex digits of an id or of its prefix
+    agents: tuple[str, ...] = ()
+    touched: tuple[tuple[str, str], ...] = ()  # (tool, action); action "" or "*" = any
+    owner: str = ""
     states: tuple[str, ...] = ()
-    agent: str = ""
-    ids: tuple[uuid.UUID, ...] = field(default_factory=tuple)
+    attention: bool = False
+    since: str = ""  # kept as written ("2h" stays relative in a shared URL)
+    until: str = ""
+    updated_since: str = ""
+    updated_until: str = ""
+    sort: str = DEFAULT_SORT
+    now: datetime | None = field(default=None, compare=False)  # what "2h" counts back from
+
+    # --- reading and writing a query string --------------------------------------------------------
 
     @classmethod
-    def from_query(cls, query: Any) -> RunFilter:
-        """From a QueryDict (or a plain dict of str / list values)."""
-        states = tuple(dict.fromkeys(_values(query, "state")))
-        known = {s.value for s in State}
-        bad = [s for s in states if s not in known]
-        if bad:
-            raise Invalid(f"unknown state(s) {bad}; states are {sorted(known)}", field="state")
-        agents = _values(query, "agent")
-        if len(agents) > 1:
-            raise Invalid("give one agent", field="agent")
-        raw_ids = _values(query, "id")
-        if len(raw_ids) > MAX_IDS:
-            raise Invalid(f"at most {MAX_IDS} ids", field="id")
-        try:
-            ids = tuple(dict.fromkeys(uuid.UUID(v) for v in raw_ids))
-        except ValueError:
-            raise Invalid("id must be full run ids (UUIDs)", field="id") from None
-        return cls(states=states, agent=agents[0] if agents else "", ids=ids)
+    def from_query(cls, params: QueryDict | dict[str, Any]) -> RunFilter:
+        get = _getter(params)
+        q = check_text("q", get.one("q"), max_len=200)
+        raw_id = get.one("id")
+        states = tuple(
+            dict.fromkeys(
+                _state(s.strip()) for v in get.many("state") for s in v.split(",") if s.strip()
+            )
+        )
+        touched = tuple(dict.fromkeys(_touched(v) for v in get.many("touched") if v.strip()))
+        agents = tuple(
+            dict.fromkeys(
+                check_text("agent", a, max_len=100) for a in get.many("agent") if a.strip()
+            )
+        )
+        times = {}
+        for name in TIME_PARAMS:
+            raw = check_text(name, get.one(name), max_len=40)
+            if raw:
+                parse_when(name, raw)  # validated now; read again (relative to now) by queryset()
+            times[name] = raw
+        sort = get.one("sort").strip() or DEFAULT_SORT
+        if sort.lstrip("-") not in SORTS:
+            raise BadFilter("sort", f"one of {', '.join(SORTS)} (prefix - for descending)")
+        attention = get.one("attention").strip().lower()
+        if attention not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+            raise BadFilter("attention", "1 or 0")
+        return cls(
+            q=q,
+            id=parse_id_prefix("id", raw_id) if raw_id.strip() else "",
+            agents=agents,
+            touched=touched,
+            owner=check_text("owner", get.one("owner"), max_len=150),
+            states=states,
+            attention=attention in ("1", "true", "yes", "on"),
+            sort=sort,
+            since=times["since"],
+            until=times["until"],
+            updated_since=times["updated_since"],
+            updated_until=times["updated_until"],
+        )
 
-    def queryset(self, actor: Actor) -> QuerySet[Run]:
-        qs = visible_runs(actor)
-        if self.states:
-            qs = qs.filter(state__in=self.states)
-        if self.agent:
-            qs = qs.filter(agent__name=self.agent)
-        if self.ids:
-            qs = qs.filter(pk__in=self.ids)
-        return qs
+    def to_query(self, **extra: str) -> str:
+        """The filter as a canonical query string (empty values left out)."""
+        query = QueryDict(mutable=True)
+        for key, values in self.params().items():
+            query.setlist(key, values)
+        for key, one in extra.items():
+            if one:
+                query[key] = one
+        return query.urlencode()
 
-    def as_query(self) -> str:
-        """The filter as a query string: what a fleet operation records and a link carries."""
-        from urllib.parse import urlencode
-
-        pairs = [("state", s) for s in self.states]
-        pairs += [("agent", self.agent)] if self.agent else []
-        pairs += [("id", str(i)) for i in self.ids]
-        return urlencode(pairs)
+    def params(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {
+            "q": [self.q],
+            "id": [self.id],
+            "agent": list(self.agents),
+            "touched": [f"{t}:{a}" if a else t for t, a in self.touched],
+            "owner": [self.owner],
+            "state": list(self.states),
+            "attention": ["1" if self.attention else ""],
+            **{name: [getattr(self, name)] for name in TIME_PARAMS},
+            "sort": [self.sort if self.sort != DEFAULT_SORT else ""],
+        }
+        return {k: [v for v in vs if v] for k, vs in out.items() if any(vs)}
 
     @property
-    def empty(self) -> bool:
-        return not (self.states or self.agent or self.ids)
+    def is_empty(self) -> bool:
+        return not self.params()
+
+    def replace(self, **changes: Any) -> RunFilter:
+        values = {f.name: getattr(self, f.name) for f in fields(self)} | changes
+        return RunFilter(**values)
+
+    # --- the runs ------------------------------------------------------------------------------------
+
+    def queryset(self, actor: Actor, *, with_states: bool = True) -> QuerySet[Run]:
+        """The visible runs this filter selects (unordered). ``with_states=False`` leaves the state
+        chips out (for counting runs per state under the rest of the filter)."""
+        qs = visible_runs(actor)
+        now = self.now or timezone.now()
+        if self.q:
+            qs = qs.filter(_search_q(self.q, qs))
+        if self.id:
+            low, high = prefix_range(self.id)
+            qs = qs.filter(pk__gte=low, pk__lte=high)
+        if self.agents:
+            qs = qs.filter(agent__name__in=self.agents)
+        for tool, action in self.touched:
+            effects = Effect.objects.filter(run=OuterRef("pk"), tool=tool)
+            if action and action != "*":
+                effects = effects.filter(action=action)
+            qs = qs.filter(Exists(effects))
+        if self.owner:
+            name = actor.name if self.owner == "me" and actor.kind == "user" else self.owner
+            # By user id (the run's two foreign-key indexes), not by a join on the user's name.
+            users = get_user_model().objects.filter(username=name).values("pk")
+            qs = qs.filter(Q(assignee_id__in=users) | Q(decision_authority_id__in=users))
+        if with_states and self.states:
+            qs = qs.filter(state__in=self.states)
+        if self.attention:
+            qs = qs.filter(attention_q(now))
+        for name, (column, op) in TIME_PARAMS.items():
+            raw = getattr(self, name)
+            if raw:
+                qs = qs.filter(**{f"{column}__{op}": parse_when(name, raw, now=now)})
+        return qs
+
+    @property
+    def sort_key(self) -> tuple[str, ...]:
+        return (*SORTS[self.sort.lstrip("-")], "id")
+
+    @property
+    def descending(self) -> bool:
+        return self.sort.startswith("-")
+
+
+def attention_q(now: datetime) -> Q:
+    """Runs an operator must look at (see ATTENTION_STATES above): one set of run ids, the union of
+    small index reads (the state index, partial indexes on effects and approvals, the jobs' due
+    index), so the view and its count cost about the same at 100,000 runs as at 100."""
+    stuck_before = now - STUCK_JOB_GRACE
+    ids = (
+        Run.objects.filter(state__in=ATTENTION_STATES)
+        .values("pk")
+        .union(
+            Effect.objects.filter(status__in=LOOK_AT_EFFECTS).values("run_id"),
+            Approval.objects.filter(status=Approval.PENDING).values("run_id"),
+            Run.objects.filter(
+                jobs__status__in=OPEN_JOB_STATUSES, jobs__due_at__lt=stuck_before
+            ).values("pk"),
+        )
+    )
+    return Q(pk__in=ids)
+
+
+def _search_q(text: str, runs: QuerySet[Run]) -> Q:
+    """The search box. 4+ hex digits are read as an id prefix (ids are what operators paste); when no
+    visible run has such an id, as text like any other search: the goal's words or an agent's name."""
+    if looks_like_id_prefix(text):
+        low, high = prefix_range(text.strip().lower().replace("-", ""))
+        by_id = Q(pk__gte=low, pk__lte=high)
+        if runs.filter(by_id).exists():
+            return by_id
+    return Q(goal__icontains=text) | Q(agent__name=text)
+
+
+def _state(value: str) -> str:
+    if value not in State._value2member_map_:
+        raise BadFilter("state", f"{value[:40]!r} is not a run state")
+    return value
+
+
+def _touched(raw: str) -> tuple[str, str]:
+    text = check_text("touched", raw, max_len=201)
+    tool, _, action = text.partition(":")
+    if not tool or len(tool) > 100 or len(action) > 100:
+        raise BadFilter("touched", "tool or tool:action, e.g. payments:charge")
+    return tool, action
+
+
+class _getter:
+    """One or many values of a parameter, from a QueryDict or a plain dict (fleet operations)."""
+
+    def __init__(self, params: QueryDict | dict[str, Any]):
+        self.params = params
+
+    def many(self, name: str) -> list[str]:
+        values: list[Any]
+        if isinstance(self.params, QueryDict):
+            values = self.params.getlist(name)
+        else:
+            raw = self.params.get(name)
+            values = (
+                [] if raw in (None, "") else list(raw) if isinstance(raw, (list, tuple)) else [raw]
+            )
+        if len(values) > MAX_VALUES:
+            raise BadFilter(name, f"at most {MAX_VALUES} values")
+        for value in values:
+            if not isinstance(value, str):
+                raise BadFilter(name, "must be text")
+        return values
+
+    def one(self, name: str) -> str:
+        values = self.many(name)
+        if len(values) > 1:
+            raise BadFilter(name, "give it once")
+        return values[0] if values else ""
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunPage:
+    runs: list[Run]
+    next_cursor: str | None  # the page after this one (older, in the default order)
+    prev_cursor: str | None  # the page before it (None on the first page)
+
+
+def page_runs(
+    actor: Actor, flt: RunFilter, *, after: str = "", before: str = "", limit: int = 50
+) -> RunPage:
+    """One page of the filter, by keyset: ``after`` / ``before`` are cursors from an earlier page.
+    Each run carries ``n_unresolved`` (its unresolved effects), counted for the page's rows only."""
+    key = flt.sort_key
+    backwards = bool(before)
+    param, raw_cursor = ("before", before) if backwards else ("after", after)
+    values = None
+    if raw_cursor:
+        cursor = decode_cursor(param, raw_cursor, size=len(key))
+        values = [_cursor_value(name, raw, param) for name, raw in zip(key, cursor, strict=True)]
+    descending = flt.descending != backwards  # walking back = the other way, then flipped
+    qs = flt.queryset(actor)
+    if values is not None:
+        qs = qs.filter(_after_q(key, values, descending))
+    order = [f"-{k}" if descending else k for k in key]
+    # The list never shows a run's input, versions or retry policy: leave the JSON in the table.
+    qs = qs.defer("input", "versions", "retry_policy")
+    rows = list(with_unresolved(qs).order_by(*order)[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if backwards:
+        rows.reverse()
+    first, last = (rows[0], rows[-1]) if rows else (None, None)
+    has_next = more if not backwards else True
+    has_prev = (more if backwards else bool(after)) and first is not None
+    return RunPage(
+        runs=rows,
+        next_cursor=encode_cursor(_key_of(last, key)) if has_next and last else None,
+        prev_cursor=encode_cursor(_key_of(first, key)) if has_prev and first else None,
+    )
+
+
+def with_unresolved(qs: QuerySet[Run]) -> QuerySet[Run]:
+    """Each run's count of unresolved effects, as a per-row subquery: PostgreSQL evaluates it for
+    the rows a LIMIT keeps, not for the whole filtered set (a JOIN + GROUP BY would count them all)."""
+    counts = (
+        Effect.objects.filter(Effect.unresolved_q(), run=OuterRef("pk"))
+        .order_by()
+        .values("run")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    return qs.annotate(n_unresolved=Coalesce(Subquery(counts), 0))
+
+
+def _after_q(key: tuple[str, ...], values: list[Any], descending: bool) -> Q:
+    """Rows strictly past ``values`` in the order of ``key``: (a, b, id) < (va, vb, vid), written
+    out, plus a bound on the leading column alone so the index can start there (not at the top)."""
+    op, op_eq = ("lt", "lte") if descending else ("gt", "gte")
+    past = Q()
+    for i in range(len(key)):
+        same = Q(**{k: v for k, v in zip(key[:i], values[:i], strict=True)})
+        step = same & Q(**{f"{key[i]}__{op}": values[i]})
+        past = step if i == 0 else past | step
+    return Q(**{f"{key[0]}__{op_eq}": values[0]}) & past
+
+
+def _key_of(run: Run, key: tuple[str, ...]) -> list[Any]:
+    out: list[Any] = []
+    for name in key:
+        value: Any = getattr(run, name)
+        out.append(value.isoformat() if isinstance(value, datetime) else str(value))
+    return out
+
+
+def _cursor_value(name: str, raw: Any, param: str) -> Any:
+    if not isinstance(raw, str):
+        raise BadFilter(param, "not a cursor from this list")
+    try:
+        if name.endswith("_at"):
+            return datetime.fromisoformat(raw)
+        if name == "id":
+            return uuid.UUID(raw)
+        if name == "agent_id":
+            return int(raw)
+    except ValueError:
+        raise BadFilter(param, "not a cursor from this list") from None
+    return raw
+
+
+# --- counts and prefixes --------------------------------------------------------------------------
+
+
+COUNT_CAP = 10_000  # filters no index narrows (effects touched, goal text) count this many runs
+
+
+@dataclass
+class StateCounts:
+    by_state: dict[str, int]
+    complete: bool  # False: counted over the first COUNT_CAP matching runs only (lower bounds)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+
+def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
+    """Runs per state under the filter without its state chips (what each chip would show): one
+    GROUP BY over the filtered set. A filter through the effects or the goal's text would make that
+    a join or a scan of every run, so it counts the first COUNT_CAP matches and says so."""
+    qs = flt.queryset(actor, with_states=False).select_related(None).order_by()
+    if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
+        rows = qs.values_list("state").annotate(n=Count("*"))
+        return StateCounts({state: n for state, n in rows}, complete=True)
+    capped = Run.objects.filter(pk__in=qs.values("pk")[:COUNT_CAP])
+    rows = capped.order_by().values_list("state").annotate(n=Count("*"))
+    counts = {state: n for state, n in rows}
+    return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
+
+
+def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:
+    """The visible runs whose id starts with ``prefix`` (at least 4 hex digits), up to ``limit``."""
+    digits = parse_id_prefix("id", prefix, min_len=4)
+    low, high = prefix_range(digits)
+    return list(visible_runs(actor).filter(pk__gte=low, pk__lte=high).order_by("pk")[:limit])

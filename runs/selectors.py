@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
@@ -100,23 +100,6 @@ def run_detail(run: Run) -> dict[str, Any]:
         ],
         "unresolved_effects": Effect.objects.filter(run=run).unresolved().count(),
     }
-
-
-def list_runs(
-    actor: Actor, *, agent: str | None = None, state: str | None = None, limit: int = 50
-) -> list[dict]:
-    qs = visible_runs(actor)
-    if agent:
-        qs = qs.filter(agent__name=agent)
-    if state:
-        qs = qs.filter(state__in=state.split(","))
-    qs = qs.annotate(
-        n_unresolved=Count(
-            "effects",
-            filter=Effect.unresolved_q("effects__"),
-        )
-    )
-    return [run_summary(r, r.n_unresolved) for r in qs.order_by("-created_at")[:limit]]
 
 
 def ledger(run: Run) -> list[dict]:

@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("interventions", "0004_outbox_jobs"),
-        ("runs", "0011_capability_freeze"),
+        ("runs", "0012_capability_freeze"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

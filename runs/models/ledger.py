@@ -137,7 +137,17 @@ class Effect(models.Model):
                 name="effect_denied_iff_status_denied",
             ),
         ]
-        indexes = [models.Index(fields=["run", "status"])]
+        indexes = [
+            models.Index(fields=["run", "status"]),
+            # The run list's filters (runs/search.py): "touched tool:action", and the "needs
+            # attention" view's effects nobody knows the outcome of.
+            models.Index(fields=["tool", "action", "run"], name="effect_tool_action_run"),
+            models.Index(
+                fields=["run"],
+                condition=models.Q(status__in=["unknown", "discrepancy"]),
+                name="effect_look_at_run",
+            ),
+        ]
 
     @property
     def unresolved(self) -> bool:

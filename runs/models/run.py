@@ -78,6 +78,13 @@ class Run(models.Model):
                 condition=models.Q(fencing_token__gte=0), name="run_fencing_token_nonnegative"
             ),
         ]
+        # Keyset pages of the run list (runs/search.py): each sort key ends with the id.
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="run_created_keyset"),
+            models.Index(fields=["updated_at", "id"], name="run_updated_keyset"),
+            models.Index(fields=["state", "created_at", "id"], name="run_state_keyset"),
+            models.Index(fields=["agent", "created_at", "id"], name="run_agent_keyset"),
+        ]
         # The state machine in the database: an UPDATE of ``state`` along no edge of runs/states.py
         # is refused, whoever writes it. Generated from the table; a change to the table shows up as
         # a pending migration (tests/runs/test_state_trigger.py checks there is none).
@@ -198,6 +205,12 @@ class Approval(models.Model):
 
     class Meta:
         ordering = ["-requested_at"]
+        # The "needs attention" view reads the runs with a pending approval (runs/search.py).
+        indexes = [
+            models.Index(
+                fields=["run"], condition=models.Q(status="pending"), name="approval_pending_run"
+            )
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(

@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0010_state_triggers_with_needs_attention"),
+        ("runs", "0011_run_list_indexes"),
     ]
 
     operations = [

@@ -1,0 +1,378 @@
+"""Console pages at scale (issue 10, "Budgets"): the run list among 100,000 runs and the page of a run
+with 1,000 effects and 5,000 history events, on PostgreSQL. A benchmark, not a test.
+
+    .venv/bin/python -m bench.console [--runs 100000] [--repeat 15] [--fresh-db]
+                                      [--out bench/results/console.json]
+
+It seeds a scratch database (``DATABASE_URL``, default ``…/controlplane_console_bench``; created and
+migrated if missing, seeded once, reused after) with COPY, then renders pages in-process with
+Django's test client as a logged-in viewer, ``DEBUG`` off: server time per page (request in,
+response out: middleware, views, queries, templates; no network), its p50/p95 over ``--repeat``
+requests, and the number of SQL queries each page ran. List pages include deep keyset pages (the
+cursor of the 50,000th run), every sort and each filter. EXPLAIN ANALYZE of the list's main query
+on a deep page is kept in the JSON. Targets: list p95 ≤ 150 ms with the same number of queries on
+every page; run page p95 ≤ 300 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/controlplane_console_bench"
+LIST_TARGET_MS = 150.0
+RUN_PAGE_TARGET_MS = 300.0
+AGENTS = ["purchasing", "refunds", "address-verifier", "lg-purchasing", "oa-purchasing"]
+STATES = ["succeeded"] * 60 + ["failed"] * 8 + ["running"] * 10 + ["queued"] * 6 + ["paused"] * 5
+STATES += ["cancelled"] * 4 + ["compensated"] * 2 + ["closed"] * 3 + ["orphaned", "needs_attention"]
+TOOLS = [("payments", "charge"), ("inventory", "reserve"), ("shipping", "book"), ("notify", "send")]
+BIG_EFFECTS, BIG_HISTORY = 1000, 5000
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--runs", type=int, default=100_000)
+    p.add_argument("--repeat", type=int, default=15, help="requests per page measured")
+    p.add_argument("--fresh-db", action="store_true", help="drop and recreate the database first")
+    p.add_argument("--out", default=str(harness.RESULTS_DIR / "console.json"))
+    return p.parse_args(argv)
+
+
+# --- seeding (COPY) -------------------------------------------------------------------------------
+
+
+def _copy(cursor, model, rows: list[dict[str, Any]]) -> None:
+    """COPY rows of ``model``: every concrete column, the given value or the field's default."""
+    from django.db.models import JSONField
+    from psycopg.types.json import Jsonb
+
+    cols = [f for f in model._meta.concrete_fields if not f.db_returning]  # serial ids: the db's
+    names = ", ".join(f'"{f.column}"' for f in cols)
+    defaults = {f.attname: f.get_default() for f in cols}
+    with cursor.copy(f'COPY "{model._meta.db_table}" ({names}) FROM STDIN') as copy:
+        for row in rows:
+            values = []
+            for f in cols:
+                value = row.get(f.attname, defaults[f.attname])
+                if isinstance(f, JSONField) and value is not None:
+                    value = Jsonb(value)
+                values.append(value)
+            copy.write_row(values)
+
+
+def seed(n_runs: int) -> dict[str, Any]:
+    import random
+
+    from django.contrib.auth.models import Group, User
+    from django.db import connection, transaction
+
+    from runs.models import Agent, Effect, HistoryEvent, Run
+
+    rng = random.Random(10)
+    if Run.objects.count() >= n_runs:
+        big = Run.objects.filter(goal="big run").first()
+        return {
+            "seeded": False,
+            "runs": Run.objects.count(),
+            "big_run": str(big.pk) if big else None,
+        }
+    started = time.perf_counter()
+    agents = [Agent.objects.get_or_create(name=a)[0] for a in AGENTS]
+    owners = []
+    for name in ("otto", "olga", "ian"):
+        user, _ = User.objects.get_or_create(username=name)
+        user.groups.add(Group.objects.get_or_create(name="operator")[0])
+        owners.append(user)
+    now = datetime.now(UTC)
+    runs, effects = [], []
+    for i in range(n_runs):
+        created = now - timedelta(seconds=i * 30 + rng.random())  # ~35 days of runs
+        run_id = uuid.uuid4()
+        owner = rng.choice(owners) if rng.random() < 0.2 else None
+        runs.append(
+            {
+                "id": run_id,
+                "agent_id": rng.choice(agents).pk,
+                "goal": f"buy {rng.randint(1, 9)} of sku-{rng.randint(1, 5000)}",
+                "state": rng.choice(STATES),
+                "created_at": created,
+                "updated_at": created + timedelta(seconds=rng.randint(1, 600)),
+                "state_changed_at": created + timedelta(seconds=rng.randint(1, 600)),
+                "assignee_id": owner.pk if owner else None,
+                "attempt_count": 1,
+            }
+        )
+        for _ in range(rng.choice((0, 1, 1, 2, 3))):
+            tool, action = rng.choice(TOOLS)
+            status = "unknown" if rng.random() < 0.0005 else "committed"
+            effects.append(_effect(run_id, tool, action, status, created))
+    big_id = uuid.uuid4()
+    runs.append(
+        {
+            "id": big_id,
+            "agent_id": agents[0].pk,
+            "goal": "big run",
+            "state": "running",
+            "created_at": now,
+            "updated_at": now,
+            "state_changed_at": now,
+            "attempt_count": 1,
+            "history_seq": BIG_HISTORY,
+        }  # fmt: skip
+    )
+    for i in range(BIG_EFFECTS):
+        tool, action = TOOLS[i % len(TOOLS)]
+        status = "in_flight" if i >= BIG_EFFECTS - 3 else "committed"
+        effects.append(_effect(big_id, tool, action, status, now + timedelta(milliseconds=i)))
+    history = [
+        {
+            "run_id": big_id,
+            "seq": s,
+            "kind": "effect.declared" if s % 2 else "checkpoint",
+            "actor": "worker-1",
+            "data": {"step": f"step-{s}", "n": s},
+            "created_at": now + timedelta(milliseconds=s),
+            "prev_hash": f"{s - 1:064x}",
+            "hash": f"{s:064x}",
+        }  # fmt: skip
+        for s in range(1, BIG_HISTORY + 1)
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        _copy(cursor, Run, runs)
+        _copy(cursor, Effect, effects)
+        _copy(cursor, HistoryEvent, history)
+    with connection.cursor() as cursor:
+        # What autovacuum does soon after a bulk load: statistics, and the visibility map that lets
+        # a count read an index alone.
+        cursor.execute("VACUUM ANALYZE")
+    return {
+        "seeded": True,
+        "runs": len(runs),
+        "effects": len(effects),
+        "history_events": len(history),
+        "seed_s": round(time.perf_counter() - started, 1),
+        "big_run": str(big_id),
+    }
+
+
+def _effect(run_id, tool: str, action: str, status: str, at: datetime) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(),
+        "run_id": run_id,
+        "step": action,
+        "tool": tool,
+        "action": action,
+        "idempotency_key": uuid.uuid4().hex,
+        "fingerprint": "0" * 64,
+        "args": {"amount": 100},
+        "decision": "authorized",
+        "status": status,
+        "declared_at": at,
+        "outcome_at": at if status == "committed" else None,
+    }
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def measure(client, path: str, repeat: int, **headers: str) -> dict[str, Any]:
+    from django.db import connection, reset_queries
+    from django.test.utils import CaptureQueriesContext
+
+    resp = client.get(path, **headers)  # warm (template compile, plan cache)
+    if resp.status_code != 200:
+        raise SystemExit(f"GET {path} answered {resp.status_code}: {resp.content[:300]!r}")
+    times, cpu = [], []
+    reset_queries()  # the request_started signal empties the log: start the capture from empty
+    with CaptureQueriesContext(connection) as ctx:
+        client.get(path, **headers)
+    captured = ctx.captured_queries  # read now: the next request empties the log it points into
+    db_ms = sum(float(q["time"]) for q in captured) * 1000
+    slowest = sorted(captured, key=lambda q: -float(q["time"]))[:2]
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        resp = client.get(path, **headers)
+        times.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
+    return {
+        "path": path if len(path) < 160 else path[:157] + "...",
+        "p50_ms": round(statistics.median(times), 1),
+        "p95_ms": round(sorted(times)[max(0, int(len(times) * 0.95) - 1)], 1),
+        "max_ms": round(max(times), 1),
+        # CPU of this (the web) process per request: what the page costs here, whatever else the
+        # machine runs; the database's share is in db_ms (wall time of its queries, one request).
+        "cpu_p50_ms": round(statistics.median(cpu), 1),
+        "cpu_p95_ms": round(sorted(cpu)[max(0, int(len(cpu) * 0.95) - 1)], 1),
+        "db_ms": round(db_ms, 1),
+        "queries": len(captured),
+        "slowest_queries": [
+            {"ms": round(float(q["time"]) * 1000, 1), "sql": q["sql"][:160]} for q in slowest
+        ],
+        "html_kb": round(len(resp.content) / 1024, 1),
+    }
+
+
+def cursor_at(offset: int, sort: str) -> str:
+    """The keyset cursor of the run at ``offset`` in ``sort``'s order (what "next" links carry)."""
+    from django.http import QueryDict
+
+    from core.filters import encode_cursor
+    from runs.models import Run
+    from runs.search import RunFilter, _key_of
+
+    flt = RunFilter.from_query(QueryDict(f"sort={sort}"))
+    order = [f"-{k}" if flt.descending else k for k in flt.sort_key]
+    run = Run.objects.select_related("agent").order_by(*order)[offset]
+    return encode_cursor(_key_of(run, flt.sort_key))
+
+
+def explain(path: str) -> list[str]:
+    """EXPLAIN ANALYZE of the list page's main query (the one selecting the page's runs)."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    client.force_login(_viewer())
+    with CaptureQueriesContext(connection) as ctx:
+        client.get(path)
+    main = next(q["sql"] for q in ctx.captured_queries if "LIMIT 51" in q["sql"])
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + main)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _viewer():
+    from django.contrib.auth.models import Group, User
+
+    user, _ = User.objects.get_or_create(username="bench-viewer")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    return user
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from django.test import Client
+
+    from runs.models import Run
+
+    facts = seed(args.runs)
+    client = Client()
+    client.force_login(_viewer())
+    some = str(Run.objects.order_by("created_at").values_list("pk", flat=True)[5000])
+    deep = cursor_at(50_000, "-created")
+    lists = {
+        "first page": "/",
+        "page 2": "/?after=" + cursor_at(49, "-created"),
+        "deep page (50,000th run)": "/?after=" + deep,
+        "last page": "/?after=" + cursor_at(args.runs - 20, "-created"),
+        "back from a deep page": "/?before=" + deep,
+        "sort updated, deep": "/?sort=-updated&after=" + cursor_at(50_000, "-updated"),
+        "sort state, deep": "/?sort=state&after=" + cursor_at(50_000, "state"),
+        "sort agent, deep": "/?sort=agent&after=" + cursor_at(50_000, "agent"),
+        "state chips running+paused": "/?state=running&state=paused",
+        "agent refunds": "/?agent=refunds",
+        "owner otto": "/?owner=otto",
+        "touched payments:charge": "/?touched=payments:charge",
+        "needs attention": "/?attention=1",
+        "created since 2h": "/?since=2h",
+        "search id prefix": "/?q=" + some[:8],
+        "search goal text": "/?q=sku-4242",
+    }
+    results: dict[str, Any] = {}
+    for name, path in lists.items():
+        results[name] = measure(client, path, args.repeat)
+    results["htmx swap (fragment), failed"] = measure(
+        client, "/?state=failed", args.repeat, HTTP_HX_REQUEST="true"
+    )
+    api = {"api first page": "/api/v1/runs", "api attention": "/api/v1/runs?attention=1"}
+    for name, path in api.items():
+        results[name] = measure(client, path, args.repeat)
+    big = facts["big_run"]
+    big_page = measure(client, f"/runs/{big}/", max(5, args.repeat // 3))
+    run_results: dict[str, Any] = {"run page (1,000 effects, 5,000 events)": big_page}
+    t0 = time.perf_counter()
+    resp = client.get(f"/runs/{big[:8]}/")
+    run_results["run by 8-char prefix (redirect)"] = {
+        "status": resp.status_code,
+        "ms": round((time.perf_counter() - t0) * 1000, 1),
+    }
+    plain = [r for k, r in results.items() if not k.startswith("api")]
+    query_counts = sorted({r["queries"] for k, r in results.items() if k in list(lists)[:8]})
+    return {
+        "facts": facts,
+        "list_pages": results,
+        "run_page": run_results,
+        "summary": {
+            "list_p95_ms_worst": max(r["p95_ms"] for r in plain),
+            "list_target_ms": LIST_TARGET_MS,
+            "list_within_target": all(r["p95_ms"] <= LIST_TARGET_MS for r in plain),
+            "queries_per_list_page_unfiltered_pages": query_counts,
+            "constant_queries_across_pages": len(query_counts) == 1,
+            "run_page_p95_ms": run_results["run page (1,000 effects, 5,000 events)"]["p95_ms"],
+            "run_page_target_ms": RUN_PAGE_TARGET_MS,
+        },
+        "explain_deep_page": explain("/?after=" + deep),
+        "explain_attention": explain("/?attention=1"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    database_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    if not database_url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit("bench.console needs a PostgreSQL DATABASE_URL")
+    created = harness.ensure_database(database_url, fresh=args.fresh_db)
+    env = harness.bench_env(database_url, os.environ.get("REDIS_URL") or harness.DEFAULT_REDIS_URL)
+    harness.manage(env, "migrate", "--noinput", "-v", "0")
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "DEBUG", "DJANGO_SETTINGS_MODULE")})
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    result = {
+        "benchmark": "console",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "database": harness.redact(database_url),
+        "database_created": created,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "load_avg_1_5_15": [round(x, 1) for x in os.getloadavg()],
+        },
+    } | run_bench(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_summary(result, out)
+    return 0
+
+
+def print_summary(result: dict[str, Any], out: Path) -> None:
+    buf = io.StringIO()
+    buf.write(f"console bench: {result['facts'].get('runs')} runs; results in {out}\n")
+    for name, r in result["list_pages"].items():
+        times = f"p50 {r['p50_ms']:7.1f}  p95 {r['p95_ms']:7.1f} ms  cpu p95 {r['cpu_p95_ms']:6.1f}"
+        buf.write(
+            f"  {name:30} {times}  db {r['db_ms']:5.1f}  {r['queries']:2} q  {r['html_kb']} KB\n"
+        )
+    for name, r in result["run_page"].items():
+        buf.write(f"  {name:32} {r}\n")
+    buf.write(
+        f"  summary: {result['summary']}\n  load average: {result['machine']['load_avg_1_5_15']}\n"
+    )
+    print(buf.getvalue(), end="")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

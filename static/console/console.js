@@ -1,0 +1,108 @@
+/* Console habits: copy any id, the theme toggle, and keyboard shortcuts
+   ("/" search, j/k move in a list, Enter open, "?" help, Esc close). No framework. */
+(function () {
+  "use strict";
+
+  // --- copy ids: <button class="copy" data-copy="…"> (templates/_id.html) -------------------------
+  function copy(text, button) {
+    var done = function () {
+      button.classList.add("copied");
+      button.setAttribute("title", "copied");
+      setTimeout(function () { button.classList.remove("copied"); button.setAttribute("title", "copy " + text); }, 1200);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, function () { fallback(text); done(); });
+    } else { fallback(text); done(); }
+  }
+  function fallback(text) {
+    var area = document.createElement("textarea");
+    area.value = text; area.setAttribute("readonly", ""); area.style.position = "fixed"; area.style.opacity = "0";
+    document.body.appendChild(area); area.select();
+    try { document.execCommand("copy"); } catch (e) { /* nothing more to try */ }
+    document.body.removeChild(area);
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button.copy[data-copy]");
+    if (!button) return;
+    event.preventDefault(); event.stopPropagation(); // a copy button inside a link must not follow it
+    copy(button.dataset.copy, button);
+  }, true);
+
+  // --- theme toggle (theme.js applied the stored or system theme before paint) --------------------
+  function setTheme(theme) {
+    document.documentElement.dataset.theme = theme;
+    try { localStorage.setItem("cp-theme", theme); } catch (e) { /* not remembered */ }
+  }
+  document.addEventListener("click", function (event) {
+    if (event.target.closest && event.target.closest("[data-theme-toggle]")) {
+      setTheme(document.documentElement.dataset.theme === "dark" ? "light" : "dark");
+    }
+  });
+  if (window.matchMedia) {
+    window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", function (e) {
+      var stored = null;
+      try { stored = localStorage.getItem("cp-theme"); } catch (err) { /* ignore */ }
+      if (!stored) document.documentElement.dataset.theme = e.matches ? "dark" : "light";
+    });
+  }
+
+  // --- keyboard shortcuts --------------------------------------------------------------------------
+  function typing(el) {
+    return el && (el.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(el.tagName));
+  }
+  function rows() {
+    return Array.prototype.slice.call(document.querySelectorAll("table[data-keys] tbody tr[data-href]"));
+  }
+  var current = -1;
+  function select(index) {
+    var list = rows();
+    if (!list.length) return;
+    index = Math.max(0, Math.min(list.length - 1, index));
+    list.forEach(function (row) { row.classList.remove("selected"); row.removeAttribute("aria-selected"); });
+    var row = list[index];
+    row.classList.add("selected"); row.setAttribute("aria-selected", "true");
+    row.scrollIntoView({ block: "nearest" });
+    current = index;
+  }
+  function selectedIndex() {
+    var list = rows();
+    for (var i = 0; i < list.length; i++) if (list[i].classList.contains("selected")) return i;
+    return -1;
+  }
+  function help(show) {
+    var box = document.getElementById("shortcuts");
+    if (!box) return;
+    if (show === undefined) show = box.hidden;
+    box.hidden = !show;
+  }
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.key === "Escape") { help(false); if (typing(document.activeElement)) document.activeElement.blur(); return; }
+    if (typing(event.target)) return;
+    var key = event.key;
+    if (key === "/") {
+      var search = document.querySelector("[data-search]");
+      if (search) { event.preventDefault(); search.focus(); search.select(); }
+    } else if (key === "j" || key === "k") {
+      var at = selectedIndex();
+      select(at < 0 ? 0 : at + (key === "j" ? 1 : -1));
+      event.preventDefault();
+    } else if (key === "Enter") {
+      var list = rows(), i = selectedIndex();
+      if (i >= 0 && list[i]) { event.preventDefault(); window.location.assign(list[i].dataset.href); }
+    } else if (key === "?") {
+      event.preventDefault(); help();
+    }
+  });
+  document.addEventListener("click", function (event) {
+    if (event.target.closest && event.target.closest("[data-help]")) help();
+  });
+  // A click on a row's empty space opens it too; links and buttons inside keep their own meaning.
+  document.addEventListener("click", function (event) {
+    var row = event.target.closest && event.target.closest("table[data-keys] tbody tr[data-href]");
+    if (!row || event.target.closest("a, button, input, label, details")) return;
+    window.location.assign(row.dataset.href);
+  });
+  // After an htmx swap of the list, keep the selection on the same position when possible.
+  document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });
+})();
