@@ -47,9 +47,13 @@ test: venv browser lint  ## lint, then the whole suite on PostgreSQL + Redis (ne
 
 BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
 
-bench: venv  ## benchmarks on a scratch PostgreSQL database; JSON results in bench/results/
-	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.protocol
-	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.longpoll
+$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[bench]'  # DBOS (the peer workload), uvicorn and granian
+	touch $@
+
+bench: venv $(VENV)/.bench-installed  ## issue 11's measurements on a scratch PostgreSQL database (≤ 10 min; BENCH_QUICK=1 ~2 min): bench/results/summary.json, README table
+	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.suite
+	$(PY) -m bench.report --readme README.md
 
 BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_console_bench
 

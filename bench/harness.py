@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -208,18 +209,63 @@ def postgres_facts(database_url: str) -> dict[str, Any]:
 # --- ASGI servers --------------------------------------------------------------------------------
 
 
-def free_port() -> int:
+def free_port(taken: Iterable[int] = ()) -> int:
+    """A free port: the OS's choice, or the first free one in BENCH_PORTS ("20700-20799") when set, for
+    machines where each user keeps to a range."""
+    span = os.environ.get("BENCH_PORTS", "")
+    if span:
+        low, _, high = span.partition("-")
+        for port in range(int(low), int(high or low) + 1):
+            if port in taken:  # handed out already, its server not listening yet
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in BENCH_PORTS={span}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+SERVER_KINDS = ("daphne", "uvicorn", "granian")
+
+
+def server_command(kind: str, port: int) -> list[str]:
+    """One ASGI server process serving controlplane.asgi:application (HTTP and WebSockets) on `port`.
+    uvicorn and granian come with the ``bench`` extra; neither runs Django's (absent) lifespan."""
+    app = "controlplane.asgi:application"
+    if kind == "daphne":
+        return [daphne_exe(), "-b", "127.0.0.1", "-p", str(port), app]
+    exe = ROOT / ".venv" / "bin" / kind
+    if not exe.exists() and not shutil.which(kind):
+        raise SystemExit(f"{kind} not found: pip install -e '.[bench]'")
+    exe_path = str(exe) if exe.exists() else str(shutil.which(kind))
+    if kind == "uvicorn":
+        return [
+            *(exe_path, app, "--host", "127.0.0.1", "--port", str(port)),
+            *("--loop", "uvloop", "--http", "httptools", "--ws", "websockets"),
+            *("--lifespan", "off", "--no-access-log", "--log-level", "warning"),
+        ]
+    if kind == "granian":
+        return [
+            *(exe_path, "--interface", "asginl", "--host", "127.0.0.1", "--port", str(port)),
+            *("--workers", "1", "--loop", "uvloop", "--no-access-log", "--log-level", "warning"),
+            app,
+        ]
+    raise ValueError(f"unknown server kind {kind!r}: one of {', '.join(SERVER_KINDS)}")
+
+
 @dataclass
 class Servers:
-    """K daphne processes, each in its own session so Ctrl-C reaches us (and our cleanup) first."""
+    """K ASGI server processes (daphne unless `kind` says otherwise), each in its own session so
+    Ctrl-C reaches us (and our cleanup) first."""
 
     count: int
     env: dict[str, str]
+    kind: str = "daphne"
     procs: list[subprocess.Popen] = field(default_factory=list)
     keep_logs: bool = False
     ports: list[int] = field(default_factory=list)
@@ -235,10 +281,10 @@ class Servers:
 
     def start(self) -> None:
         for i in range(self.count):
-            port = free_port()
+            port = free_port(taken=self.ports)
             log = open(self.logdir / f"server-{i}.log", "wb")
             proc = subprocess.Popen(
-                [daphne_exe(), "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+                server_command(self.kind, port),
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
@@ -338,7 +384,14 @@ def stop_processes(procs) -> None:
 
 
 def run_workers(
-    ctx, servers: Servers, count: int, target, args_of, timeout: float, what: str
+    ctx,
+    servers: Servers,
+    count: int,
+    target,
+    args_of,
+    timeout: float,
+    what: str,
+    kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], CpuUse]:
     """Start ``count`` processes running ``target(*args_of(i), barrier, results)``, release them together
     from a barrier, and collect one report from each (a dict; ``{"fatal": …}`` if one failed). Returns
@@ -347,10 +400,17 @@ def run_workers(
     barrier = ctx.Barrier(count + 1)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=target, daemon=True, args=(*args_of(i), barrier, results))
+        ctx.Process(
+            target=target, daemon=True, args=(*args_of(i), barrier, results), kwargs=kwargs or {}
+        )
         for i in range(count)
     ]
-    meter = CpuMeter(servers.pids, dbname_of(servers.env["DATABASE_URL"]))
+    meter = CpuMeter(
+        servers.pids,
+        dbname_of(servers.env["DATABASE_URL"]),
+        stat_urls=servers.urls,
+        database_url=servers.env["DATABASE_URL"],
+    )
     try:
         for p in procs:
             p.start()
@@ -396,6 +456,25 @@ def proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def with_descendants(pids: list[int]) -> list[int]:
+    """`pids` and every process below them (by /proc/*/stat's parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
 def postgres_backends_cpu(dbname: str) -> dict[int, float]:
     """CPU seconds of each PostgreSQL backend connected to `dbname` (found by its process title)."""
     found: dict[int, float] = {}
@@ -430,30 +509,85 @@ def machine_cpu() -> tuple[float, float]:
     return (total - idle) / _TICK, total / _TICK
 
 
-class CpuUse(TypedDict):
+class _CpuUseBase(TypedDict):
     servers_cpu_s: float
     postgres_cpu_s: float
     machine_busy_s: float
     machine_busy_pct: float | None  # None when no machine time passed
 
 
+class CpuUse(_CpuUseBase, total=False):
+    # SQL statements the servers sent (bench/sqlcount.py; None unless they run bench.settings) and
+    # pg_stat_database's counters for the benchmark database over the same window.
+    statements: int | None
+    db: dict[str, int] | None
+
+
+DB_COUNTERS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted")
+
+
+def server_statements(urls: list[str]) -> int | None:
+    """The SQL statements the servers at `urls` have sent so far (GET /bench/stats/, bench.settings
+    only); None if any server does not say."""
+    import httpx
+
+    total = 0
+    for url in urls:
+        try:
+            total += int(httpx.get(f"{url}/bench/stats/", timeout=10).json()["statements"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+    return total
+
+
+def db_counters(database_url: str) -> dict[str, int] | None:
+    """pg_stat_database's transaction and row counters of the database. PostgreSQL publishes a busy
+    backend's counters at most once a second and an idle one's within 10 s, so a window's delta is
+    approximate at its edges (the benchmark reports it as such)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute(
+                f"SELECT {', '.join(DB_COUNTERS)} FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    return dict(zip(DB_COUNTERS, (int(v) for v in row), strict=True)) if row else None
+
+
 class CpuMeter:
     """CPU spent by the servers, by the PostgreSQL backends of the benchmark's database and by the whole
-    machine between start() and stop()."""
+    machine between start() and stop(); with `stat_urls` also the SQL statements the servers sent, and
+    with `database_url` the database's transaction and row counters."""
 
-    def __init__(self, server_pids: list[int], dbname: str):
+    def __init__(
+        self,
+        server_pids: list[int],
+        dbname: str,
+        stat_urls: list[str] | None = None,
+        database_url: str | None = None,
+    ):
         self.server_pids, self.dbname = server_pids, dbname
+        self.stat_urls, self.database_url = stat_urls, database_url
 
     def _sample(self) -> tuple[float, dict[int, float], float, float]:
         busy, total = machine_cpu()
         return (
-            sum(proc_cpu_s(p) for p in self.server_pids),
+            # granian serves from a worker child process: count each server's whole process tree
+            sum(proc_cpu_s(p) for p in with_descendants(self.server_pids)),
             postgres_backends_cpu(self.dbname),
             busy,
             total,
         )
 
+    def _counters(self) -> tuple[int | None, dict[str, int] | None]:
+        statements = server_statements(self.stat_urls) if self.stat_urls else None
+        return statements, db_counters(self.database_url) if self.database_url else None
+
     def start(self) -> None:
+        self.c0 = self._counters()
         self.t0 = self._sample()
 
     def stop(self) -> CpuUse:
@@ -463,12 +597,17 @@ class CpuMeter:
         pg = sum(
             max(cpu - pg0.get(pid, 0.0), 0.0) for pid, cpu in pg1.items()
         )  # new backends count whole
-        return {
+        use: CpuUse = {
             "servers_cpu_s": round(servers, 2),
             "postgres_cpu_s": round(pg, 2),
             "machine_busy_s": busy,
             "machine_busy_pct": round(100 * busy / total, 1) if total else None,
         }
+        if self.stat_urls or self.database_url:
+            (st0, db0), (st1, db1) = self.c0, self._counters()
+            use["statements"] = st1 - st0 if st0 is not None and st1 is not None else None
+            use["db"] = {k: db1[k] - db0[k] for k in DB_COUNTERS} if db0 and db1 else None
+        return use
 
 
 # --- statistics and facts --------------------------------------------------------------------------

@@ -115,14 +115,23 @@ def one_sample(client, base: str, services, actor, wait_s: float, number: int) -
         }
     if parked_ms is None:
         return {"error": f"the long-poll's first beat did not commit within {PARK_TIMEOUT_S:.0f}s"}
-    from django.db import transaction
+    from django.db import connection as default_connection
 
+    connection: Any = default_connection  # its private _commit is wrapped below
     marks: dict[str, float] = {}
     t_call = time.monotonic()
-    with transaction.atomic():
-        # Registered first, so it runs first after COMMIT returns (before the service's own on_commit hooks,
-        # e.g. the channel-layer push): the moment the change became visible.
-        transaction.on_commit(lambda: marks.setdefault("committed", time.monotonic()))
+    # The service commits in its own durable transaction and then runs its on_commit hooks (the
+    # channel-layer push) before returning: time the COMMIT itself, the moment the change became
+    # visible, by wrapping this connection's commit for the one call.
+    commit = connection._commit
+
+    def timed_commit(*a, **kw):
+        done = commit(*a, **kw)
+        marks.setdefault("committed", time.monotonic())
+        return done
+
+    connection._commit = timed_commit
+    try:
         services.request_approval(
             actor=actor,
             run_id=run["id"],
@@ -131,6 +140,8 @@ def one_sample(client, base: str, services, actor, wait_s: float, number: int) -
             action="gate",
             reason="long-poll wake-up probe",
         )
+    finally:
+        del connection._commit
     t_committed = marks.get("committed", time.monotonic())
     thread.join(timeout=wait_s + 30)
     if "error" in box or box.get("status") != 200:
@@ -263,6 +274,34 @@ def take_samples(
                     flush=True,
                 )
     return samples
+
+
+def measure(
+    ctx,
+    servers: harness.Servers,
+    token: str,
+    env: dict[str, str],
+    machine: dict,
+    samples: int,
+    load: int = 0,
+    wait_s: float = 20.0,
+) -> dict[str, Any]:
+    """Long-poll wake-up samples against servers that are already running, with `load` protocol
+    workers alongside (bench.suite's entry point); the same result as the command line's."""
+    started = datetime.now(UTC)
+    args = argparse.Namespace(samples=samples, servers=len(servers.urls), wait_s=wait_s, load=load)
+    services, actor = _django(env)
+    running: Load | None = None
+    try:
+        if load:
+            running = Load(ctx, load, servers, token)
+            running.start()
+        taken = take_samples(args, servers, token, services, actor)
+        load_summary = running.finish() if running else None
+    finally:
+        if running:
+            harness.stop_processes(running.procs)
+    return build_result(args, started, machine, taken, load_summary)
 
 
 def main(argv: list[str] | None = None) -> int:

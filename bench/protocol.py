@@ -171,9 +171,12 @@ def worker_main(
     barrier,
     results,
     stop=None,
+    budget_s: float | None = None,
 ) -> None:
     """Takes runs from the shared pool until it is empty (or, with counter=None, runs until `stop` is set)
-    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends."""
+    and puts its measurements on `results`. A shared pool keeps every worker busy until the phase ends.
+    With `budget_s`, no new run is taken once that long has passed since the barrier (a loaded machine
+    then shortens the phase instead of stretching the whole benchmark)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
     import httpx
 
@@ -190,6 +193,8 @@ def worker_main(
         t_start, cpu0 = time.monotonic(), time.process_time()
         number = 0
         while True:
+            if budget_s is not None and time.monotonic() - t_start > budget_s:
+                break
             if counter is not None:
                 taken = _take_run(counter, total_runs)
                 if taken is None:
@@ -231,21 +236,32 @@ def worker_main(
 
 
 def run_phase(
-    ctx, workers: int, total_runs: int, servers: harness.Servers, token: str, timeout: float
+    ctx,
+    workers: int,
+    total_runs: int,
+    servers: harness.Servers,
+    token: str,
+    timeout: float,
+    effects_per_run: int = EFFECTS_PER_RUN,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """`workers` processes share a pool of `total_runs` runs; wall time runs from the common barrier
-    to the last worker finishing."""
+    """`workers` processes share a pool of `total_runs` runs (taking none after `budget_s`); wall time
+    runs from the common barrier to the last worker finishing."""
     counter = ctx.Value("i", 0)
     reports, cpu = harness.run_workers(
         ctx,
         servers,
         workers,
         worker_main,
-        lambda i: (i, servers.urls, token, counter, total_runs, EFFECTS_PER_RUN),
+        lambda i: (i, servers.urls, token, counter, total_runs, effects_per_run),
         timeout,
         "phase",
+        kwargs={"budget_s": budget_s} if budget_s else None,
     )
-    return summarise(workers, total_runs, reports, dict(cpu))
+    out = summarise(workers, total_runs, reports, dict(cpu))
+    out["servers"] = len(servers.urls)
+    out["budget_s"] = budget_s
+    return out
 
 
 def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> dict[str, Any]:
@@ -277,6 +293,7 @@ def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> 
     out["errors"] = sum(r["errors"] for r in reports)
     out["error_samples"] = [e for r in reports for e in r["error_samples"]][:5]
     cpu = dict(cpu)
+    statements, db = cpu.pop("statements", None), cpu.pop("db", None)
     busy_s = cpu.pop("machine_busy_s", None)
     cpu["workers_cpu_s"] = round(worker_cpu, 2)
     if busy_s is not None:
@@ -289,6 +306,28 @@ def summarise(workers: int, total_runs: int, reports: list[dict], cpu: dict) -> 
         cpu["postgres_cpu_ms_per_effect"] = round(1000 * cpu["postgres_cpu_s"] / effects, 2)
         cpu["client_cpu_ms_per_effect"] = round(1000 * worker_cpu / effects, 2)
     out["cpu"] = cpu
+    out["sql"] = sql_per_effect(statements, db, effects)
+    return out
+
+
+def sql_per_effect(
+    statements: int | None, db: dict[str, int] | None, effects: int
+) -> dict[str, Any]:
+    """Statements the servers sent (exact, bench/sqlcount.py), and transactions and rows written from
+    pg_stat_database (approximate at the window's edges), each per committed effect. Per effect means
+    declare + outcome + checkpoint plus a 20th of the run's create, claim and finish."""
+    out: dict[str, Any] = {"statements": statements, "db": db}
+    if not effects:
+        return out
+    if statements is not None:
+        out["statements_per_effect"] = round(statements / effects, 2)
+    if db:
+        out["transactions_per_effect"] = round(
+            (db["xact_commit"] + db["xact_rollback"]) / effects, 2
+        )
+        out["rows_written_per_effect"] = round(
+            (db["tup_inserted"] + db["tup_updated"] + db["tup_deleted"]) / effects, 2
+        )
     return out
 
 

@@ -36,8 +36,16 @@ def noop(request):
     return JsonResponse({"ok": True})
 
 
+def stats(request):
+    """This server process's SQL statement count so far (bench/sqlcount.py)."""
+    from bench import sqlcount
+
+    return JsonResponse(sqlcount.snapshot())
+
+
 urlpatterns = [
     path("bench/noop/", noop),
+    path("bench/stats/", stats),
     path("bench/", floor_api.urls),
     *control_plane_urls,
 ]
