@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test lint venv browser migrate seed bench bench-console check-deploy clean
+.PHONY: run test walk lint venv browser migrate seed bench bench-console check-deploy clean
 
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -44,6 +44,10 @@ test: venv browser lint  ## lint, then the whole suite on PostgreSQL + Redis (ne
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+walk: venv browser  ## the seven run-control scenarios walked through the console in chromium; receipts in reports/scenario-*.png
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
+	$(PY) -m pytest tests/acceptance/test_scenarios_walk.py $(PYTEST_ARGS)
 
 BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
 

@@ -52,7 +52,9 @@ def preview(request: HttpRequest, run_id: UUID, body: InterventionIn):
 def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
     actor = caller(request)  # workers are refused inside base.issue, so the refusal is audited
     with observe_intervention(body.kind):
-        intervention = base.issue(actor=actor, run_id=run_id, req=_req(body))
+        intervention = base.issue(
+            actor=actor, run_id=run_id, req=_req(body), seen_digest=body.preview_digest
+        )
     return Status(202, receipt_dict(intervention))
 
 

@@ -254,15 +254,38 @@ class EffectDeniedOut(ErrorOut):
     reason: str | None = None
 
 
-class EffectListOut(Out):
-    effects: list[EffectOut]
-
-
 class CheckpointWrittenOut(Out):
     id: int
     seq: int
     step: str
     hash: str
+
+
+class NextDeclarationOut(EffectOut):
+    """The declaration an outcome carried (``next``), as POST /runs/{id}/effects answers it (the
+    effect with ``decision``: authorized, replayed or denied); ``http_status`` is that call's status."""
+
+    http_status: int
+    error: str | None = None
+
+
+class NextDeclarationErrorOut(ErrorOut):
+    """A carried declaration refused outright (e.g. ``idempotency_key_reused``): the error that
+    POST /runs/{id}/effects would have answered, with its ``http_status``."""
+
+    http_status: int
+
+
+class OutcomeOut(EffectOut):
+    """200 on an outcome: the effect. With ``checkpoint`` in the request: the checkpoint written, or
+    why it was refused (the outcome is recorded anyway). With ``next``: that declaration's answer."""
+
+    checkpoint: CheckpointWrittenOut | ErrorOut | None = None
+    next: NextDeclarationOut | NextDeclarationErrorOut | None = None
+
+
+class EffectListOut(Out):
+    effects: list[EffectOut]
 
 
 class EventsAppendedOut(Out):
@@ -288,6 +311,7 @@ class PreviewOut(Out):
     allowed: bool
     next_state: str
     scope: str
+    digest: str  # send it back as preview_digest to refuse a confirm once the run has moved on
 
 
 class ReceiptOut(Out):
@@ -322,7 +346,9 @@ class ContractsOut(Out):
 
 
 class AuditEventOut(Out):
-    seq: int
+    seq: int  # global reading order, for after_seq
+    chain: str  # "run:<id>" or "system" ("legacy": before per-chain audit)
+    chain_seq: int  # the position in the chain, which the hash covers
     event_id: str
     created_at: str
     actor_kind: str
@@ -348,10 +374,15 @@ class AuditListOut(Out):
     events: list[AuditEventOut]
 
 
-class ChainReportOut(Out):
+class VerifyOut(Out):
+    """The answer first ("Intact: …" or "Broken: <the first break, named>"), then the figures, then
+    every part's report as ``audit_verify`` prints it."""
+
     ok: bool
-    checked: int
-    head_seq: int
-    first_broken_seq: int | None
-    problem: str
-    detail: str
+    answer: str
+    events: int
+    chains: int
+    anchored_at: str | None
+    anchors_checked: bool
+    failures: list[str]
+    report: dict[str, Any]

@@ -28,7 +28,7 @@ from api.schemas import (
 )
 from audit.services import snapshot
 from core.actors import Actor
-from core.errors import NotFound
+from core.errors import DomainError, Invalid, NotFound
 from core.roles import may
 from interventions.registry import redact
 from runs import selectors, services
@@ -243,7 +243,11 @@ def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     },
 )
 def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
-    actor = _worker_for_run(request, run_id)
+    status, payload = _declare(_worker_for_run(request, run_id), run_id, body)
+    return Status(status, payload)
+
+
+def _declare(actor: Actor, run_id, body: EffectIn) -> tuple[int, dict]:
     result = services.declare_effect(
         actor=actor,
         run_id=run_id,
@@ -259,15 +263,17 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
     )
     payload = result.as_dict()
     if result.decision == "denied":
-        return Status(409, {"error": "denied", **payload})
-    return Status(201 if result.decision == "authorized" else 200, payload)
+        return 409, {"error": "denied", **payload}
+    return (201 if result.decision == "authorized" else 200), payload
 
 
-@router.post("/effects/{effect_id}/outcome", response={200: out.EffectOut, **ERRORS_WRITE})
+@router.post("/effects/{effect_id}/outcome", response={200: out.OutcomeOut, **ERRORS_WRITE})
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
     run_id = services.effects.effect_run_id(effect_id)
     actor = _worker_for_run(request, run_id)
-    effect = services.record_outcome(
+    if body.checkpoint is not None and body.fencing_token is None:
+        raise Invalid("a checkpoint needs the lease's fencing_token", field="fencing_token")
+    recorded = services.record_outcome_with(
         actor=actor,
         effect_id=effect_id,
         fencing_token=body.fencing_token,
@@ -275,8 +281,27 @@ def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
         external_ref=body.external_ref,
         detail=body.detail,
         run_id=run_id,
+        checkpoint=body.checkpoint.dict() if body.checkpoint is not None else None,
     )
-    return services.effect_dict(effect)
+    answer = services.effect_dict(recorded.effect)
+    if recorded.checkpoint is not None:
+        cp = recorded.checkpoint
+        answer["checkpoint"] = {"id": cp.pk, "seq": cp.seq, "step": cp.step, "hash": cp.hash}
+    elif recorded.checkpoint_refused is not None:
+        answer["checkpoint"] = {"field": ""} | recorded.checkpoint_refused.payload()
+    if body.next is not None:
+        answer["next"] = _ride_along(actor, run_id, body.next)
+    return answer
+
+
+def _ride_along(actor: Actor, run_id, body: EffectIn) -> dict:
+    """The next declaration, carried by an outcome: its own decision (transaction) after the outcome's,
+    answered as POST /runs/{id}/effects would, with that call's status in ``http_status``."""
+    try:
+        status, payload = _declare(actor, run_id, body)
+    except DomainError as err:
+        return {"http_status": err.status, "field": ""} | err.payload()
+    return {"http_status": status, **payload}
 
 
 @router.post("/runs/{run_id}/checkpoints", response={201: out.CheckpointWrittenOut, **ERRORS_WRITE})

@@ -124,11 +124,24 @@ class EffectIn(Schema):
     approval_id: UUID | None = None
 
 
+class StepCheckpointIn(Schema):
+    """The step's checkpoint, carried by its last effect's outcome (written in the same transaction)."""
+
+    step: str = Field(min_length=1, max_length=100)
+    state: dict[str, Any] = {}
+
+
 class OutcomeIn(Schema):
     fencing_token: int | None = Field(default=None, ge=0, le=MAX_FENCING_TOKEN)
     status: Literal["committed", "failed", "unknown"]
     external_ref: str = Field(default="", max_length=200)
     detail: dict[str, Any] = {}
+    # Optional, to save round trips (an older server ignores them; a client sees that their answers
+    # are missing and makes the separate calls): the step's checkpoint, written with the outcome in
+    # one transaction (needs ``fencing_token``), and the next effect's declaration on the same run,
+    # decided right after the outcome committed, exactly as POST /runs/{id}/effects would.
+    checkpoint: StepCheckpointIn | None = None
+    next: EffectIn | None = None
 
 
 class CheckpointIn(Schema):
@@ -213,6 +226,9 @@ class InterventionIn(Schema):
     scope: Literal["run", "tree"] = "run"
     options: InterventionOptions = Field(default_factory=InterventionOptions)
     override_reason: str = Field(default="", max_length=2000)
+    # The digest of the preview the caller confirms (POST .../interventions/preview answers it). If
+    # given and the run has moved on since, the intervention is refused: 409 preview_stale.
+    preview_digest: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class ReconcileIn(Schema):

@@ -1,13 +1,17 @@
-"""Signed checkpoints of the audit chain, kept outside the database.
+"""Signed checkpoints of the audit chains, kept outside the database.
 
-The chain proves that rows link to each other, but anyone who can write the table can also truncate it,
-cut its tail, or rewrite rows and recompute every hash after them: the chain is not keyed. An anchor
-is the chain head (seq, hash) and the time, signed with Ed25519 and appended to a sink the database
-cannot reach (a directory by default). ``verify_anchors`` then holds the database to every head it
-ever showed: an anchored (seq, hash) that is gone or different names where the chain stopped matching.
+A chain proves that its rows link to each other, but anyone who can write the table can also truncate
+it, cut its tail, or rewrite rows and recompute every hash after them: the chains are not keyed. An
+anchor (v2) is a global checkpoint: the Merkle root over every chain's head (chain, seq, hash), the
+heads that moved since the previous anchor, and the time, signed with Ed25519 and appended to a sink
+the database cannot reach (a directory by default). Replaying the anchors' heads in order rebuilds the
+full set each root was computed over (a missing anchor line shows as a root that does not add up), and
+``verify_anchors`` holds the database to every head it ever showed: an anchored (chain, seq, hash) that
+is gone or different names the chain and the position where it stopped matching.
 
-Guarantee: rows up to the newest anchor whose (seq, hash) still matches are exactly as they were
-when anchored. Rows after the newest anchor are covered only by the chain itself (one interval).
+Anchors of the single chain before per-chain audit (v1: seq, hash) are checked against the ``legacy``
+chain, as before. Guarantee: in every chain, rows up to the newest anchored head that still matches are
+exactly as they were when anchored; rows after it are covered only by the chain itself (one interval).
 """
 
 from __future__ import annotations
@@ -26,22 +30,26 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db.models import Max
+from django.db import connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .chain import GENESIS, canonical
+from . import anchor_checks
+from .chain import canonical
 from .integrity import anchor_parts
-from .models import AuditChainHead, AuditEvent
+from .merkle import merkle_root
 from .services import snapshot
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # v1: the single chain's head (seq, hash); v2: the Merkle root over every chain's head
 DOMAIN = (
     b"controlplane-audit-anchor\n"  # a signature over an anchor is never valid for anything else
 )
-FIELDS = ("v", "seq", "hash", "at", "key")  # and "parts": what registered apps anchor with the head
+FIELDS = ("v", "seq", "hash", "at", "key")  # v1, and "parts": what registered apps anchor with it
+# Serialises anchor writers (beat and on-demand), so that each anchor's moved heads are relative to the
+# anchor line before it. Audit writers never take it.
+ANCHOR_LOCK = 0x61756469  # "audi"
 
 
 class AnchorRefused(Exception):
@@ -138,6 +146,22 @@ class DirectorySink:
         finally:
             os.close(fd)
 
+    def last(self) -> str | None:
+        """The last line, read from the end of the file (the writer needs only that one)."""
+        if not self.path.exists():
+            return None
+        with self.path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            start = max(0, end - 65536)
+            while True:
+                fh.seek(start)
+                chunk = fh.read(end - start)
+                lines = [x for x in chunk.split(b"\n") if x.strip()]
+                if start == 0 or len(lines) > 1:
+                    return lines[-1].decode("utf-8", "replace") if lines else None
+                start = max(0, start - 4 * (end - start))
+
     def lines(self) -> Iterator[tuple[int, str]]:
         if not self.path.exists():
             return
@@ -160,43 +184,82 @@ def read_anchor_lines() -> Iterator[tuple[int, str]]:
 
 
 def signed_bytes(record: dict[str, Any]) -> bytes:
-    return DOMAIN + canonical(
-        {**{k: record[k] for k in FIELDS}, "parts": record.get("parts") or {}}
-    )
-
-
-def current_head() -> tuple[int, str, dict[str, Any]]:
-    """The chain head, read in one snapshot with the registered anchor parts (e.g. the runs' history
-    heads) and checked against the row it points at."""
-    with snapshot():
-        head = AuditChainHead.objects.filter(id=1).first()
-        last = AuditEvent.objects.order_by("-seq").values_list("seq", "hash").first()
-        parts = {name: collect() for name, (collect, _) in anchor_parts().items()}
-    head_pair = (head.seq, head.hash) if head and head.seq else (0, GENESIS)
-    last_pair = last or (0, GENESIS)
-    if head_pair != last_pair:
-        raise AnchorRefused(
-            f"chain head says seq {head_pair[0]} but the last row is seq {last_pair[0]} "
-            "(or their hashes differ): run audit_verify"
+    if record.get("v") == 1:
+        return DOMAIN + canonical(
+            {**{k: record[k] for k in FIELDS}, "parts": record.get("parts") or {}}
         )
-    return (*head_pair, parts)
+    return DOMAIN + canonical({k: v for k, v in record.items() if k != "sig"})
+
+
+def _previous_snapshot(target: Any) -> str | None:
+    """The database snapshot the last anchor read its heads in: the heads that moved since are those
+    whose last append's transaction it did not see."""
+    if hasattr(target, "last"):
+        last = target.last()
+    else:  # a sink without a cheap last(): read through it
+        last = None
+        for _, text in target.lines():
+            last = text
+    try:
+        record = json.loads(last) if last else None
+    except ValueError:
+        return None
+    return record.get("snapshot") if isinstance(record, dict) else None
+
+
+def current_heads(previous: str | None) -> dict[str, Any]:
+    """Every chain head, read in one snapshot with the registered anchor parts; the root over them
+    and the heads that moved since ``previous`` (all of them without one). Each moved head is checked
+    against the row it points at first."""
+    with snapshot():
+        leaves, moved, db_snapshot = anchor_checks.read_heads(previous)
+        refused = anchor_checks.contradicted_heads(moved)
+        parts = {name: collect() for name, (collect, _) in anchor_parts().items()}
+    if refused:
+        raise AnchorRefused(
+            f"the head of chain {refused[0]} does not match its last row: run audit_verify"
+        )
+    return {
+        "root": merkle_root(leaves),
+        "chains": len(leaves),
+        "events": sum(seq for _, seq, _ in leaves),
+        "heads": [list(leaf) for leaf in moved],
+        "snapshot": db_snapshot,
+        "parts": parts,
+    }
 
 
 def write_anchor() -> dict[str, Any]:
-    """Sign the current head and append it to the sink; an idle chain gets a fresh anchor too."""
-    seq, head_hash, parts = current_head()
-    key = signing_key()
-    record: dict[str, Any] = {
-        "v": VERSION,
-        "seq": seq,
-        "hash": head_hash,
-        "at": timezone.now().isoformat(),
-        "key": key_id(key.public_key()),
-        "parts": parts,
-    }
-    record["sig"] = base64.b64encode(key.sign(signed_bytes(record))).decode()
-    sink().append(json.dumps(record, sort_keys=True, separators=(",", ":")))
+    """Sign the Merkle root over every chain head and append it to the sink; an idle database gets a
+    fresh anchor too (with no moved heads)."""
+    target = sink()
+    with _anchor_lock():
+        state = current_heads(_previous_snapshot(target))
+        key = signing_key()
+        record: dict[str, Any] = {
+            "v": VERSION,
+            "at": timezone.now().isoformat(),
+            "key": key_id(key.public_key()),
+            **state,
+        }
+        record["sig"] = base64.b64encode(key.sign(signed_bytes(record))).decode()
+        target.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
     return record
+
+
+class _anchor_lock:
+    """A session-level advisory lock, taken before the reading snapshot starts (so the snapshot is
+    newer than the anchor written before it) and held until the line is appended."""
+
+    def __enter__(self) -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_lock(%s)", [ANCHOR_LOCK])
+
+    def __exit__(self, *exc: object) -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [ANCHOR_LOCK])
 
 
 # --- verifying -------------------------------------------------------------------------------------
@@ -206,9 +269,15 @@ def parse_anchor(text: str, keys: dict[str, Ed25519PublicKey]) -> tuple[dict[str
     """(record, "") for a well-formed anchor with a valid signature, else (None, why)."""
     try:
         record = json.loads(text)
-        if not isinstance(record, dict) or record.get("v") != VERSION:
+        if not isinstance(record, dict) or record.get("v") not in (1, 2):
             return None, "unreadable"
-        if not isinstance(record["seq"], int) or not isinstance(record["hash"], str):
+        if record["v"] == 1 and (
+            not isinstance(record["seq"], int) or not isinstance(record["hash"], str)
+        ):
+            return None, "unreadable"
+        if record["v"] == 2 and (
+            not isinstance(record["root"], str) or not _leaves_ok(record["heads"])
+        ):
             return None, "unreadable"
         if not isinstance(record.get("parts", {}), dict):
             return None, "unreadable"
@@ -226,12 +295,24 @@ def parse_anchor(text: str, keys: dict[str, Ed25519PublicKey]) -> tuple[dict[str
     return record, ""
 
 
-def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
-    """Check every anchor's signature and that the database still holds its (seq, hash).
+def _leaves_ok(heads: Any) -> bool:
+    return isinstance(heads, list) and all(
+        isinstance(h, list)
+        and len(h) == 3
+        and isinstance(h[0], str)
+        and isinstance(h[1], int)
+        and isinstance(h[2], str)
+        for h in heads
+    )
 
-    Call inside the snapshot the chain is verified in. The first anchored position that no longer
-    matches is named; for a rewrite the change lies after the last anchor below it that still matches.
-    """
+
+def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
+    """Check every anchor's signature, that the v2 anchors replay to their signed roots, and that the
+    database still holds every anchored head.
+
+    Call inside the snapshot the chains are verified in. The first anchored position that no longer
+    matches is named with its chain; for a rewrite the change lies after the last anchored position
+    below it that still matches."""
     keys = verify_keys()
     anchors, invalid = [], []
     for position, text in lines:
@@ -239,16 +320,17 @@ def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
         if record is None:
             invalid.append({"line": position, "problem": why})
         else:
-            anchors.append(record)
+            anchors.append((position, record))
     report: dict[str, Any] = {"ok": True, "anchors": len(anchors), "invalid": invalid[:20]}
     if not anchors:
         return report | {"ok": False, "problem": "no_anchors", "summary": "no valid anchor found"}
-    mismatch = _first_mismatch(anchors, report)
-    report |= _freshness(anchors)
+    records = [a for _, a in anchors]
+    mismatch = anchor_checks.first_mismatch(anchors, report)
+    report |= _freshness(records)
     if mismatch:
         report |= {"ok": False, **mismatch}
     for name, (_, check) in anchor_parts().items():
-        part = check([(a["at"], a["parts"][name]) for a in anchors if name in a.get("parts", {})])
+        part = check([(a["at"], a["parts"][name]) for a in records if name in a.get("parts", {})])
         report[name] = part
         if not part["ok"]:
             report["ok"] = False
@@ -262,61 +344,6 @@ def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
             f"{first['problem']}",
         )
     return report
-
-
-def _first_mismatch(anchors: list[dict[str, Any]], report: dict[str, Any]) -> dict[str, Any]:
-    top = AuditEvent.objects.aggregate(top=Max("seq"))["top"] or 0
-    first_at: dict[tuple[int, str], str] = {}
-    for a in anchors:
-        first_at.setdefault((a["seq"], a["hash"]), a["at"])
-    stored = _stored_hashes(sorted({seq for seq, _ in first_at if seq > 0}))
-    last_good = 0
-    for seq, anchored in sorted(first_at):
-        have = stored.get(seq) if seq > 0 else GENESIS
-        if have == anchored:
-            last_good = seq
-            continue
-        report["anchored_through"] = last_good
-        return _describe(seq, anchored, have, top, last_good, first_at[(seq, anchored)])
-    report["anchored_through"] = last_good
-    report["unanchored_events"] = max(0, top - last_good)
-    return {}
-
-
-def _describe(
-    seq: int, anchored: str, have: str | None, top: int, last_good: int, at: str
-) -> dict[str, Any]:
-    signed = f"the anchor of {at} signed seq {seq} ({anchored[:12]}…)"
-    if have is None and top == 0:
-        problem, first = "truncated", 1
-        detail = f"the audit table is empty but {signed}"
-    elif have is None and seq > top:
-        problem, first = "tail_cut", top + 1
-        detail = f"the chain ends at seq {top} but {signed}: seqs {top + 1}..{seq} were cut"
-    elif have is None:
-        problem, first = "deleted", seq
-        detail = f"seq {seq} is missing but {signed}"
-    else:
-        problem, first = "rewritten", seq
-        detail = (
-            f"{signed}, the database holds {have[:12]}… there: rows {last_good + 1}..{seq} were "
-            "changed and rehashed"
-        )
-    return {
-        "first_broken_seq": first,
-        "problem": problem,
-        "changed_after_seq": last_good,
-        "detail": detail,
-        "summary": f"{problem} at seq {first} ({detail})",
-    }
-
-
-def _stored_hashes(seqs: list[int]) -> dict[int, str]:
-    stored: dict[int, str] = {}
-    for i in range(0, len(seqs), 1000):
-        chunk = seqs[i : i + 1000]
-        stored.update(AuditEvent.objects.filter(seq__in=chunk).values_list("seq", "hash"))
-    return stored
 
 
 def _freshness(anchors: list[dict[str, Any]]) -> dict[str, Any]:

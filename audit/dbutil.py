@@ -1,7 +1,7 @@
 """One round trip for a chain append.
 
 Appending to a hash chain is always two writes: INSERT the new link, then UPDATE the row that records
-the chain's head (``AuditChainHead`` for the audit chain, the run's ``history_seq``/``history_head``).
+the chain's head (the run's ``history_seq``/``history_head``).
 On PostgreSQL both go to the server as one statement (a data-modifying CTE), which saves a round trip
 on every decision of the worker protocol. The SQL of both parts is compiled by Django's own INSERT and
 UPDATE compilers, so the values written are exactly those ``obj.save(force_insert=True)`` and

@@ -1,5 +1,8 @@
-"""The global audit log: append-only (PostgreSQL triggers refuse UPDATE, DELETE and TRUNCATE),
-hash-chained, one row per decision."""
+"""The audit log: append-only (PostgreSQL triggers refuse UPDATE, DELETE and TRUNCATE), one row per
+decision, hash-chained per chain: each run has its own chain (``run:<id>``), everything else
+(accounts, tokens, agents, policies, refusals outside a run) goes to the ``system`` chain, and the rows
+written before chains were split stay verifiable as the frozen ``legacy`` chain. A periodic signed
+Merkle checkpoint over every chain's head (audit/anchors.py) ties the chains together."""
 
 from __future__ import annotations
 
@@ -10,11 +13,18 @@ from django.utils import timezone
 
 from .triggers import append_only
 
+LEGACY = "legacy"  # the single global chain of before per-chain audit; frozen, verified as it was
+SYSTEM = "system"
+
 
 class AuditEvent(models.Model):
     ALLOWED, DENIED, ERROR = "allowed", "denied", "error"
 
+    # Global order for reading (pages, ``after_seq``), from a PostgreSQL sequence: not gap-free and not
+    # evidence. The evidence is the position in the chain (``chain``, ``chain_seq``), which is hashed.
     seq = models.BigIntegerField(unique=True)
+    chain = models.CharField(max_length=64)
+    chain_seq = models.BigIntegerField()
     event_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
     actor_kind = models.CharField(max_length=10)
@@ -41,6 +51,7 @@ class AuditEvent(models.Model):
         # The audit page's time range (console/audit.py): seq order, bounded by time.
         indexes = [models.Index(fields=["created_at"], name="audit_created_at")]
         constraints = [
+            models.UniqueConstraint(fields=["chain", "chain_seq"], name="audit_chain_position"),
             models.CheckConstraint(
                 condition=models.Q(outcome__in=["allowed", "denied", "error"]),
                 name="audit_outcome_valid",
@@ -49,11 +60,15 @@ class AuditEvent(models.Model):
         triggers = append_only("audit")
 
     def __str__(self) -> str:
-        return f"#{self.seq} {self.actor} {self.action} {self.object_type}:{self.object_id} {self.outcome}"
+        what = f"{self.action} {self.object_type}:{self.object_id} {self.outcome}"
+        return f"{self.chain}#{self.chain_seq} {self.actor} {what}"
 
     def hashed_fields(self) -> dict:
-        return {
-            "seq": self.seq,
+        """What the hash covers. ``seq`` is the position in the chain; the legacy chain's rows were
+        hashed before chains had names (their position was the global seq, equal to ``chain_seq``)."""
+        named = {} if self.chain == LEGACY else {"chain": self.chain}
+        return named | {
+            "seq": self.chain_seq,
             "event_id": str(self.event_id),
             "created_at": self.created_at,
             "actor_kind": self.actor_kind,
@@ -74,18 +89,20 @@ class AuditEvent(models.Model):
         }
 
 
-class AuditChainHead(models.Model):
-    """Singleton row locked FOR UPDATE by every audit writer, so concurrent writers never fork the chain.
+class AuditChain(models.Model):
+    """The head of one chain: its last position and hash. Every append moves it in the same statement
+    as the INSERT (audit/append.py), so its row lock, held to COMMIT, orders that chain's writers and
+    nothing else: decisions on different runs never wait for each other here.
 
-    The lock is taken at a decision's first audit write and held until its COMMIT: a decision that
-    writes more after its audit row (history, notify, a second audit row) holds it for that too.
-    """
+    ``prev_hash`` is the hash before the last append, so the append's RETURNING can hand the new row
+    its link. On PostgreSQL a column ``xid`` (xid8, not in the model) records the transaction of the
+    last append: the anchor writer uses it to sign only the heads that moved since the last anchor."""
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    key = models.CharField(max_length=64, primary_key=True)
     seq = models.BigIntegerField(default=0)
     hash = models.CharField(max_length=64)
+    prev_hash = models.CharField(max_length=64)
+    updated_at = models.DateTimeField(default=timezone.now)
 
-    class Meta:
-        constraints = [
-            models.CheckConstraint(condition=models.Q(id=1), name="audit_chain_head_singleton")
-        ]
+    def __str__(self) -> str:
+        return f"{self.key}#{self.seq}"

@@ -6,6 +6,7 @@ Reads only. The Django admin serves the same rows read-only; this page adds veri
 from __future__ import annotations
 
 import tempfile
+from datetime import datetime
 from urllib.parse import urlencode
 
 from django.core.exceptions import BadRequest, PermissionDenied
@@ -14,9 +15,10 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from audit.integrity import verify_for_people
 from audit.models import AuditEvent
 from audit.selectors import audit_events
-from audit.services import export_jsonl, verify_chain
+from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
@@ -94,6 +96,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         "query": query,
         "outcomes": OUTCOMES,
         "may_export": may(request.roles, "audit_export"),
+        "may_verify": may(request.roles, "audit_verify"),
         "nav": "audit",
     }
 
@@ -113,18 +116,28 @@ def audit_page(request: ConsoleRequest) -> HttpResponse:
 
 @console_view
 @require_GET
-def audit_verify(request: HttpRequest) -> HttpResponse:
-    """Walk the whole chain now; name the first broken link."""
-    report = verify_chain()
+def audit_verify(request: ConsoleRequest) -> HttpResponse:
+    """Run every check ``audit_verify`` runs (audit chains, run histories, the ledger, anchors once
+    written) now; the answer first, then the first break named with its event."""
+    if not may(request.roles, "audit_verify"):
+        raise PermissionDenied("verifying the audit trail needs the audit_verify permission")
+    result = verify_for_people()
+    chain = result["report"]["chain"]
     broken = (
-        AuditEvent.objects.filter(seq=report.first_broken_seq).first()
-        if report.first_broken_seq
+        AuditEvent.objects.filter(chain=chain["chain"], chain_seq=chain["first_broken_seq"]).first()
+        if not chain["ok"] and chain.get("first_broken_seq")
         else None
     )
+    anchored_at = result["anchored_at"]
     return render(
         request,
         "audit/list.html#verify",
-        {"report": report, "broken": broken, "checked_at": timezone.now()},
+        {
+            "result": result,
+            "broken": broken,
+            "checked_at": timezone.now(),
+            "anchored_at": datetime.fromisoformat(anchored_at) if anchored_at else None,
+        },
     )
 
 

@@ -60,6 +60,7 @@ def is_fragment(request: HttpRequest) -> bool:
 
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+ISO_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$")
 
 
 def present(value: Any, depth: int = 0) -> dict[str, Any]:
@@ -95,6 +96,8 @@ def present(value: Any, depth: int = 0) -> dict[str, Any]:
         return {"t": "bool", "v": value}
     if isinstance(value, (str, UUID)) and UUID_RE.match(str(value)):
         return {"t": "id", "v": str(value)}
+    if isinstance(value, str) and ISO_TIME_RE.match(value):
+        return {"t": "time", "v": value}  # drawn relative, the absolute time on hover
     return {"t": "text", "v": str(value)}
 
 

@@ -1,14 +1,15 @@
 """Live console over Channels. A consumer joins groups and forwards rendered partials; nothing more.
 
-Pushes are hints: the channel layer delivers at most once, so nothing here carries state. Every
-message is the relevant partials re-rendered from the database, sent as htmx out-of-band swaps
-(``hx-swap-oob``) that htmx-ext-ws applies; on every (re)connect the consumer sends a fresh render
-at once, so a page that missed hints while disconnected is current again.
-
-core.live.push_run_update sends {"type": "run.changed", "run_id"} to "runs" and "run.<id>" on every
-committed transition. Bursts (a pause cascading over a tree) are coalesced into one render. A slow
-resync re-renders anyway, for hints lost on the way (or sent by a process on another channel layer,
-as Celery workers are under the embedded in-memory layer).
+Pushes are hints: the channel layer delivers at most once, so nothing here carries state that the
+database does not. core.live sends {"type": "run.changed", "run_id", "facts": [[kind, object_id], ...]}
+to "runs" and "run.<id>" after every commit that wrote a fact about a run (facts None: too many to
+name, redraw everything). A consumer collects the facts for ``coalesce_s`` (a burst, a cascade over a
+tree, a busy run: one push) and sends only the fragments they changed, as htmx out-of-band swaps
+(``hx-swap-oob``) that htmx-ext-ws applies: on the run page the header, the changed sections, each
+changed effect row and the new timeline entries (console/run_page.py); on the run list each changed
+run's row. On every (re)connect the consumer sends a full render at once, so a page that missed hints
+while disconnected is current again; a slow periodic refresh covers hints lost on the way (or sent
+by a process on another channel layer, as Celery workers are under the embedded in-memory layer).
 
 A socket lives no longer than its login: the session and the user (active, password unchanged, still
 allowed to view) are re-checked before every push and every WS_SESSION_CHECK_S seconds, and at once
@@ -41,6 +42,7 @@ TREE_LIMIT = 200  # groups joined for one run page: the run and its descendants
 
 class LiveConsumer(AsyncWebsocketConsumer):
     coalesce_s = 0.15
+    gather_s = 0.01  # a quiet page still waits this long: the rest of one commit's hints join it
     resync_s = 30.0
     _task: asyncio.Task[None] | None
 
@@ -66,9 +68,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.joined.append(user_group(user.pk))
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
-        self._dirty, self._task = False, None
+        self._pending: dict[str, Any] = {}  # run id -> {kind: {object ids}}, or None: everything
+        self._refresh, self._task, self._last_push = False, None, 0.0
+        self._rendering = asyncio.Lock()
         await self.accept()
-        await self.push()  # (re)connect: re-render from the database
+        await self.push(resync=True)  # (re)connect: everything, fresh from the database
         self._resync = asyncio.create_task(self._resync_loop())
         self._watch = asyncio.create_task(self._session_loop())
 
@@ -98,17 +102,28 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """The console sends nothing that matters; actions go through the HTTP views."""
 
     async def run_changed(self, event: dict[str, Any]) -> None:
-        if event.get("run_id") is not None and not self.relevant(event["run_id"]):
+        run_id = event.get("run_id")
+        if run_id is None:
+            self._refresh = True
+        elif not self.relevant(run_id):
             return
-        self._dirty = True
+        else:
+            note_facts(self._pending, str(run_id), event.get("facts"))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
-        while self._dirty:
-            await asyncio.sleep(self.coalesce_s)
-            self._dirty = False
-            await self.push()
+        """Leading edge at once (a quiet page shows a fact as soon as it is rendered), then at most
+        one push per ``coalesce_s`` while facts keep coming: a busy run costs one render per window
+        however many facts it commits."""
+        loop = asyncio.get_running_loop()
+        while self._pending or self._refresh:
+            wait = self._last_push + self.coalesce_s - loop.time()
+            await asyncio.sleep(max(wait, self.gather_s))
+            pending, refresh = self._pending, self._refresh
+            self._pending, self._refresh = {}, False
+            await self.push(pending=pending, refresh=refresh)
+            self._last_push = loop.time()
 
     async def _resync_loop(self) -> None:
         while True:
@@ -149,16 +164,27 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=code)
         return False
 
-    async def push(self) -> None:
+    async def push(
+        self,
+        *,
+        resync: bool = False,
+        refresh: bool = False,
+        pending: dict[str, Any] | None = None,
+    ) -> None:
         if not await self.still_allowed():
             return
-        try:
-            html = await database_sync_to_async(self.render)()
-        except Exception:  # a failed render must not kill the socket; the next hint retries
-            log.exception("live render failed for %s", self.scope.get("path"))
-            return
-        if html and not self.closed:
-            await self.send(text_data=html)
+        async with self._rendering:  # one render at a time: the page's push state is not shared
+            try:
+                if resync:
+                    html = await database_sync_to_async(self.render)()
+                else:
+                    html = await database_sync_to_async(self.render_facts)(pending or {}, refresh)
+            except Exception:  # a failed render must not kill the socket; the next hint retries
+                log.exception("live render failed for %s", self.scope.get("path"))
+                return
+        for frame in [html] if isinstance(html, str) else html:
+            if frame and not self.closed:
+                await self.send(text_data=frame)
 
     # -- per page --------------------------------------------------------------------------------
 
@@ -169,7 +195,27 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return True
 
     def render(self) -> str:
+        """Everything the page shows that can change (a (re)connect)."""
         raise NotImplementedError
+
+    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str | list[str]:
+        """What these facts changed (``refresh``: the periodic catch-up), as one frame or several.
+        By default, everything."""
+        return self.render()
+
+
+def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None:
+    """Merge one hint into the pending facts: run id -> {kind: {object ids}}; None = everything."""
+    if facts is None or (run_id in pending and pending[run_id] is None):
+        pending[run_id] = None
+        return
+    kinds = pending.setdefault(run_id, {})
+    for fact in facts:
+        try:
+            kind, object_id = fact
+        except (TypeError, ValueError):
+            continue
+        kinds.setdefault(str(kind), set()).add(str(object_id or ""))
 
 
 def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
@@ -219,6 +265,28 @@ class RunListConsumer(LiveConsumer):
 
         return render_list_push(self.user, query)
 
+    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
+        """The list: only the rows of the runs that changed (a new run or a state change redraws the
+        table: runs join or leave it, and its counts change). The inbox: redrawn when an
+        approval or a state changed."""
+        from django.http import QueryDict
+
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        kinds = {k for facts in pending.values() if facts is not None for k in facts}
+        everything = refresh or any(facts is None for facts in pending.values())
+        if QueryDict(query).get("view") == "approvals":
+            if everything or any(k.startswith("approval_") or k == "state_changed" for k in kinds):
+                return self.render()
+            return ""
+        # A new run or a new state changes which runs the page lists and its counts per state; a
+        # list sorted by last change reorders on every fact. Everything else changes rows only.
+        reorders = QueryDict(query).get("sort", "").lstrip("-") == "updated"
+        if everything or reorders or kinds & {"run_created", "state_changed"}:
+            return self.render()
+        from console.runs import render_list_rows
+
+        return render_list_rows(self.user, list(pending))
+
 
 class RunConsumer(LiveConsumer):
     """/ws/runs/<id>/: the run page. Joins the run's group and its descendants' (the tree section)."""
@@ -248,6 +316,23 @@ class RunConsumer(LiveConsumer):
         return run_id in self.run_ids
 
     def render(self) -> str:
-        from console.runs import render_detail_push
+        from console.run_page import RunPagePush
 
-        return render_detail_push(self.user, self.run_id)
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        self.page = RunPagePush(self.user, self.run_id, query)
+        return self.page.resync()
+
+    def render_facts(self, pending: dict[str, Any], refresh: bool) -> str | list[str]:
+        """Only what the facts changed: the sections they touch, each changed effect row, the new
+        timeline entries; a child's facts redraw the tree. Too many facts to name: everything."""
+        own = pending.get(self.run_id, {})
+        if own is None:
+            return self.render()
+        tree_changed = any(run_id != self.run_id for run_id in pending)
+        if refresh:  # the periodic catch-up: every section, without resetting what the page opened
+            from console.run_page import REFRESH_FACTS
+
+            own = {**{kind: {""} for kind in REFRESH_FACTS}, **own}
+            tree_changed = True
+        self.page.user = self.user  # the roles as they are now (re-read by the session check)
+        return self.page.facts(own, tree_changed)

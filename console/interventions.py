@@ -7,8 +7,8 @@ HTTP status. The services decide and enforce everything again (role, decision au
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +18,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.cards import preview_card
 from console.common import (
     ConsoleRequest,
     console_view,
@@ -26,10 +27,11 @@ from console.common import (
     present,
     visible_run_or_404,
 )
-from console.reports import receipt_rest, report_for
+from console.receipts import receipt_context
+from console.reports import report_for
 from console.runs import detail_context
 from core.auth import actor_for_user
-from core.errors import Conflict, DomainError, Forbidden, Invalid
+from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
 from core.metrics import observe_intervention
 from core.roles import PERMISSIONS, ROLES, may, roles_of
@@ -39,7 +41,7 @@ from interventions.contracts import CONTRACT_SPECS, contracts_document
 from interventions.models import Intervention
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
-from interventions.selectors import receipt_dict
+from interventions.revalidation import build_report
 from interventions.transfer import FACETS
 from runs.models import Approval, AuthorityGrant, Effect, Run
 from runs.selectors import visible_runs
@@ -102,11 +104,23 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
     )
 
 
-def preview_token(req: base.Request) -> str:
-    """What the preview was computed from. Confirm refuses a form that no longer matches it, so what is
-    issued is what was shown (the reason and override text do not change the preview)."""
-    shown = {"kind": req.kind, "scope": req.scope, "options": req.options, "override": req.override}
-    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]
+def changed_sections(posted: str, sections_now: Any) -> list[str]:
+    """The preview sections whose digest differs from the ones the operator's form carried."""
+    try:
+        before = json.loads(posted) if posted else {}
+    except ValueError:
+        return []
+    if not isinstance(before, dict) or not before:
+        return []
+    return [k.replace("_", " ") for k, v in sections_now.items() if before.get(k) != v]
+
+
+# A Python list in a service's message ("role(s) ['operator'] may not ...") read as words.
+LIST_TEXT = re.compile(r"\[((?:'[^'\]]*'(?:, )?)*)\]")
+
+
+def humane(detail: str) -> str:
+    return LIST_TEXT.sub(lambda m: m.group(1).replace("'", "") or "none", detail)
 
 
 def error_dict(err: DomainError) -> dict[str, Any]:
@@ -114,7 +128,7 @@ def error_dict(err: DomainError) -> dict[str, Any]:
     return {
         "status": err.status,
         "code": err.code,
-        "detail": err.detail,
+        "detail": humane(err.detail),
         "extra": present(extra) if extra else None,
         "problems": err.extra.get("problems"),
     }
@@ -185,8 +199,11 @@ def dialog_context(
     return ctx
 
 
-def with_preview(request: ConsoleRequest, run: Run, req: base.Request, ctx: dict[str, Any]) -> int:
-    """Adds the preview (or the domain error it raised) to ctx; returns the HTTP status."""
+def with_preview(
+    request: ConsoleRequest, run: Run, req: base.Request, ctx: dict[str, Any], seen: str = ""
+) -> int:
+    """Adds the preview card (or the domain error it raised) to ctx; returns the HTTP status: 204 if
+    the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
     try:
         if not may(request.roles, req.kind):
             raise Forbidden(
@@ -196,10 +213,29 @@ def with_preview(request: ConsoleRequest, run: Run, req: base.Request, ctx: dict
     except DomainError as err:
         ctx["error"] = error_dict(err)
         return err.status
+    if seen and seen == shown["digest"]:
+        return 204
     ctx["preview"] = {k: shown.get(k) for k in HEADLINE}
-    ctx["preview_body"] = present({k: v for k, v in shown.items() if k not in HEADLINE})
-    ctx["token"] = preview_token(req)
+    ctx["card"] = preview_card(shown, dry_run=_dry_run(run) if req.kind == "resume" else None)
+    asked = (shown.get("shown") or {}).get("requested_by")
+    if req.kind in ("approve", "reject") and request.actor.label in (asked, run.created_by):
+        ctx["card"]["blocking"].append(
+            "four eyes: you requested this approval or started the run; another approver decides"
+        )
+    ctx["digest"] = shown["digest"]
+    ctx["section_digests"] = base.section_digests(shown)
+    ctx["sections"] = json.dumps(ctx["section_digests"], separators=(",", ":"))
     return 200
+
+
+def _dry_run(run: Run) -> dict[str, Any]:
+    """The revalidation report as it would come out now, for the resume preview's pass/fail rows. A
+    read outside any transaction; the job checks again after confirm (and may re-observe)."""
+    try:
+        report, _ = build_report(run, reobserve=False)
+    except Exception as exc:  # a checker that fails must not break the dialog; say so instead
+        return {"error": f"{type(exc).__name__}: {exc}"[:300], "checks": []}
+    return report.as_dict()
 
 
 @console_view
@@ -239,7 +275,16 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     except DomainError as err:
         ctx["error"] = error_dict(err)
         return render(request, "interventions/dialog.html#preview", ctx, status=err.status)
-    status = with_preview(request, run, req, ctx)
+    refresh = bool(request.POST.get("refresh"))
+    status = with_preview(
+        request, run, req, ctx, seen=request.POST.get("preview_digest", "") if refresh else ""
+    )
+    if status == 204:
+        return HttpResponse(status=204)  # nothing changed: keep what the operator is reading
+    if refresh and status == 200:
+        ctx["changed"] = changed_sections(
+            request.POST.get("preview_sections", ""), ctx["section_digests"]
+        )
     return render(request, "interventions/dialog.html#preview", ctx, status=status)
 
 
@@ -251,16 +296,15 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     kind = request.POST.get("kind", "")
     try:
         req = request_from(kind, request.POST)
-        # A role that may not issue this kind is refused by the service itself, so the refusal is
-        # audited like the API's; for everyone else the form must still be what the preview showed.
-        if may(request.roles, kind) and request.POST.get("preview_token") != preview_token(req):
-            stale = Conflict(
-                "the options changed since the preview: review the new preview, then confirm"
-            )
-            stale.code = "preview_stale"
-            raise stale
+        # The digest of the preview shown is checked by the service under the run lock: a confirm
+        # of a preview the run has moved on from (or of other options) is refused, 409.
         with observe_intervention(req.kind):
-            intervention = base.issue(actor=request.actor, run_id=run.pk, req=req)
+            intervention = base.issue(
+                actor=request.actor,
+                run_id=run.pk,
+                req=req,
+                seen_digest=request.POST.get("preview_digest", ""),
+            )
     except DomainError as err:
         req = _safe_request(kind, request.POST)
         ctx = (
@@ -270,6 +314,10 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         )
         if kind in CONTRACT_SPECS and may(request.roles, kind):
             with_preview(request, run, req, ctx)
+            if err.status == 409 and "section_digests" in ctx:
+                ctx["changed"] = changed_sections(
+                    request.POST.get("preview_sections", ""), ctx["section_digests"]
+                )
         ctx["error"] = error_dict(err)
         return render(request, "interventions/dialog.html#dialog", ctx, status=err.status)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
@@ -288,13 +336,7 @@ def receipt_response(
     run = Run.objects.select_related("agent", "assignee", "decision_authority").get(
         pk=intervention.run_id
     )
-    ctx = job_context(intervention)
-    ctx |= {
-        "r": receipt_dict(intervention),
-        "run": run,
-        "label": kind_label(intervention.kind),
-        "receipt": present(receipt_rest(intervention, ctx["rep"])),
-    }
+    ctx = job_context(intervention) | receipt_context(intervention) | {"run": run}
     html: str = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.
     html += out_of_band(request, run, origin)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import BadRequest
@@ -21,31 +20,24 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from audit.models import AuditEvent
 from console.common import (
     ConsoleRequest,
     console_view,
     is_fragment,
-    kind_label,
-    present,
-    visible_run_or_404,
 )
-from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
 from core.filters import BadFilter, check_text
-from core.roles import may, roles_of
-from interventions.base import descendants
-from interventions.contracts import CONTRACT_SPECS
-from interventions.jobs import attention
-from interventions.selectors import receipt_dict
-from interventions.transfer import holders
-from runs.models import Agent, AuthorityGrant, HistoryEvent, Run
-from runs.search import RunFilter, page_runs, runs_by_prefix, state_counts, with_unresolved
-from runs.selectors import ledger, run_detail, run_summary, visible_runs
-from runs.states import State, allowed_events
-
-TIMELINE_LIMIT = 200
-AUDIT_LIMIT = 50
+from runs.models import Agent, Run
+from runs.search import (
+    RunFilter,
+    attention_ids,
+    page_runs,
+    runs_by_prefix,
+    state_counts,
+    with_unresolved,
+)
+from runs.selectors import run_summary, visible_runs
+from runs.states import State
 
 # --- run list -------------------------------------------------------------------------------------
 # What the list shows is runs/search.py's RunFilter (the same filter the API and fleet operations
@@ -101,8 +93,9 @@ def list_context(
     counts = counted.by_state
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
     attention = (
-        flt.replace(attention=True, states=())
+        flt.replace(attention=False, states=())
         .queryset(actor)
+        .filter(pk__in=attention_ids(timezone.now()))
         .select_related(None)
         .order_by()
         .values("pk")[: ATTENTION_CAP + 1]
@@ -182,6 +175,16 @@ def run_list(request: ConsoleRequest) -> HttpResponse:
     return render(request, "runs/list.html", ctx)
 
 
+def render_list_rows(user, run_ids: list[str]) -> str:
+    """The rows of these runs (``run-row`` of runs/list.html), each an out-of-band swap: a live list
+    redraws only the runs that changed (console/consumers.py). A row not on the page is ignored."""
+    actor = actor_for_user(user, None, component="console")
+    return "".join(
+        render_to_string("runs/list.html#run-row", {"r": row, "oob": True})
+        for row in row_context(actor, run_ids)
+    )
+
+
 def render_list_push(user, query_string: str) -> str:
     """The run table, as an out-of-band swap, for the "runs" group (filter and page from the socket's
     URL). A bad filter there pushes nothing: the page itself answered it with a 400."""
@@ -217,144 +220,20 @@ def run_by_prefix(request: ConsoleRequest, prefix: str) -> HttpResponse:
     )
 
 
-# --- run detail -----------------------------------------------------------------------------------
+# --- run detail: console/run_page.py (kept importable from here) ----------------------------------
 
-
-def offered_interventions(
-    run: Run, roles: frozenset[str], data: dict[str, Any]
-) -> list[tuple[str, str]]:
-    """Buttons: the kinds the state table allows from this state AND the user's role may issue.
-    The table and the matrix are read, not restated; the data only hides buttons with nothing to
-    act on (no pending approval, no grant to restore). The services check everything again."""
-    allowed = set(allowed_events(run.state))
-    grants = {g["status"] for g in data["authority"]}
-    has = {
-        "approve": data["pending_approvals"],
-        "reject": data["pending_approvals"],
-        "reconcile": data["unresolved_effects"],
-        "restore_authority": "suspended" in grants,
-        "revoke_authority": bool(grants & {"active", "suspended"}),
-        "suspend_authority": "active" in grants,
-    }
-    out = []
-    for kind, spec in CONTRACT_SPECS.items():
-        event = spec["event"]
-        applies = event in allowed if event is not None else run.state != State.CLOSED
-        if applies and has.get(kind, True) and may(roles, kind):
-            out.append((kind, kind_label(kind)))
-    return out
-
-
-def _tree(run: Run) -> list[dict[str, Any]]:
-    """Descendants in depth-first order with their depth, for an indented tree."""
-    rows = descendants(run)
-    by_parent: dict[Any, list[Run]] = {}
-    for child in rows:
-        by_parent.setdefault(child.parent_id, []).append(child)
-    out: list[dict[str, Any]] = []
-
-    def walk(parent_id: Any, depth: int) -> None:
-        for child in by_parent.get(parent_id, []):
-            out.append(
-                {
-                    "id": str(child.pk),
-                    "agent": child.agent.name,
-                    "state": child.state,
-                    "goal": child.goal,
-                    "depth": depth,
-                    "indent": depth * 1.25,
-                }
-            )
-            walk(child.pk, depth + 1)
-
-    walk(run.pk, 0)
-    return out
-
-
-def detail_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
-    data = run_detail(run)
-    data["pending_approvals"] = [a for a in data["approvals"] if a["status"] == "pending"]
-    effects = ledger(run)
-    grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
-    interventions = list(run.interventions.select_related("actor").order_by("-created_at")[:50])
-    reports = run_reports(run, interventions)  # revalidation, compensation plans, recovery gate
-
-    return {
-        "run": run,
-        "data": data,
-        "roles": roles,
-        "user": user,
-        "nav": "runs",
-        "facets": holders(run),
-        "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
-        "offered": offered_interventions(run, roles, data),
-        "may_reconcile": may(roles, "reconcile"),
-        "effects": effects,
-        "discrepancies": [e for e in effects if e["status"] == "discrepancy"],
-        "grants": [{"g": g, "status": g.effective_status()} for g in grants],
-        "timeline": [
-            {"e": e, "data": present(e.data)}
-            for e in HistoryEvent.objects.filter(run=run).order_by("-seq")[:TIMELINE_LIMIT]
-        ],
-        "tree": _tree(run),
-        "checkpoints": [
-            {"c": c, "state": present(c.state)} for c in run.checkpoints.order_by("-seq")
-        ],
-        "starting_checkpoint": (data["checkpoint"] or {}).get("seq"),
-        "interventions": [
-            {
-                "i": i,
-                "r": receipt_dict(i),
-                "rep": reports["reports"][i.pk],
-                "receipt": present(receipt_rest(i, reports["reports"][i.pk])),
-            }
-            for i in interventions
-        ],
-        "plans": reports["plans"],
-        "recovery": reports["recovery"],
-        "audit": [
-            {"a": a, "context": present(a.context)}
-            for a in AuditEvent.objects.filter(run_id=run.pk).order_by("-seq")[:AUDIT_LIMIT]
-        ],
-        "parent": run.parent,
-    }
-
-
-@console_view
-@require_GET
-def run_page(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
-    run = visible_run_or_404(request.actor, run_id)
-    ctx = detail_context(run, request.user, request.roles)
-    part = request.GET.get("part", "")
-    if is_fragment(request) and part in DETAIL_PARTS:
-        return render(request, f"runs/detail.html#{part}", ctx)
-    return render(request, "runs/detail.html", ctx)
-
-
-DETAIL_PARTS = (
-    "header",
-    "timeline",
-    "ledger",
-    "compensation",
-    "recovery",
-    "authority",
-    "tree",
-    "attempts",
-    "checkpoints",
-    "approvals",
-    "interventions",
-    "audit",
-    "sections",
+from console.run_page import (  # noqa: E402
+    DETAIL_PARTS,
+    detail_context,
+    offered_interventions,
+    render_detail_push,
+    run_page,
 )
 
-
-def render_detail_push(user, run_id: Any) -> str:
-    """Every section of the run page as out-of-band swaps, fresh from the database."""
-    roles = roles_of(user)
-    actor = actor_for_user(user, None, component="console")
-    run = visible_runs(actor).filter(pk=run_id).first()
-    if run is None:
-        return ""
-    return render_to_string(
-        "runs/detail.html#sections", detail_context(run, user, roles) | {"oob": True}
-    )
+__all__ = [
+    "DETAIL_PARTS",
+    "detail_context",
+    "offered_interventions",
+    "render_detail_push",
+    "run_page",
+]

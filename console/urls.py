@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import audit, fleet, interventions, runs
+from console import audit, fleet, interventions, receipts, runs
 
 app_name = "console"
 
@@ -30,6 +30,7 @@ urlpatterns = [
         interventions.intervention_job,
         name="intervention-job",
     ),
+    path("receipts/<uuid:intervention_id>/", receipts.receipt_page, name="receipt"),
     path("effects/<uuid:effect_id>/reconcile/", interventions.reconcile, name="reconcile"),
     path("approvals/", interventions.approvals_inbox, name="approvals"),
     path("contracts/", interventions.contracts_page, name="contracts"),

@@ -94,6 +94,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # reltime, copyable_id, value_table: on every console template without {% load %}.
+            "builtins": ["console.templatetags.console_tags"],
         },
     },
 ]
@@ -146,7 +148,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # No read timeout: the layer's receive is a blocking BZPOPMIN, and redis-py 8 reads
+            # with a 5 s socket_timeout by default, which tore every idle socket down every ~5 s
+            # (django/channels_redis#422, redis/redis-py#4091).
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
         }
     }
 else:
@@ -264,7 +269,8 @@ WS_SESSION_CHECK_S = env_int("WS_SESSION_CHECK_S", 5)
 # Even with DEBUG=1 the error page must not show connection URLs with their passwords.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "controlplane.debug.SecretSafeReporterFilter"
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/"
+# An operator who logs in lands on the runs that need them; "Runs" in the header shows them all.
+LOGIN_REDIRECT_URL = "/?attention=1"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the <body hx-headers>, not the cookie
 X_FRAME_OPTIONS = "DENY"

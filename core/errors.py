@@ -42,6 +42,10 @@ class Conflict(DomainError):
     status, code = 409, "conflict"
 
 
+class PreviewStale(Conflict):
+    code = "preview_stale"
+
+
 class LeaseHeld(Conflict):
     code = "lease_held"
 

@@ -42,6 +42,8 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
     "audit_export": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+    # A full verification walks every audit and history row: for those who answer for the trail.
+    "audit_verify": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
 }
 
 

@@ -128,3 +128,105 @@ def select_row[M: models.Model](
     """The first row of ``select_rows(…, limit=1)``, or None."""
     rows = select_rows(model, order_by=order_by, limit=1, lock=lock, **equals)
     return rows[0] if rows else None
+
+
+# --- several rows read as JSON in one statement, several writes in one statement -------------------
+
+
+def from_json[M: models.Model](model: type[M], data: dict[str, Any] | None) -> M | None:
+    """An instance from ``row_to_json(t)`` of ``model``'s table (keys are column names), as the ORM
+    would have loaded it: each value goes through its field's ``to_python`` (ISO text to datetime, text
+    to UUID; JSON columns arrive decoded). Lets one statement bring back rows of several tables."""
+    if data is None:
+        return None
+    meta = model._meta
+    values = [field.to_python(data[_column(field)]) for field in meta.concrete_fields]
+    alias = router.db_for_read(model)
+    return model.from_db(alias, [field.attname for field in meta.concrete_fields], values)
+
+
+@lru_cache(maxsize=64)
+def _insert_shape(model: type[models.Model], alias: str) -> tuple[str, tuple, models.Field | None]:
+    """``INSERT INTO t (cols) VALUES (%s, …)`` for a new instance (what ``save(force_insert=True)``
+    sends), the fields in column order, and the auto primary key to return if the model has one."""
+    qn = connections[alias].ops.quote_name
+    meta = model._meta
+    auto = meta.auto_field
+    fields = tuple(f for f in meta.local_concrete_fields if f is not auto and not f.generated)
+    columns = ", ".join(qn(_column(f)) for f in fields)
+    values = ", ".join(["%s"] * len(fields))
+    sql = f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES ({values})"
+    if auto is not None:
+        sql += f" RETURNING {qn(_column(auto))}"
+    return sql, fields, auto
+
+
+def write_rows(
+    inserts: list[models.Model],
+    updates: list[tuple[type[models.Model], Any, dict[str, Any]]] = (),  # type: ignore[assignment]
+) -> None:
+    """``obj.save(force_insert=True)`` for each of ``inserts`` and
+    ``Model.objects.filter(pk=pk).update(**values)`` for each of ``updates``, in ONE statement on
+    PostgreSQL (a data-modifying CTE: one round trip for a decision's whole write). Values are prepared
+    by each field's ``get_db_prep_save``, as the ORM does; auto primary keys are set on the instances.
+    Every UPDATE must hit exactly one row (the caller holds its lock), else RuntimeError. Elsewhere
+    (the SQLite demo) the ORM calls run one by one. No signals are sent (none are connected to these
+    models). Only plain values: no expressions."""
+    if not inserts and not updates:
+        return
+    model = type(inserts[0]) if inserts else updates[0][0]
+    alias = router.db_for_write(model)
+    conn = connections[alias]
+    if conn.vendor != "postgresql":
+        for obj in inserts:
+            obj.save(force_insert=True, using=alias)
+        for update_model, pk, values in updates:
+            if update_model._base_manager.using(alias).filter(pk=pk).update(**values) != 1:
+                raise RuntimeError(f"{update_model.__name__} {pk} was not updated")
+        return
+    qn = conn.ops.quote_name
+    parts: list[str] = []
+    params: list[Any] = []
+    selects: list[str] = []
+    autos: list[tuple[models.Model, models.Field]] = []
+    for i, obj in enumerate(inserts):
+        sql, fields, auto = _insert_shape(type(obj), alias)
+        if auto is None:
+            sql += " RETURNING 1"
+        parts.append(f"i{i} AS ({sql})")
+        params.extend(f.get_db_prep_save(f.pre_save(obj, True), connection=conn) for f in fields)
+        if auto is not None:
+            autos.append((obj, auto))
+            selects.append(f"(SELECT {qn(_column(auto))} FROM i{i})")
+        else:
+            selects.append(f"(SELECT count(*) FROM i{i})")
+    for j, (update_model, pk, values) in enumerate(updates):
+        meta = update_model._meta
+        sets = []
+        for name, value in values.items():
+            field = meta.get_field(name)
+            assert isinstance(field, models.Field), f"{name} is not a column of {meta.label}"
+            if isinstance(value, models.Model):
+                value = value.pk
+            sets.append(f"{qn(_column(field))} = %s")
+            params.append(field.get_db_prep_save(value, connection=conn))
+        parts.append(
+            f"u{j} AS (UPDATE {qn(meta.db_table)} SET {', '.join(sets)} "
+            f"WHERE {qn(_column(meta.pk))} = %s RETURNING 1)"
+        )
+        params.append(meta.pk.get_db_prep_value(pk, conn))
+        selects.append(f"(SELECT count(*) FROM u{j})")
+    statement = f"WITH {', '.join(parts)} SELECT {', '.join(selects)}"
+    with conn.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    found = list(row)
+    for obj in inserts:
+        value = found.pop(0)
+        auto = obj._meta.auto_field
+        if auto is not None:
+            setattr(obj, auto.attname, value)
+        obj._state.adding, obj._state.db = False, alias
+    for update_model, pk, _ in updates:
+        if found.pop(0) != 1:
+            raise RuntimeError(f"{update_model.__name__} {pk} was not updated")

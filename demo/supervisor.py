@@ -183,6 +183,9 @@ def child_env() -> dict[str, str]:
     # demo worker: demo_agents.worker's default agent list).
     env.setdefault("DEMO_FRAMEWORK_AGENTS", "1")
     env.setdefault("DEMO_DISPATCH_SECONDS", "1.5")
+    # ...and the world's processors take a while to commit (world/__main__.py --commit-delay), well
+    # under the agents' 2 s world timeout (AGENT_WORLD_TIMEOUT_S), so it is latency, not a fault.
+    env.setdefault("WORLD_COMMIT_SECONDS", "0.5")
     token_file = VAR / "demo-worker-token"
     if token_file.exists():
         env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()

@@ -127,6 +127,7 @@ def _in_flight_using(grants: list[AuthorityGrant]) -> list[dict[str, Any]]:
                         "tool": effect.tool,
                         "action": effect.action,
                         "idempotency_key": effect.idempotency_key,
+                        "declared_at": effect.declared_at.isoformat(),
                         "note": "already dispatched: cannot be recalled; may still complete",
                     }
                 )

@@ -7,6 +7,8 @@ Each contract module (pause.py, resume.py, ...) registers a :class:`Contract` wi
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,7 +19,8 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor
-from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority
+from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority, PreviewStale
+from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
 from runs.models import Approval, Run
@@ -187,22 +190,49 @@ def user_for(actor: Actor):
     return get_user_model().objects.filter(pk=actor.user_id).first() if actor.user_id else None
 
 
-def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
-    """What would happen if confirmed. Changes nothing (and is not audited as a decision)."""
-    contract = get_contract(req.kind)
-    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
-    authorize(actor, run, req)
+def _shown(run: Run, req: Request, actor: Actor, contract: Contract) -> dict[str, Any]:
+    """The preview as the operator sees it: the headline, the contract's sections and its digest."""
     step = transition(run.state, contract.event) if contract.event else None
-    allowed = contract.event is None or step is not None
-    body = contract.preview(run, req, actor)
-    return {
+    shown = {
         "kind": req.kind,
         "run_id": str(run.pk),
         "state": run.state,
-        "allowed": allowed,
+        "allowed": contract.event is None or step is not None,
         "next_state": step.target.value if step else run.state,
         "scope": req.scope,
-        **body,
+        **contract.preview(run, req, actor),
+    }
+    return shown | {"digest": preview_digest(req, shown)}
+
+
+def preview_digest(req: Request, shown: dict[str, Any]) -> str:
+    """A hash of what the preview showed and of the request it answered (not the reason text). A
+    confirm carrying it is refused if the run has moved on since: what is issued is what was shown."""
+    preview = {k: v for k, v in shown.items() if k != "digest"}
+    lease = (preview.get("current") or {}).get("execution_lease")
+    if isinstance(lease, dict):
+        # A live lease's expiry moves with every heartbeat; who holds it is what the preview says.
+        preview["current"] = {
+            **preview["current"],
+            "execution_lease": {**lease, "expires_at": None},
+        }
+    content = {
+        "request": {"kind": req.kind, "scope": req.scope, "options": req.options},
+        "override": req.override,
+        "preview": preview,
+    }
+    text = json.dumps(_jsonable(content), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def section_digests(shown: dict[str, Any]) -> dict[str, str]:
+    """One short hash per preview section, so an edge can name which sections a stale confirm missed."""
+    return {
+        key: hashlib.sha256(
+            json.dumps(_jsonable(value), sort_keys=True, default=str).encode()
+        ).hexdigest()[:8]
+        for key, value in shown.items()
+        if key != "digest"
     }
 
 
@@ -217,14 +247,42 @@ class Parent(Protocol):
         """Once the receipt is written, in the same transaction: link it to the parent."""
 
 
+def check_digest(req: Request, shown: dict[str, Any], seen: str | None) -> None:
+    """Refuse a confirm whose preview (``seen``) no longer matches what the run would do now."""
+    if seen is not None and seen != shown["digest"]:
+        raise PreviewStale(
+            "the run changed since the preview you confirmed: review the new preview, then confirm",
+            field="preview_digest",
+            preview_digest=shown["digest"],
+            state=shown["state"],
+        )
+
+
+def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
+    """What would happen if confirmed, with its digest. Changes nothing (and is not audited)."""
+    contract = get_contract(req.kind)
+    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
+    authorize(actor, run, req)
+    return _shown(run, req, actor, contract)
+
+
 def issue(
-    *, actor: Actor, run_id: Any, req: Request, policy: str = "", parent: Parent | None = None
+    *,
+    actor: Actor,
+    run_id: Any,
+    req: Request,
+    policy: str = "",
+    seen_digest: str | None = None,
+    parent: Parent | None = None,
 ) -> Intervention:
     """One transaction: lock, authorise, check the table, apply, record intervention + history + audit.
 
     ``policy``: the control plane issuing on its own (a system actor, e.g. recovery of an orphan). It
     has no role to check and no answer to a decision authority, so those checks are skipped and the
     policy is recorded in their place, on the receipt and in the audit context.
+
+    ``seen_digest``: the digest of the preview the operator confirmed; checked under the run lock, so
+    a change committed between the preview and the confirm is caught (PreviewStale, 409).
 
     ``parent``: a record this decision belongs to (interventions/fleet.py); its lock is taken before
     the run's, so a halt of the parent and this decision are serialised."""
@@ -245,7 +303,8 @@ def issue(
             {"override": False, "policy": policy} if policy else authorize(actor, run, req)
         )
         check_transition(run, contract.event)
-        shown = contract.preview(run, req, actor)
+        shown = _shown(run, req, actor, contract)
+        check_digest(req, shown, seen_digest)
         intervention = Intervention.objects.create(
             run=run,
             kind=req.kind,
@@ -274,6 +333,7 @@ def issue(
         intervention.save(update_fields=["receipt", "status"])
         if parent is not None:
             parent.after(intervention)
+        announce(run.pk, "intervention", intervention.pk)
         record_audit(
             actor=actor,
             action=f"intervention.{req.kind}",
@@ -303,6 +363,7 @@ def finish_job(intervention: Intervention, status: str, result: dict[str, Any]) 
     intervention.status = status
     intervention.completed_at = timezone.now()
     intervention.save(update_fields=["receipt", "status", "completed_at"])
+    announce(intervention.run_id, "intervention", intervention.pk)
 
 
 def pending_approvals(run: Run) -> list[dict[str, Any]]:

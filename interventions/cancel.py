@@ -52,6 +52,7 @@ def _cancel_one(run: Run, req: Request, actor: Actor) -> None:
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+    listed = _children(run, req)  # as they stood at the decision, before the cascade changed them
     _cancel_one(run, req, actor)
     if req.scope == "tree":
         for child in descendants(run):
@@ -70,7 +71,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         else None,
         "committed_effects": facts.committed_effects(run),
         "in_flight_effects": facts.in_flight_effects(run),
-        "children": _children(run, req),
+        "children": listed,
     }
 
 

@@ -24,9 +24,12 @@ def in_flight_effects(run: Run) -> list[dict[str, Any]]:
             "action": e.action,
             "idempotency_key": e.idempotency_key,
             "status": e.status,
+            "declared_at": e.declared_at.isoformat(),
             "note": "may still complete; its outcome will be recorded",
         }
-        for e in Effect.objects.filter(run=run, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT)
+        for e in Effect.objects.filter(
+            run=run, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT
+        ).order_by("declared_at")
     ]
 
 

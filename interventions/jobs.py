@@ -31,6 +31,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import system_actor
+from core.live import announce
 from interventions.base import _load, finish_job
 from interventions.models import Intervention, Job
 from runs.models import Run
@@ -98,6 +99,8 @@ def enqueue(
     )
     target = str(target_id)
     transaction.on_commit(lambda: deliver(kind, target, countdown=countdown or None))
+    if job.run_id is not None:  # a fleet wave is about no single run: nothing to announce
+        announce(job.run_id, "job", job.pk)
     return job
 
 
@@ -146,7 +149,8 @@ def perform(
         _failed_attempt(job.pk, f"{type(exc).__name__}: {exc}")
         return {"failed": f"{type(exc).__name__}: {exc}"}
     if finished(result):
-        mark_done(job.pk)
+        if mark_done(job.pk):
+            announce(job.run_id, "job", job.pk)  # not in a transaction: sent now
     else:
         wait = come_back_in(result) + job.timeout_s
         Job.objects.filter(pk=job.pk, status__in=Job.OPEN).update(
@@ -234,6 +238,7 @@ def give_up(job: Job) -> None:
     )
     job.status, job.finished_at = Job.FAILED, timezone.now()
     job.save(update_fields=["failures", "last_error", "status", "finished_at"])
+    announce(job.run_id, "job", job.pk)
 
 
 def give_up_intervention(job: Job) -> None:

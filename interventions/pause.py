@@ -72,6 +72,9 @@ def _pause_one(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
     in_flight = facts.in_flight_effects(run)
+    # Listed as they stood at the decision: after the cascade every child in scope reads "paused",
+    # and "pause does not apply to a paused run" would hide that this pause reached it.
+    listed = children_in_scope(run, req, Event.PAUSE)
     result = _pause_one(run, req, actor)
     cascaded = []
     if req.scope == "tree":
@@ -85,7 +88,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         "new_effects": "denied from this commit on",
         "in_flight_effects": in_flight,
         "children": children_in_scope(run, req, None) if req.scope == "run" else cascaded,
-        "children_listed": children_in_scope(run, req, Event.PAUSE),
+        "children_listed": listed,
         "authority": facts.active_grants(run),
         "authority_suspended": result["suspended"],
         "timers": facts.timers(run),

@@ -15,6 +15,11 @@ def pytest_configure(config):
 
     # Tests create users; the production hasher's cost buys nothing here.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Anchors a developer's `make run` left in var/ describe another database: the verify pages and
+    # `audit_verify` check anchors whenever the sink has any, so tests start from an empty sink.
+    import tempfile
+
+    settings.ANCHOR_DIR = tempfile.mkdtemp(prefix="cp-test-anchors-")
     if os.environ.get("CONTROLPLANE_REQUIRE_POSTGRES") == "1":
         if not settings.IS_POSTGRES:
             raise pytest.UsageError(

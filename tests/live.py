@@ -73,6 +73,7 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
         # the demo agents' human-speed pauses (demo_agents/common.py) would only slow the tests down
         DEMO_STEP_SECONDS="0",
         DEMO_DISPATCH_SECONDS="0",
+        WORLD_COMMIT_SECONDS="0",  # the world's commit latency likewise; tests inject "slow" faults
     )
     env.update(extra)
     return env

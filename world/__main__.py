@@ -1,6 +1,6 @@
-"""``python -m world [--host H] [--port P] [--db PATH] [--send-delay S] [-v]``.
+"""``python -m world [--host H] [--port P] [--db PATH] [--send-delay S] [--commit-delay S] [-v]``.
 
-Defaults come from WORLD_HOST / WORLD_PORT / WORLD_DB / WORLD_SEND_DELAY, then 127.0.0.1:8100 and
+Defaults come from WORLD_HOST / WORLD_PORT / WORLD_DB / WORLD_SEND_DELAY / WORLD_COMMIT_SECONDS, then 127.0.0.1:8100 and
 var/world.sqlite3. The world keeps its state in that file, so a restart changes nothing.
 """
 
@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         default=float(os.environ.get("WORLD_SEND_DELAY", "2.0")),
         help="seconds after enqueue at which a queued notification counts as sent",
     )
+    parser.add_argument(
+        "--commit-delay",
+        type=float,
+        default=float(os.environ.get("WORLD_COMMIT_SECONDS", "0") or 0),
+        help="seconds a mutating call takes before it commits (jittered 0.5-1.5x; default 0)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every HTTP request")
     args = parser.parse_args(argv)
 
@@ -36,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.db != ":memory:":
         Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     server = make_server(
-        args.host, args.port, args.db, send_delay_s=args.send_delay, verbose=args.verbose
+        args.host,
+        args.port,
+        args.db,
+        send_delay_s=args.send_delay,
+        verbose=args.verbose,
+        commit_delay_s=args.commit_delay,
     )
     # SIGTERM -> KeyboardInterrupt, so the loop below exits cleanly and closes the database.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
 import time
 import traceback
@@ -116,8 +117,14 @@ class WorldServer(ThreadingHTTPServer):
     daemon_threads = True  # a request sleeping in a timeout fault must not keep the process alive
     request_queue_size = 128  # many agents may call at once; the default backlog of 5 is for toys
 
-    def __init__(self, address: tuple[str, int], world: World, verbose: bool = False):
-        self.world, self.verbose = world, verbose
+    def __init__(
+        self,
+        address: tuple[str, int],
+        world: World,
+        verbose: bool = False,
+        commit_delay_s: float = 0.0,
+    ):
+        self.world, self.verbose, self.commit_delay_s = world, verbose, commit_delay_s
         super().__init__(address, Handler)
 
 
@@ -225,6 +232,10 @@ class Handler(BaseHTTPRequestHandler):
                     "mutating calls need an Idempotency-Key header (1-255 characters)",
                 )
             run: Callable[[], Result] = partial(world.mutate, system, action, body, key)
+            if self.server.commit_delay_s > 0:
+                # A real processor takes a while to commit: the effect stays in flight meanwhile
+                # (--commit-delay, jittered 0.5-1.5x; 0 in the tests, which use "slow" faults).
+                time.sleep(self.server.commit_delay_s * random.uniform(0.5, 1.5))
         elif method == "GET" and len(parts) == 3 and parts[1] == "by-key":
             action, key = "by_key", parts[2]  # recorded, so a test can see reconciliation asking
             run = lambda: self._by_key(system, parts[2])  # noqa: E731
@@ -382,6 +393,16 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(
-    host: str, port: int, db_path: str, send_delay_s: float = 2.0, verbose: bool = False
+    host: str,
+    port: int,
+    db_path: str,
+    send_delay_s: float = 2.0,
+    verbose: bool = False,
+    commit_delay_s: float = 0.0,
 ) -> WorldServer:
-    return WorldServer((host, port), World(db_path, send_delay_s=send_delay_s), verbose=verbose)
+    return WorldServer(
+        (host, port),
+        World(db_path, send_delay_s=send_delay_s),
+        verbose=verbose,
+        commit_delay_s=commit_delay_s,
+    )

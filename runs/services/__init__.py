@@ -1,6 +1,12 @@
 """Services are the only writers of run state. Views, API, tasks and commands call these."""
 
-from .effects import declare_effect, effect_dict, fingerprint, record_outcome
+from .effects import (
+    declare_effect,
+    effect_dict,
+    fingerprint,
+    record_outcome,
+    record_outcome_with,
+)
 from .lifecycle import (
     claim_run,
     create_run,
@@ -23,6 +29,7 @@ __all__ = [
     "fire_due_timers",
     "heartbeat",
     "record_outcome",
+    "record_outcome_with",
     "release_lease",
     "request_approval",
     "write_checkpoint",

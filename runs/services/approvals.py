@@ -17,11 +17,18 @@ from core.rows import select_row, select_rows
 from runs.conditions import ConditionError, parse_condition
 from runs.models import Approval, ApprovalPolicy, Run
 
+_UNREAD: Any = object()  # "not read by the caller yet": look it up here
 
-def required_policy(agent_id: Any, tool: str, action: str, args: dict) -> ApprovalPolicy | None:
-    """The strongest policy of the agent that this call matches, or None."""
+
+def required_policy(
+    agent_id: Any, tool: str, action: str, args: dict, policies: Any = _UNREAD
+) -> ApprovalPolicy | None:
+    """The strongest policy of the agent that this call matches, or None. ``policies``: the agent's
+    policies for ``tool`` if the caller already read them."""
     found = None
-    for policy in select_rows(ApprovalPolicy, agent=agent_id, tool=tool):
+    if policies is _UNREAD:
+        policies = select_rows(ApprovalPolicy, agent=agent_id, tool=tool)
+    for policy in policies:
         if policy.action not in (action, "*"):
             continue
         try:
@@ -81,14 +88,23 @@ def approval_digest(
 
 
 def approval_denial(
-    run: Run, approval_id: Any, tool: str, action: str, args: dict
+    run: Run,
+    approval_id: Any,
+    tool: str,
+    action: str,
+    args: dict,
+    *,
+    policies: Any = _UNREAD,
+    latest: Any = _UNREAD,
 ) -> tuple[str | None, Approval | None, str]:
     """(denial reason or None, the approval to consume, detail). The agent's policy decides first;
-    without one, an approval the worker asked for still binds the action it named."""
+    without one, an approval the worker asked for still binds the action it named. ``policies`` (the
+    agent's for ``tool``) and ``latest`` (the run's latest approval for tool:action, or None): the
+    declaration's hot path reads them in one statement with its other facts."""
     digest = approval_digest(
         run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
     )
-    policy = required_policy(run.agent_id, tool, action, args)
+    policy = required_policy(run.agent_id, tool, action, args, policies)
     if policy is not None:
         reason, approval = policy_denial(run, policy, approval_id, digest)
         detail = f"policy '{policy.spec}' requires an approval by {policy.approver_role}"
@@ -104,7 +120,10 @@ def approval_denial(
         return None, approval, ""
     # An action that asked for approval may not slip through without citing it -- and one that was
     # rejected or timed out may not either, unless a newer request was approved and cited.
-    latest = select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",))
+    if latest is _UNREAD:
+        latest = select_row(
+            Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",)
+        )
     if latest is not None and latest.consumed_by_id is None:
         if latest.status in (Approval.PENDING, Approval.APPROVED):
             return "approval_required", None, ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,7 +16,7 @@ from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
-from core.live import push_run_update
+from core.live import announce
 from core.rows import select_row
 from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
@@ -60,9 +60,25 @@ def append_history(
 ) -> HistoryEvent:
     """Append to the run's hash chain. Caller holds the run lock, so seq and head cannot race.
     ``run_updates``: further columns of the run row to write in the same UPDATE as the new head."""
+    event = next_history(run, kind, data, attempt=attempt, actor=actor)
+    # The event's INSERT and the run's head UPDATE in one round trip (see audit.dbutil).
+    insert_and_update(event, Run, run.pk, {**(run_updates or {}), **history_head(run, event)})
+    return event
+
+
+def next_history(
+    run: Run,
+    kind: str,
+    data: dict[str, Any] | None = None,
+    *,
+    attempt=None,
+    actor: Actor | None = None,
+) -> HistoryEvent:
+    """The run's next history link, hashed but not written, and the run's head moved to it in memory:
+    for decisions that write it together with their other rows (``core.rows.write_rows``, with
+    ``history_head(run, event)`` in the run's UPDATE). Caller holds the run lock."""
     seq = run.history_seq + 1
     prev = run.history_head or GENESIS
-    now = timezone.now()
     payload = normalise(data or {})
     # ``attempt`` may be an Attempt or its id: callers pass the id so no row is loaded just for this.
     attempt_id = getattr(attempt, "pk", attempt)
@@ -73,19 +89,33 @@ def append_history(
         attempt_id=attempt_id,
         actor=actor.label if actor else "",
         data=payload,
-        created_at=now,
+        created_at=timezone.now(),
         prev_hash=prev,
     )
     event.hash = link_hash(prev, history_fields(event))
-    # The event's INSERT and the run's head UPDATE in one round trip (see audit.dbutil).
-    insert_and_update(
-        event,
-        Run,
-        run.pk,
-        {**(run_updates or {}), "history_seq": seq, "history_head": event.hash, "updated_at": now},
-    )
     run.history_seq, run.history_head = seq, event.hash
+    announce(run.pk, kind, fact_object(kind, payload))  # the console hears it after COMMIT
     return event
+
+
+def fact_object(kind: str, data: dict[str, Any]) -> Any:
+    """The object a history event is about (an effect, approval, intervention, plan, lease,
+    checkpoint), named in the live hint so the page redraws that object only."""
+    if kind == "checkpoint":
+        return data.get("seq")
+    for key in ("effect", "approval", "intervention", "plan", "lease", "job"):
+        if isinstance(data.get(key), str):
+            return data[key]
+    return None
+
+
+def history_head(run: Run, event: HistoryEvent) -> dict[str, Any]:
+    """The run columns that record its chain's head after ``event``."""
+    return {
+        "history_seq": run.history_seq,
+        "history_head": run.history_head,
+        "updated_at": event.created_at,
+    }
 
 
 def verify_history(run: Run) -> dict[str, Any]:
@@ -119,6 +149,7 @@ def end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
     stale one, release, finish, expiry, a pause with nothing in flight); caller holds the run lock."""
     lease.status, lease.ended_at, lease.end_reason = status, now, why
     ExecutionLease.objects.filter(pk=lease.pk).update(status=status, ended_at=now, end_reason=why)
+    announce(lease.run_id, "lease", lease.pk)
 
 
 def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
@@ -181,6 +212,21 @@ def run_snapshot(run: Run) -> dict[str, Any]:
     }
 
 
+def protocol_snapshot(run: Run) -> dict[str, Any]:
+    """What a worker-protocol transition (claim, finish) decided on, from the locked run row alone:
+    the audit context of the worker's own moves, without ``run_snapshot``'s five queries inside the
+    write. The operator's moves keep the full snapshot (authority, unresolved effects, assignee)."""
+    return {
+        "state": run.state,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
+        "fencing_token": run.fencing_token,
+        "checkpoint_seq": run.checkpoint_seq,
+        "history_seq": run.history_seq,
+    }
+
+
 def notify_run_changed(run: Run) -> None:
     """Wake long-polling heartbeats. pg_notify is transactional: delivered only if we commit."""
     if connection.vendor == "postgresql":
@@ -188,7 +234,7 @@ def notify_run_changed(run: Run) -> None:
             cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
             if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
                 cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, work_key(run.agent_id)])
-    transaction.on_commit(lambda: push_run_update(run.pk))
+    announce(run.pk, "run")  # sent after COMMIT (core.live)
 
 
 def apply_transition(
@@ -200,8 +246,11 @@ def apply_transition(
     data: dict[str, Any] | None = None,
     audit_action: str | None = None,
     audit_context: dict[str, Any] | None = None,
+    snapshot: Callable[[Run], dict[str, Any]] | None = None,
 ) -> State:
-    """Move the locked run along the table, with history and audit in the same transaction."""
+    """Move the locked run along the table, with history and audit in the same transaction.
+    ``snapshot``: what renders the audit's before/after (default ``run_snapshot``)."""
+    snapshot = snapshot or run_snapshot
     edge = transition(run.state, event)
     if edge is None:
         raise Conflict(
@@ -209,7 +258,7 @@ def apply_transition(
             state=run.state,
             event=event.value,
         )
-    before = run_snapshot(run) if audit_context is None else None
+    before = snapshot(run) if audit_context is None else None
     previous = run.state
     now = timezone.now()
     run.state, run.state_changed_at = edge.target.value, now
@@ -222,9 +271,7 @@ def apply_transition(
         actor=actor,
     )
     context = (
-        audit_context
-        if audit_context is not None
-        else {"before": before, "after": run_snapshot(run)}
+        audit_context if audit_context is not None else {"before": before, "after": snapshot(run)}
     )
     context = {"from_state": previous, "to_state": run.state, "event": event.value, **context}
     record_audit(

@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from audit.chain import canonical
@@ -14,21 +15,30 @@ from audit.services import record_audit
 from core.actors import Actor
 from core.errors import (
     Conflict,
+    DomainError,
     EffectUnresolved,
     IdempotencyKeyReused,
     Invalid,
     LeaseLost,
     NotFound,
 )
-from core.rows import select_row, select_rows
-from runs.models import Approval, AuthorityGrant, Effect, Run
+from core.rows import from_json, select_rows, write_rows
+from runs.models import (
+    Approval,
+    ApprovalPolicy,
+    AuthorityGrant,
+    Checkpoint,
+    Effect,
+    ExecutionLease,
+    Run,
+)
 from runs.states import EFFECT_STATES, State, denial_reason
 
 from .approvals import approval_denial
-from .common import append_history, decision, lock_run
+from .common import decision, history_head, lock_run, next_history
 from .discrepancy import record_discrepancy, reported_again
 from .freeze import capability_frozen
-from .lifecycle import check_fencing
+from .lifecycle import check_lease
 
 OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
 
@@ -77,11 +87,87 @@ def effect_dict(e: Effect) -> dict[str, Any]:
     }
 
 
-def _authority_denial(run: Run, tool: str, action: str, now) -> str | None:
+@dataclass
+class Facts:
+    """What a declaration decides on, read in ONE statement once the run is locked (a new snapshot in
+    READ COMMITTED, so everything committed before the lock was granted is seen): the lease with the
+    caller's fencing token, the authorised effect with the key, the run's grants, the agent's approval
+    policies for the tool and the run's latest approval for tool:action."""
+
+    lease: ExecutionLease | None
+    existing: Effect | None
+    grants: list[AuthorityGrant]
+    policies: list[ApprovalPolicy]
+    latest_approval: Approval | None
+
+
+def _facts_sql() -> str:
+    t = {
+        m.__name__: m._meta.db_table
+        for m in (ExecutionLease, Effect, AuthorityGrant, ApprovalPolicy, Approval)
+    }
+    return (
+        f"SELECT (SELECT row_to_json(l) FROM {t['ExecutionLease']} l"
+        "         WHERE l.run_id = %(run)s AND l.fencing_token = %(token)s),"
+        f"       (SELECT row_to_json(e) FROM {t['Effect']} e WHERE e.run_id = %(run)s"
+        "         AND e.idempotency_key = %(key)s AND e.decision = 'authorized' LIMIT 1),"
+        f"       (SELECT json_agg(g) FROM {t['AuthorityGrant']} g WHERE g.run_id = %(run)s),"
+        f"       (SELECT json_agg(p) FROM {t['ApprovalPolicy']} p"
+        "         WHERE p.agent_id = %(agent)s AND p.tool = %(tool)s),"
+        f"       (SELECT row_to_json(a) FROM {t['Approval']} a WHERE a.run_id = %(run)s"
+        "         AND a.tool = %(tool)s AND a.action = %(action)s ORDER BY a.requested_at DESC LIMIT 1)"
+    )
+
+
+_FACTS_SQL: list[str] = []
+
+
+def declaration_facts(
+    run: Run, fencing_token: int, idempotency_key: str, tool: str, action: str
+) -> Facts:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":  # the SQLite demo: the same reads, one by one
+        from core.rows import select_row
+
+        return Facts(
+            select_row(ExecutionLease, run=run.pk, fencing_token=int(fencing_token)),
+            select_row(
+                Effect, run=run.pk, idempotency_key=idempotency_key, decision=Effect.AUTHORIZED
+            ),
+            select_rows(AuthorityGrant, run=run.pk),
+            select_rows(ApprovalPolicy, agent=run.agent_id, tool=tool),
+            select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",)),
+        )
+    if not _FACTS_SQL:
+        _FACTS_SQL.append(_facts_sql())
+    params: dict[str, Any] = {
+        "run": run.pk,
+        "token": int(fencing_token),
+        "key": idempotency_key,
+        "agent": run.agent_id,
+        "tool": tool,
+        "action": action,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_FACTS_SQL[0], params)
+        lease, existing, grants, policies, latest = cursor.fetchone()
+    return Facts(
+        from_json(ExecutionLease, lease),
+        from_json(Effect, existing),
+        [g for g in (from_json(AuthorityGrant, row) for row in grants or ()) if g is not None],
+        [p for p in (from_json(ApprovalPolicy, row) for row in policies or ()) if p is not None],
+        from_json(Approval, latest),
+    )
+
+
+def _authority_denial(
+    run: Run, tool: str, action: str, now, grants: list[AuthorityGrant] | None = None
+) -> str | None:
     """None if an active grant (and its whole delegation chain) covers tool:action, else the reason."""
     statuses = []
     # A delegated grant's source (and its source) load lazily: only child runs have any.
-    for grant in select_rows(AuthorityGrant, run=run.pk):
+    for grant in grants if grants is not None else select_rows(AuthorityGrant, run=run.pk):
         if not grant.covers(tool, action):
             continue
         status, source = grant.effective_status(now), grant.delegated_from
@@ -117,8 +203,9 @@ def declare_effect(
     with decision(actor, "effect.declare", "run", run_id, run_id):
         run = lock_run(run_id)
         now = timezone.now()
+        facts = declaration_facts(run, fencing_token, idempotency_key, tool, action)
         try:
-            check_fencing(run, fencing_token, now)
+            check_lease(run, facts.lease, fencing_token, now)
         except LeaseLost as lost:
             return _deny(
                 run,
@@ -133,18 +220,23 @@ def declare_effect(
                 args,
                 fencing_token,
             )
-        existing = select_row(
-            Effect, run=run.pk, idempotency_key=idempotency_key, decision=Effect.AUTHORIZED
-        )
-        if existing is not None:
-            return _replay(run, actor, existing, fp)
+        if facts.existing is not None:
+            return _replay(run, actor, facts.existing, fp)
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
-        reason = reason or _authority_denial(run, tool, action, now)
+        reason = reason or _authority_denial(run, tool, action, now, facts.grants)
         approval, detail = None, ""
         if reason is None:
             reason, detail = capability_frozen(run.pk, tool, action)
         if reason is None:
-            reason, approval, detail = approval_denial(run, approval_id, tool, action, args)
+            reason, approval, detail = approval_denial(
+                run,
+                approval_id,
+                tool,
+                action,
+                args,
+                policies=facts.policies,
+                latest=facts.latest_approval,
+            )
         if reason is not None:
             return _deny(
                 run,
@@ -159,7 +251,7 @@ def declare_effect(
                 args,
                 fencing_token,
             )
-        effect = Effect.objects.create(
+        effect = Effect(
             run=run,
             attempt_id=run.current_attempt_id,
             step=step,
@@ -175,13 +267,7 @@ def declare_effect(
             irreversible=irreversible,
             declared_at=now,
         )
-        if approval is not None:  # single use: the compare-and-swap makes a second consumer lose
-            used = Approval.objects.filter(pk=approval.pk, consumed_by__isnull=True).update(
-                consumed_by=effect
-            )
-            if used != 1:
-                raise Conflict("the approval was used by another declaration meanwhile")
-        append_history(
+        event = next_history(
             run,
             "effect_intent",
             {
@@ -194,6 +280,14 @@ def declare_effect(
             attempt=run.current_attempt_id,
             actor=actor,
         )
+        # The effect, its history link and the run's new head: one statement.
+        write_rows([effect, event], [(Run, run.pk, history_head(run, event))])
+        if approval is not None:  # single use: the compare-and-swap makes a second consumer lose
+            used = Approval.objects.filter(pk=approval.pk, consumed_by__isnull=True).update(
+                consumed_by=effect
+            )
+            if used != 1:
+                raise Conflict("the approval was used by another declaration meanwhile")
         record_audit(
             actor=actor,
             action="effect.declare",
@@ -247,7 +341,7 @@ def _deny(
     run, actor, reason, detail, step, tool, action, key, fp, args, fencing_token
 ) -> Declaration:
     """Denied declarations are part of the ledger too (committed, not rolled back)."""
-    effect = Effect.objects.create(
+    effect = Effect(
         run=run,
         attempt_id=run.current_attempt_id,
         step=step,
@@ -261,7 +355,7 @@ def _deny(
         status=Effect.DENIED,
         denial_reason=reason,
     )
-    append_history(
+    event = next_history(
         run,
         "effect_denied",
         {
@@ -274,6 +368,7 @@ def _deny(
         attempt=run.current_attempt_id,
         actor=actor,
     )
+    write_rows([effect, event], [(Run, run.pk, history_head(run, event))])
     record_audit(
         actor=actor,
         action="effect.declare",
@@ -298,10 +393,32 @@ def _deny(
 
 def effect_run_id(effect_id: Any) -> Any:
     """The run an effect belongs to, read before locking that run (every effect decision does)."""
+    from django.db import connection
+
+    # ``Effect.objects.values_list("run_id", flat=True).get(pk=…)`` without the query compiler: every
+    # outcome starts here.
     try:
-        return Effect.objects.values_list("run_id", flat=True).get(pk=effect_id)
-    except (Effect.DoesNotExist, ValueError):
-        raise NotFound(f"effect {effect_id} does not exist", object="effect") from None
+        pk = Effect._meta.pk.get_db_prep_value(effect_id, connection)
+    except (ValueError, TypeError, ValidationError):
+        pk = None
+    row = None
+    if pk is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT run_id FROM {Effect._meta.db_table} WHERE id = %s", [pk])
+            row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"effect {effect_id} does not exist", object="effect")
+    return Effect._meta.get_field("run").target_field.to_python(row[0])
+
+
+@dataclass
+class Recorded:
+    """An outcome, and the step's checkpoint if it came with it: written, or refused (the outcome is
+    recorded regardless: it is a fact about the world, the checkpoint a worker's claim to progress)."""
+
+    effect: Effect
+    checkpoint: Checkpoint | None = None
+    checkpoint_refused: DomainError | None = None
 
 
 def record_outcome(
@@ -317,12 +434,71 @@ def record_outcome(
     """Always accepted: an outcome is a fact about the world, even after pause/cancel or fencing.
     ``run_id``: the effect's run if the caller already looked it up with ``effect_run_id`` (the API edge
     does, to check the token's scope); an effect never moves to another run."""
+    return record_outcome_with(
+        actor=actor,
+        effect_id=effect_id,
+        fencing_token=fencing_token,
+        status=status,
+        external_ref=external_ref,
+        detail=detail,
+        run_id=run_id,
+    ).effect
+
+
+def _lock_effect(run: Run, effect_id: Any, fencing_token: Any) -> tuple[Effect | None, Any]:
+    """The effect, locked, and the run's lease with ``fencing_token`` (None without one): one
+    statement, read after the run lock (every lease writer takes it first)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        from core.rows import select_row
+
+        lease = None
+        if fencing_token is not None:
+            lease = select_row(ExecutionLease, run=run.pk, fencing_token=int(fencing_token))
+        return select_row(Effect, pk=effect_id, lock=True), lease
+    try:
+        pk = Effect._meta.pk.get_db_prep_value(effect_id, connection)
+    except (ValueError, TypeError, ValidationError):
+        return None, None
+    sql = (
+        f"SELECT row_to_json(e), (SELECT row_to_json(l) FROM {ExecutionLease._meta.db_table} l"
+        "  WHERE l.run_id = %(run)s AND l.fencing_token = %(token)s)"
+        f" FROM {Effect._meta.db_table} e WHERE e.id = %(effect)s FOR UPDATE OF e"
+    )
+    token = int(fencing_token) if fencing_token is not None else None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"run": run.pk, "token": token, "effect": pk})
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    return from_json(Effect, row[0]), from_json(ExecutionLease, row[1])
+
+
+def record_outcome_with(
+    *,
+    actor: Actor,
+    effect_id: Any,
+    fencing_token: int | None,
+    status: str,
+    external_ref: str = "",
+    detail: dict | None = None,
+    run_id: Any = None,
+    checkpoint: dict | None = None,
+) -> Recorded:
+    """``record_outcome``, plus the step's checkpoint (``{"step", "state"}``) in the same transaction
+    when given: one commit for the end of a step. The checkpoint needs the run's current lease (the
+    fencing token); if it is refused the outcome is still recorded and ``checkpoint_refused`` says why
+    (audited as a refused ``run.checkpoint``)."""
+    from .records import checkpoint_head, new_checkpoint, write_checkpoint
+
     if status not in OUTCOMES:
         raise Invalid("status must be committed, failed or unknown", field="status")
     run_id = run_id if run_id is not None else effect_run_id(effect_id)
+    result: Recorded | None = None
     with decision(actor, "effect.outcome", "effect", effect_id, run_id):
         run = lock_run(run_id)
-        effect = select_row(Effect, pk=effect_id, lock=True)
+        effect, lease = _lock_effect(run, effect_id, fencing_token if checkpoint else None)
         if effect is None:
             raise NotFound(f"effect {effect_id} does not exist", object="effect")
         if effect.decision != Effect.AUTHORIZED:
@@ -334,73 +510,124 @@ def record_outcome(
             if effect.status == status and (
                 not external_ref or external_ref == effect.external_ref
             ):
-                return effect  # the same report twice (e.g. an SDK retry)
-            if effect.reconciled and (
+                result = Recorded(effect)  # the same report twice (e.g. an SDK retry)
+            elif effect.reconciled and (
                 status == Effect.UNKNOWN or reported_again(effect, status, external_ref)
             ):
-                return effect  # no news against what is already settled or already contradicted
-            if effect.reconciled and effect.status != Effect.DISCREPANCY:
-                return record_discrepancy(
-                    run,
-                    effect,
-                    actor=actor,
-                    status=status,
-                    external_ref=external_ref,
-                    detail=detail,
-                    fencing_token=fencing_token,
-                    now=now,
+                result = Recorded(effect)  # no news against what is already settled or contradicted
+            elif effect.reconciled and effect.status != Effect.DISCREPANCY:
+                result = Recorded(
+                    record_discrepancy(
+                        run,
+                        effect,
+                        actor=actor,
+                        status=status,
+                        external_ref=external_ref,
+                        detail=detail,
+                        fencing_token=fencing_token,
+                        now=now,
+                    )
                 )
-            raise Conflict(f"effect already recorded as {effect.status}", status=effect.status)
-        effect.stale_lease = (
-            fencing_token is None
-            or fencing_token != run.fencing_token
-            or run.state
-            not in (State.RUNNING, State.AWAITING_APPROVAL, State.PAUSING, State.CANCELLING)
-        )
-        effect.late = run.state != State.RUNNING and run.state != State.AWAITING_APPROVAL
-        effect.status, effect.outcome_at = status, now
-        effect.external_ref = external_ref or effect.external_ref
-        effect.outcome_detail = detail or {}
-        effect.save(
-            update_fields=[
-                "status",
-                "outcome_at",
-                "external_ref",
-                "outcome_detail",
-                "late",
-                "stale_lease",
+            else:
+                raise Conflict(f"effect already recorded as {effect.status}", status=effect.status)
+        else:
+            result = Recorded(effect)
+            _settle(run, effect, actor, status, external_ref, detail, fencing_token, now)
+            inserts: list[Any] = [
+                next_history(
+                    run,
+                    "effect_outcome",
+                    {
+                        "effect": str(effect.pk),
+                        "status": status,
+                        "external_ref": effect.external_ref,
+                        "late": effect.late,
+                        "stale_lease": effect.stale_lease,
+                    },
+                    attempt=run.current_attempt_id,
+                    actor=actor,
+                )
             ]
-        )
-        append_history(
-            run,
-            "effect_outcome",
-            {
-                "effect": str(effect.pk),
-                "status": status,
-                "external_ref": effect.external_ref,
-                "late": effect.late,
-                "stale_lease": effect.stale_lease,
-            },
-            attempt=run.current_attempt_id,
-            actor=actor,
-        )
+            run_update = history_head(run, inserts[0])
+            if checkpoint is not None:
+                try:
+                    check_lease(run, lease, fencing_token, now)
+                except LeaseLost as lost:
+                    result.checkpoint_refused = lost
+                else:
+                    cp, cp_event = new_checkpoint(
+                        run, actor, checkpoint["step"], checkpoint.get("state")
+                    )
+                    inserts += [cp, cp_event]
+                    run_update = checkpoint_head(run, cp_event)
+                    result.checkpoint = cp
+            # The outcome, its history link (and the checkpoint with its link), the run's head: one
+            # statement.
+            write_rows(
+                inserts,
+                [
+                    (Effect, effect.pk, {f: getattr(effect, f) for f in _OUTCOME_FIELDS}),
+                    (Run, run.pk, run_update),
+                ],
+            )
+            record_audit(
+                actor=actor,
+                action="effect.outcome",
+                object_type="effect",
+                object_id=effect.pk,
+                run_id=run.pk,
+                context={
+                    "status": status,
+                    "external_ref": effect.external_ref,
+                    "late": effect.late,
+                    "stale_lease": effect.stale_lease,
+                    "state": run.state,
+                    "fencing_token": fencing_token,
+                },
+            )
+            if effect.late:
+                from .common import notify_run_changed
+
+                notify_run_changed(run)
+            checkpoint = None  # handled (written or refused) in this transaction
+    if result.checkpoint_refused is not None:  # audited like any refused decision (common.decision)
+        err = result.checkpoint_refused
         record_audit(
             actor=actor,
-            action="effect.outcome",
-            object_type="effect",
-            object_id=effect.pk,
-            run_id=run.pk,
-            context={
-                "status": status,
-                "external_ref": effect.external_ref,
-                "late": effect.late,
-                "stale_lease": effect.stale_lease,
-                "state": run.state,
-                "fencing_token": fencing_token,
-            },
+            action="run.checkpoint",
+            object_type="run",
+            object_id=run_id,
+            run_id=run_id,
+            outcome=AuditEvent.DENIED,
+            reason=f"{err.code}: {err.detail}",
+            context=err.payload(),
         )
-        if effect.late:
-            from .common import notify_run_changed
+    elif checkpoint is not None:  # an outcome reported again: the checkpoint is its own decision
+        try:
+            result.checkpoint = write_checkpoint(
+                actor=actor,
+                run_id=run_id,
+                fencing_token=fencing_token,  # type: ignore[arg-type]
+                step=checkpoint["step"],
+                state=checkpoint.get("state"),
+            )
+        except (LeaseLost, Conflict, NotFound) as refused:
+            result.checkpoint_refused = refused
+    return result
 
-            notify_run_changed(run)
-    return effect
+
+_OUTCOME_FIELDS = ("status", "outcome_at", "external_ref", "outcome_detail", "late", "stale_lease")
+
+
+def _settle(run, effect, actor, status, external_ref, detail, fencing_token, now) -> None:
+    """The outcome's fields on the effect, flagged late or stale against the run (in memory)."""
+    effect.stale_lease = (
+        fencing_token is None
+        or fencing_token != run.fencing_token
+        or run.state
+        not in (State.RUNNING, State.AWAITING_APPROVAL, State.PAUSING, State.CANCELLING)
+    )
+    effect.late = run.state != State.RUNNING and run.state != State.AWAITING_APPROVAL
+    effect.status, effect.outcome_at = status, now
+    effect.external_ref = external_ref or effect.external_ref
+    effect.outcome_detail = detail or {}

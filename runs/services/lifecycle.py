@@ -45,6 +45,7 @@ from .common import (
     lease_ttl,
     lock_run,
     notify_run_changed,
+    protocol_snapshot,
     run_snapshot,
     starting_checkpoint,
 )
@@ -267,6 +268,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             actor=actor,
             reason=f"claimed by {worker}",
             data={"fencing_token": run.fencing_token},
+            snapshot=protocol_snapshot,
         )
     return Claim(run, attempt, lease, checkpoint_summary(cp))
 
@@ -287,6 +289,14 @@ def _current_lease(run: Run, lease_id: Any, fencing_token: int, now) -> Executio
         if lease_id
         else _lease_by_token(run, fencing_token)
     )
+    return judge_lease(run, lease, fencing_token, now)
+
+
+def judge_lease(
+    run: Run, lease: ExecutionLease | None, fencing_token: int | None, now
+) -> ExecutionLease:
+    """``lease`` (the run's lease with ``fencing_token``, read under the run lock) if it is still the
+    run's current one; else LeaseLost (fencing)."""
     if lease is None:
         raise LeaseLost("no such lease for this run", state=run.state)
     if fencing_token != lease.fencing_token or lease.fencing_token != run.fencing_token:
@@ -304,7 +314,14 @@ def _current_lease(run: Run, lease_id: Any, fencing_token: int, now) -> Executio
 def check_fencing(run: Run, fencing_token: int, now=None) -> ExecutionLease:
     """For worker writes: the token must be the run's current one and its lease live."""
     now = now or timezone.now()
-    lease = _current_lease(run, None, fencing_token, now)
+    return check_lease(run, _lease_by_token(run, fencing_token), fencing_token, now)
+
+
+def check_lease(
+    run: Run, lease: ExecutionLease | None, fencing_token: int | None, now
+) -> ExecutionLease:
+    """``check_fencing`` with the lease already read (under the run lock) by the caller."""
+    lease = judge_lease(run, lease, fencing_token, now)
     if lease.status != ExecutionLease.ACTIVE:
         raise LeaseLost("the lease was released", state=run.state)
     return lease
@@ -462,6 +479,7 @@ def finish_attempt(
             actor=actor,
             reason=error or f"attempt {outcome}",
             data={"failure_class": failure_class, "error": error},
+            snapshot=protocol_snapshot,
         )
     return run
 

@@ -14,11 +14,20 @@ from audit.chain import canonical
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
-from runs.models import Approval, Assumption, Checkpoint, Run, Timer
+from core.rows import write_rows
+from runs.models import Approval, Assumption, Checkpoint, HistoryEvent, Run, Timer
 from runs.states import Event
 
 from .approvals import approval_digest, required_policy
-from .common import append_history, apply_transition, decision, lock_run, notify_run_changed
+from .common import (
+    append_history,
+    apply_transition,
+    decision,
+    history_head,
+    lock_run,
+    next_history,
+    notify_run_changed,
+)
 from .lifecycle import check_fencing
 
 MAX_TIMER_S = 10 * 366 * 24 * 3600  # a timer further out than ten years is a bug, not a plan
@@ -47,39 +56,54 @@ def write_checkpoint(
     with decision(actor, "run.checkpoint", "run", run_id, run_id):
         run = lock_run(run_id)
         check_fencing(run, fencing_token)
-        seq = run.checkpoint_seq + 1
-        snapshot = state or {}
-        digest = hashlib.sha256(
-            canonical(
-                {
-                    "run": str(run.pk),
-                    "seq": seq,
-                    "step": step,
-                    "state": snapshot,
-                    "versions": run.versions,
-                }
-            )
-        ).hexdigest()
-        cp = Checkpoint.objects.create(
-            run=run,
-            attempt_id=run.current_attempt_id,
-            seq=seq,
-            step=step,
-            state=snapshot,
-            versions=run.versions,
-            history_seq=run.history_seq + 1,
-            hash=digest,
-        )
-        run.checkpoint_seq = seq
-        append_history(
-            run,
-            "checkpoint",
-            {"seq": seq, "step": step, "hash": digest},
-            attempt=run.current_attempt_id,
-            actor=actor,
-            run_updates={"checkpoint_seq": seq},
-        )
+        cp, event = new_checkpoint(run, actor, step, state)
+        # The checkpoint, its history link and the run's new head: one statement.
+        write_rows([cp, event], [(Run, run.pk, checkpoint_head(run, event))])
     return cp
+
+
+def new_checkpoint(
+    run: Run, actor: Actor, step: str, state: dict | None
+) -> tuple[Checkpoint, HistoryEvent]:
+    """The run's next checkpoint and its history link, not yet written (the caller writes both with
+    ``checkpoint_head(run, event)`` in the run's UPDATE). Caller holds the run lock and has checked
+    the fencing token."""
+    seq = run.checkpoint_seq + 1
+    snapshot = state or {}
+    digest = hashlib.sha256(
+        canonical(
+            {
+                "run": str(run.pk),
+                "seq": seq,
+                "step": step,
+                "state": snapshot,
+                "versions": run.versions,
+            }
+        )
+    ).hexdigest()
+    cp = Checkpoint(
+        run=run,
+        attempt_id=run.current_attempt_id,
+        seq=seq,
+        step=step,
+        state=snapshot,
+        versions=run.versions,
+        history_seq=run.history_seq + 1,
+        hash=digest,
+    )
+    run.checkpoint_seq = seq
+    event = next_history(
+        run,
+        "checkpoint",
+        {"seq": seq, "step": step, "hash": digest},
+        attempt=run.current_attempt_id,
+        actor=actor,
+    )
+    return cp, event
+
+
+def checkpoint_head(run: Run, event: HistoryEvent) -> dict[str, Any]:
+    return {**history_head(run, event), "checkpoint_seq": run.checkpoint_seq}
 
 
 def _parse_time(value: Any, field: str) -> datetime:

@@ -82,7 +82,9 @@
     var key = event.key;
     if (key === "/") {
       var search = document.querySelector("[data-search]");
-      if (search) { event.preventDefault(); search.focus(); search.select(); }
+      event.preventDefault();
+      if (search) { search.focus(); search.select(); }
+      else { window.location.assign("/#search"); } // pages without a search box: the run list's
     } else if (key === "j" || key === "k") {
       var at = selectedIndex();
       select(at < 0 ? 0 : at + (key === "j" ? 1 : -1));
@@ -97,6 +99,10 @@
   document.addEventListener("click", function (event) {
     if (event.target.closest && event.target.closest("[data-help]")) help();
   });
+  if (window.location.hash === "#search") {
+    var box = document.querySelector("[data-search]");
+    if (box) box.focus();
+  }
   // A click on a row's empty space opens it too; links and buttons inside keep their own meaning.
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("table[data-keys] tbody tr[data-href]");

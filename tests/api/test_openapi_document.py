@@ -180,3 +180,19 @@ def test_the_directive_and_effect_status_enums_name_values_the_server_uses():
 
     assert {directive_for(state) for state in State} <= {d.value for d in sdk.Directive}
     assert {s.value for s in sdk.EffectStatus} <= set(Effect.STATUSES)
+
+
+def test_the_outcome_documents_the_checkpoint_and_next_declaration_it_may_carry(document):
+    """Fewer round trips are part of the contract: the request fields and what they answer."""
+    operation = document["paths"]["/api/v1/effects/{effect_id}/outcome"]["post"]
+    request = resolve(document, operation["requestBody"]["content"]["application/json"]["schema"])
+    assert {"checkpoint", "next"} <= set(request["properties"])
+    answer = resolve(document, _json_schema(operation, "200"))
+    assert {"checkpoint", "next"} <= set(answer["properties"])
+    refs = {
+        name: {o.get("$ref", "").rsplit("/", 1)[-1] for o in answer["properties"][name]["anyOf"]}
+        for name in ("checkpoint", "next")
+    }
+    assert {"CheckpointWrittenOut", "ErrorOut"} <= refs["checkpoint"]
+    assert {"NextDeclarationOut", "NextDeclarationErrorOut"} <= refs["next"]
+    assert "http_status" in document["components"]["schemas"]["NextDeclarationOut"]["properties"]

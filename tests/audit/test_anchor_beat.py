@@ -1,5 +1,5 @@
 """The interval anchor on real parts: a Celery worker with embedded beat (``-B``) on this test's
-PostgreSQL database and Redis, ANCHOR_INTERVAL_S=1. It keeps appending signed anchors of the head,
+PostgreSQL database and Redis, ANCHOR_INTERVAL_S=1. It keeps appending signed anchors of the heads,
 also while nothing happens, and ``audit_verify --anchors`` accepts every one of them."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.integrity import verify_all
-from audit.models import AuditChainHead
+from audit.merkle import merkle_root
+from audit.models import SYSTEM, AuditChain
 from audit.services import record_audit
 from core.actors import system_actor
 from tests.live import Procs, server_env, start_celery, wait_for
@@ -35,7 +36,7 @@ def test_beat_writes_a_signed_anchor_every_interval_also_when_idle(tmp_path, set
     settings.ANCHOR_DIR, settings.ANCHOR_SIGNING_KEY = str(tmp_path / "anchors"), str(key_file)
     for i in range(3):
         record_audit(actor=system_actor("test"), action="test.event", object_type="t", object_id=i)
-    head = AuditChainHead.objects.get(id=1)
+    head = AuditChain.objects.get(key=SYSTEM)
     sink = tmp_path / "anchors" / "anchors.jsonl"
     env = server_env(
         tmp_path,
@@ -59,7 +60,8 @@ def test_beat_writes_a_signed_anchor_every_interval_also_when_idle(tmp_path, set
     finally:
         procs.stop()
     written = lines()
-    assert {(a["seq"], a["hash"]) for a in written} == {(head.seq, head.hash)}  # idle: same head
+    root = merkle_root([(SYSTEM, head.seq, head.hash)])
+    assert {(a["root"], a["events"]) for a in written} == {(root, 3)}  # idle: same heads
     assert len({a["at"] for a in written}) == len(written)  # each a fresh anchor
     report = verify_all(anchors=True)
     assert report["ok"] and report["anchors"]["anchors"] == len(written), report

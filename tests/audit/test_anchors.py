@@ -22,7 +22,8 @@ from django.db import connection
 from audit import anchors
 from audit.chain import GENESIS, link_hash
 from audit.integrity import verify_all
-from audit.models import AuditChainHead, AuditEvent
+from audit.merkle import merkle_root
+from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from audit.tasks import write_anchor as write_anchor_task
 from core.actors import system_actor
@@ -73,7 +74,7 @@ def _write_anchored(n: int) -> None:
 @contextmanager
 def superuser_tampering():
     """What a superuser can do: switch off every trigger of the audit tables (rolled back with the test)."""
-    tables = ("audit_auditevent", "audit_auditchainhead")
+    tables = ("audit_auditevent", "audit_auditchain")
     with connection.cursor() as cur:
         for table in tables:
             cur.execute(f"ALTER TABLE {table} DISABLE TRIGGER ALL")
@@ -83,37 +84,44 @@ def superuser_tampering():
             cur.execute(f"ALTER TABLE {table} ENABLE TRIGGER ALL")
 
 
-def _set_head(seq: int, head_hash: str) -> None:
-    AuditChainHead.objects.filter(id=1).update(seq=seq, hash=head_hash)
+def _at(seq: int, chain: str = SYSTEM):
+    return AuditEvent.objects.filter(chain=chain, chain_seq=seq)
 
 
-def _rehash_from(seq: int) -> None:
+def _set_head(seq: int, head_hash: str, chain: str = SYSTEM) -> None:
+    AuditChain.objects.filter(key=chain).update(seq=seq, hash=head_hash)
+
+
+def _rehash_from(seq: int, chain: str = SYSTEM) -> None:
     """Recompute every hash from ``seq`` to the end and move the head: the chain verifies again."""
-    prev = AuditEvent.objects.get(seq=seq - 1).hash if seq > 1 else GENESIS
-    for event in AuditEvent.objects.filter(seq__gte=seq).order_by("seq"):
+    prev = _at(seq - 1, chain).get().hash if seq > 1 else GENESIS
+    for event in AuditEvent.objects.filter(chain=chain, chain_seq__gte=seq).order_by("chain_seq"):
         event.prev_hash = prev
         event.hash = link_hash(prev, event.hashed_fields())
         AuditEvent.objects.filter(pk=event.pk).update(prev_hash=event.prev_hash, hash=event.hash)
         prev = event.hash
-    _set_head(AuditEvent.objects.order_by("-seq").first().seq, prev)
+    top = AuditEvent.objects.filter(chain=chain).order_by("-chain_seq").first()
+    _set_head(top.chain_seq, prev, chain)
 
 
 # --- the tampering an attacker with superuser rights does, each to be named with its position -----
 
 
 def _edit():
-    AuditEvent.objects.filter(seq=3).update(reason="approved by the CFO")
+    _at(3).update(reason="approved by the CFO")
 
 
 def _delete():
-    AuditEvent.objects.filter(seq=3).delete()
+    _at(3).delete()
 
 
 def _insert():
     for seq in (6, 5, 4, 3):
-        AuditEvent.objects.filter(seq=seq).update(seq=seq + 1)
+        _at(seq).update(chain_seq=seq + 1)
     forged = AuditEvent(
-        seq=3,
+        seq=10**12,
+        chain=SYSTEM,
+        chain_seq=3,
         actor_kind="user",
         actor="mallory",
         action="test.forged",
@@ -121,31 +129,31 @@ def _insert():
         object_id="forged",
         outcome="allowed",
         component="psql",
-        prev_hash=AuditEvent.objects.get(seq=2).hash,
+        prev_hash=_at(2).get().hash,
     )
     forged.hash = link_hash(forged.prev_hash, forged.hashed_fields())
     forged.save(force_insert=True)
 
 
 def _reorder():
-    AuditEvent.objects.filter(seq=3).update(seq=-3)
-    AuditEvent.objects.filter(seq=4).update(seq=3)
-    AuditEvent.objects.filter(seq=-3).update(seq=4)
+    _at(3).update(chain_seq=-3)
+    _at(4).update(chain_seq=3)
+    _at(-3).update(chain_seq=4)
 
 
 def _truncate():
     with connection.cursor() as cur:
         cur.execute("TRUNCATE audit_auditevent")
-    _set_head(0, GENESIS)
+    AuditChain.objects.all().delete()
 
 
 def _cut_tail():
-    AuditEvent.objects.filter(seq__gte=4).delete()
-    _set_head(3, AuditEvent.objects.get(seq=3).hash)
+    AuditEvent.objects.filter(chain=SYSTEM, chain_seq__gte=4).delete()
+    _set_head(3, _at(3).get().hash)
 
 
 def _rewrite_and_rehash():
-    AuditEvent.objects.filter(seq=3).update(reason="nothing to see")
+    _at(3).update(reason="nothing to see")
     _rehash_from(3)
 
 
@@ -202,7 +210,7 @@ def test_sparse_anchors_bound_a_rewrite_between_the_last_good_anchor_and_the_fir
     _write(4)
     anchors.write_anchor()  # anchors at seq 2 and seq 6 only
     with superuser_tampering():
-        AuditEvent.objects.filter(seq=4).update(reason="nothing to see")
+        _at(4).update(reason="nothing to see")
         _rehash_from(4)
     report = verify_all(anchors=True)["anchors"]
     assert (report["problem"], report["first_broken_seq"], report["changed_after_seq"]) == (
@@ -232,17 +240,19 @@ def test_a_cut_tail_followed_by_new_events_is_a_rewrite_at_the_anchored_position
 
 def test_an_anchor_is_the_signed_head_and_is_appended_also_when_nothing_happened():
     _write(3)
-    head = AuditChainHead.objects.get(id=1)
+    head = AuditChain.objects.get(key=SYSTEM)
     first = anchors.write_anchor()
     second = anchors.write_anchor()  # idle: no new event, still a fresh anchor
-    assert (first["seq"], first["hash"]) == (second["seq"], second["hash"]) == (head.seq, head.hash)
+    assert first["root"] == second["root"] == merkle_root([(SYSTEM, head.seq, head.hash)])
+    assert (first["chains"], first["events"]) == (1, 3)
+    assert first["heads"] == [[SYSTEM, head.seq, head.hash]]
     assert second["at"] > first["at"]
     lines = _sink_path().read_text().splitlines()
     assert [json.loads(line) for line in lines] == [first, second]
     public = anchors.signing_key().public_key()
     public.verify(base64.b64decode(first["sig"]), anchors.signed_bytes(first))  # raises if invalid
     report = verify_all(anchors=True)["anchors"]
-    assert report["ok"] and report["anchors"] == 2 and report["anchored_through"] == 3
+    assert report["ok"] and report["anchors"] == 2 and report["anchored_events"] == 3
 
 
 def test_the_sink_only_grows_earlier_lines_are_never_rewritten():
@@ -264,14 +274,14 @@ def test_the_beat_task_writes_an_anchor_at_the_configured_interval():
     }
     _write(2)
     record = write_anchor_task.apply().get()
-    assert record["seq"] == 2 and json.loads(_sink_path().read_text())["seq"] == 2
+    assert record["events"] == 2 and json.loads(_sink_path().read_text())["events"] == 2
 
 
 def test_audit_anchor_command_appends_one_and_prints_the_public_key(capsys):
     _write(1)
     call_command("audit_anchor")
     printed = json.loads(capsys.readouterr().out.strip())
-    assert printed["seq"] == 1 and len(_sink_path().read_text().splitlines()) == 1
+    assert printed["events"] == 1 and len(_sink_path().read_text().splitlines()) == 1
     call_command("audit_anchor", "--public-key")
     pem = capsys.readouterr().out
     assert pem.startswith("-----BEGIN PUBLIC KEY-----")
@@ -281,7 +291,7 @@ def test_audit_anchor_command_appends_one_and_prints_the_public_key(capsys):
 def test_no_anchor_for_a_head_the_database_contradicts():
     _write(3)
     with superuser_tampering():
-        _set_head(2, AuditEvent.objects.get(seq=2).hash)
+        _set_head(2, _at(2).get().hash)
     with pytest.raises(anchors.AnchorRefused):
         anchors.write_anchor()
     assert not _sink_path().exists()
@@ -296,7 +306,7 @@ def test_a_forged_or_edited_anchor_line_is_named_by_its_line():
     _write(3)
     anchors.write_anchor()
     good = json.loads(_sink_path().read_text())
-    forged = good | {"seq": 2, "hash": AuditEvent.objects.get(seq=2).hash}  # signature of seq 3
+    forged = good | {"root": merkle_root([(SYSTEM, 2, _at(2).get().hash)])}  # signed for seq 3
     other_key = Ed25519PrivateKey.generate()
     foreign = good | {"key": anchors.key_id(other_key.public_key())}
     foreign["sig"] = base64.b64encode(other_key.sign(anchors.signed_bytes(foreign))).decode()
@@ -436,15 +446,12 @@ def test_a_run_history_tail_cut_with_its_head_moved_back_is_caught_by_the_anchor
 def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
     settings.ANCHOR_INTERVAL_S = 60
     _write(1)
-    head = AuditChainHead.objects.get(id=1)
     key = anchors.signing_key()
     old = {
-        "v": 1,
-        "seq": head.seq,
-        "hash": head.hash,
+        "v": 2,
+        **anchors.current_heads(None),
         "at": "2026-01-01T00:00:00+00:00",
         "key": anchors.key_id(key.public_key()),
-        "parts": {},
     }
     old["sig"] = base64.b64encode(key.sign(anchors.signed_bytes(old))).decode()
     anchors.DirectorySink().append(json.dumps(old))
@@ -452,3 +459,72 @@ def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
     assert report["ok"] and report["stale"] and report["latest_at"].startswith("2026-01-01")
     anchors.write_anchor()
     assert not verify_all(anchors=True)["anchors"]["stale"]
+
+
+# --- per-run chains under the Merkle checkpoint ------------------------------------------------------
+
+
+def _run_events(run_id, n: int) -> None:
+    for i in range(n):
+        record_audit(actor=ACTOR, action="test.step", object_type="run", object_id=i, run_id=run_id)
+
+
+def test_cutting_the_tail_of_one_runs_chain_is_named_with_its_chain_against_the_merkle_anchor():
+    import uuid
+
+    busy, quiet = uuid.uuid4(), uuid.uuid4()
+    _write(2)
+    _run_events(quiet, 3)
+    for _ in range(3):
+        _run_events(busy, 2)
+        anchors.write_anchor()
+    chain = f"run:{busy}"
+    assert AuditChain.objects.get(key=chain).seq == 6
+    assert verify_all(anchors=True)["ok"]
+    with superuser_tampering():  # the run's last two events go, its head moved back to match
+        AuditEvent.objects.filter(chain=chain, chain_seq__gte=5).delete()
+        _set_head(4, _at(4, chain).get().hash, chain)
+    report = verify_all(anchors=True)
+    assert report["chain"]["ok"]  # the chains alone are fooled
+    part = report["anchors"]
+    assert (part["problem"], part["chain"], part["first_broken_seq"]) == ("tail_cut", chain, 5)
+    assert f"tail_cut in chain {chain} at seq 5" in part["summary"]
+    assert [p["chain"] for p in part["problems"]] == [chain]  # the other chains still match
+
+
+def test_rewriting_and_rehashing_one_runs_chain_names_that_chain_only():
+    import uuid
+
+    runs = [uuid.uuid4() for _ in range(3)]
+    for run_id in runs:
+        _run_events(run_id, 4)
+    anchors.write_anchor()
+    chain = f"run:{runs[1]}"
+    with superuser_tampering():
+        _at(2, chain).update(reason="nothing to see")
+        _rehash_from(2, chain)
+    report = verify_all(anchors=True)
+    assert report["chain"]["ok"]
+    part = report["anchors"]
+    assert (part["problem"], part["chain"], part["first_broken_seq"]) == ("rewritten", chain, 4)
+    assert len(part["problems"]) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deleted_anchor_line_shows_as_a_root_that_does_not_add_up():
+    """Committed writes, as in production: each anchor carries only the heads that moved since the
+    one before, so a line taken out of the sink leaves the next root unexplained."""
+    import uuid
+
+    _write(1)
+    first = anchors.write_anchor()
+    _run_events(uuid.uuid4(), 1)
+    second = anchors.write_anchor()
+    third = anchors.write_anchor()  # idle
+    assert len(first["heads"]) == 1 and len(second["heads"]) == 1 and third["heads"] == []
+    assert verify_all(anchors=True)["ok"]
+    lines = _sink_path().read_text().splitlines()
+    _sink_path().write_text(lines[0] + "\n" + lines[2] + "\n")  # the new run chain's anchor goes
+    report = verify_all(anchors=True)["anchors"]
+    assert not report["ok"] and report["problem"] == "anchor_missing"
+    assert "line 2" in report["detail"]

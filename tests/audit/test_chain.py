@@ -12,7 +12,7 @@ from django.core.management import ManagementUtility, call_command
 from django.db import DatabaseError, connection, transaction
 
 from audit.chain import GENESIS, link_hash
-from audit.models import AuditChainHead, AuditEvent
+from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor
 from runs import services
@@ -51,14 +51,21 @@ def tampering():
             cur.execute("SET session_replication_role = DEFAULT")
 
 
+def _at(seq: int):
+    """The system chain's row at position ``seq`` (the chain ``_write`` appends to)."""
+    return AuditEvent.objects.filter(chain=SYSTEM, chain_seq=seq)
+
+
 def _row(seq: int) -> AuditEvent:
-    return AuditEvent.objects.get(seq=seq)
+    return _at(seq).get()
 
 
 def _forge(seq: int, prev_hash: str, **fields) -> AuditEvent:
     """A well-formed row an attacker builds: the chain's hash is not keyed, so anyone can compute it."""
     event = AuditEvent(
-        seq=seq,
+        seq=10**12 + seq,  # any free reading-order number: it is not evidence
+        chain=SYSTEM,
+        chain_seq=seq,
         actor_kind="user",
         actor="mallory",
         action="test.forged",
@@ -75,9 +82,11 @@ def _forge(seq: int, prev_hash: str, **fields) -> AuditEvent:
 
 
 def _renumber(from_seq: int, by: int) -> None:
-    rows = AuditEvent.objects.filter(seq__gte=from_seq).order_by("-seq" if by > 0 else "seq")
-    for seq in list(rows.values_list("seq", flat=True)):
-        AuditEvent.objects.filter(seq=seq).update(seq=seq + by)
+    rows = AuditEvent.objects.filter(chain=SYSTEM, chain_seq__gte=from_seq).order_by(
+        "-chain_seq" if by > 0 else "chain_seq"
+    )
+    for seq in list(rows.values_list("chain_seq", flat=True)):
+        _at(seq).update(chain_seq=seq + by)
 
 
 # --- written in the same transaction as the change ------------------------------------------------
@@ -115,7 +124,7 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
 
     def audit_then_remember(**kwargs):
         event = record_audit(**kwargs)
-        written.append(event.seq)
+        written.append(event.pk)
         return event
 
     def broken_notify(run):
@@ -123,12 +132,12 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
 
     monkeypatch.setattr(common, "record_audit", audit_then_remember)
     monkeypatch.setattr(common, "notify_run_changed", broken_notify)
-    head_before = AuditChainHead.objects.get(id=1).seq
+    head_before = AuditChain.objects.get(key=f"run:{run['id']}").seq
     with pytest.raises(RuntimeError):
         services.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")
     assert written, "the audit row was written inside the transaction"
-    assert not AuditEvent.objects.filter(seq__in=written).exists()
-    assert AuditChainHead.objects.get(id=1).seq == head_before
+    assert not AuditEvent.objects.filter(pk__in=written).exists()
+    assert AuditChain.objects.get(key=f"run:{run['id']}").seq == head_before
     assert Run.objects.get(pk=run["id"]).state == "queued"
     assert not ExecutionLease.objects.filter(run_id=run["id"]).exists()
     assert verify_chain().ok
@@ -202,7 +211,7 @@ def test_an_empty_chain_verifies():
 def test_verify_names_an_edited_row():
     _write(6)
     with tampering():
-        AuditEvent.objects.filter(seq=3).update(reason="approved by the CFO")
+        _at(3).update(reason="approved by the CFO")
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "edited")
 
@@ -212,9 +221,7 @@ def test_verify_names_an_edited_row_even_when_its_hash_was_recomputed():
     row = _row(3)
     row.reason = "approved by the CFO"
     with tampering():
-        AuditEvent.objects.filter(seq=3).update(
-            reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields())
-        )
+        _at(3).update(reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields()))
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "edited")
 
@@ -224,9 +231,7 @@ def test_verify_names_the_last_row_edited_and_rehashed():
     row = _row(6)
     row.reason = "nothing happened"
     with tampering():
-        AuditEvent.objects.filter(seq=6).update(
-            reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields())
-        )
+        _at(6).update(reason=row.reason, hash=link_hash(row.prev_hash, row.hashed_fields()))
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 6, "edited")
 
@@ -234,7 +239,7 @@ def test_verify_names_the_last_row_edited_and_rehashed():
 def test_verify_names_a_deleted_row():
     _write(6)
     with tampering():
-        AuditEvent.objects.filter(seq=3).delete()
+        _at(3).delete()
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "deleted")
 
@@ -242,7 +247,7 @@ def test_verify_names_a_deleted_row():
 def test_verify_names_a_deleted_row_hidden_by_renumbering():
     _write(6)
     with tampering():
-        AuditEvent.objects.filter(seq=3).delete()
+        _at(3).delete()
         _renumber(4, -1)
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "deleted")
@@ -251,7 +256,7 @@ def test_verify_names_a_deleted_row_hidden_by_renumbering():
 def test_verify_names_a_deleted_last_row():
     _write(6)
     with tampering():
-        AuditEvent.objects.filter(seq=6).delete()
+        _at(6).delete()
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 6, "deleted")
 
@@ -285,9 +290,9 @@ def test_verify_names_a_row_appended_behind_the_chains_back():
 def test_verify_names_reordered_rows():
     _write(6)
     with tampering():
-        AuditEvent.objects.filter(seq=3).update(seq=-3)
-        AuditEvent.objects.filter(seq=4).update(seq=3)
-        AuditEvent.objects.filter(seq=-3).update(seq=4)
+        _at(3).update(chain_seq=-3)
+        _at(4).update(chain_seq=3)
+        _at(-3).update(chain_seq=4)
     report = verify_chain()
     assert (report.ok, report.first_broken_seq, report.problem) == (False, 3, "reordered")
 
@@ -323,7 +328,7 @@ def test_audit_verify_exits_zero_on_a_good_chain(capsys):
 def test_audit_verify_exits_non_zero_naming_the_seq_on_a_broken_chain(capsys):
     _write(6)
     with tampering():
-        AuditEvent.objects.filter(seq=4).update(actor="mallory")
+        _at(4).update(actor="mallory")
     assert _manage("audit_verify") != 0
     err = capsys.readouterr().err
     assert "seq 4" in err and "edited" in err
@@ -336,12 +341,15 @@ def test_audit_export_writes_json_lines_with_hash_and_prev_hash(tmp_path, worker
     call_command("audit_export", "--output", str(path))
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == AuditEvent.objects.count() >= 2
-    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
-    assert rows[0]["prev_hash"] == GENESIS
-    for before, row in zip(rows, rows[1:], strict=False):
+    orders = [r["order"] for r in rows]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    chain = [r for r in rows if r["chain"] == f"run:{run['id']}"]  # the run's chain, in order
+    assert [r["seq"] for r in chain] == list(range(1, len(chain) + 1)) and len(chain) >= 2
+    assert chain[0]["prev_hash"] == GENESIS
+    for before, row in zip(chain, chain[1:], strict=False):
         assert row["prev_hash"] == before["hash"]
     for row in rows:  # each line carries everything needed to re-check its own link
-        fields = {k: v for k, v in row.items() if k not in ("hash", "prev_hash")}
+        fields = {k: v for k, v in row.items() if k not in ("hash", "prev_hash", "order")}
         assert link_hash(row["prev_hash"], fields) == row["hash"]
     assert {
         "actor",
@@ -356,10 +364,10 @@ def test_audit_export_writes_json_lines_with_hash_and_prev_hash(tmp_path, worker
 
 
 def test_audit_export_to_stdout_and_since_seq(capsys):
-    _write(5)
-    call_command("audit_export", "--since-seq", "3")
+    written = _write(5)
+    call_command("audit_export", "--since-seq", str(written[2].seq))
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [json.loads(line)["seq"] for line in lines] == [4, 5]
+    assert [json.loads(line)["seq"] for line in lines] == [4, 5]  # their place in the system chain
 
 
 # --- denied calls are audited with the reason --------------------------------------------------------

@@ -80,12 +80,13 @@ def test_the_application_role_cannot_rewrite_audit_or_history(worker, app_role, 
 
     # What the application does need still works: append to the chain, move its head, update a run.
     as_role.execute(
-        "INSERT INTO audit_auditevent (seq, event_id, created_at, actor_kind, actor, role, on_behalf_of,"
-        " action, object_type, object_id, reason, outcome, component, source_ip, user_agent, request_id,"
-        " context, prev_hash, hash) VALUES (1000000, gen_random_uuid(), now(), 'system', 'grants-test',"
+        "INSERT INTO audit_auditevent (seq, chain, chain_seq, event_id, created_at, actor_kind, actor,"
+        " role, on_behalf_of, action, object_type, object_id, reason, outcome, component, source_ip,"
+        " user_agent, request_id, context, prev_hash, hash) VALUES (nextval('audit_event_order'),"
+        " 'grants-test', 1, gen_random_uuid(), now(), 'system', 'grants-test',"
         " '', '', 'test.insert', 'test', 'x', '', 'allowed', 'test', '', '', '', '{}', 'p', 'h')"
     )
-    as_role.execute("UPDATE audit_auditchainhead SET seq = seq")
+    as_role.execute("UPDATE audit_auditchain SET seq = seq")
     as_role.execute("UPDATE runs_run SET updated_at = now()")
     # No TRUNCATE anywhere, and no DDL.
     assert "permission denied" in _refused(as_role, "TRUNCATE runs_effect")

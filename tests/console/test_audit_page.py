@@ -8,7 +8,8 @@ import json
 import pytest
 from django.test import Client
 
-from audit.models import AuditChainHead, AuditEvent
+from audit.anchors import write_anchor
+from audit.models import AuditChain, AuditEvent
 from tests.conftest import claim, start_run
 
 pytestmark = pytest.mark.django_db
@@ -35,25 +36,49 @@ def test_audit_page_lists_events_and_filters_them(cast, worker):
     assert "No audit event matches" in by_run
 
 
-def test_verify_shows_an_intact_chain(cast, worker):
+def test_verify_answers_first_intact_with_every_check(cast, worker, settings, tmp_path):
+    settings.ANCHOR_DIR = str(tmp_path / "anchors")
     run = start_run(worker)
     claim(worker, run["id"])
-    resp = browser("vera").get("/audit/verify/", HTTP_HX_REQUEST="true")
+    resp = browser("ian").get("/audit/verify/", HTTP_HX_REQUEST="true")
     assert resp.status_code == 200
     html = resp.content.decode()
-    assert 'data-chain="ok"' in html and f"{AuditEvent.objects.count()} events checked" in html
+    events, chains = AuditEvent.objects.count(), AuditChain.objects.count()
+    assert 'data-chain="ok"' in html
+    assert f"Intact: {events} events in {chains} chains, 1 run histories" in html
+    assert "not anchored yet" in html and "cannot be ruled out" in html
+    write_anchor()
+    html = browser("sam").get("/audit/verify/", HTTP_HX_REQUEST="true").content.decode()
+    assert "anchored" in html and "not anchored yet" not in html and "last anchor" in html
 
 
-def test_verify_names_the_first_broken_link(cast, worker):
+def test_verify_needs_the_audit_verify_permission(cast, worker):
+    start_run(worker)
+    vera = browser("vera")
+    assert vera.get("/audit/verify/", HTTP_HX_REQUEST="true").status_code == 403
+    assert b"Verifying needs the audit_verify permission" in vera.get("/audit/").content
+    assert b"Verify everything" in browser("ian").get("/audit/").content
+
+
+def test_verify_names_the_first_broken_link_with_its_chain(cast, worker):
     run = start_run(worker)
     claim(worker, run["id"])
-    head = AuditChainHead.objects.get()
-    AuditChainHead.objects.filter(pk=head.pk).update(seq=head.seq + 1)  # a row "missing" at the end
-    html = browser("vera").get("/audit/verify/", HTTP_HX_REQUEST="true").content.decode()
-    assert (
-        'data-chain="broken"' in html
-        and f"Chain broken at seq <strong>{head.seq + 1}</strong>" in html
-    )
+    key = f"run:{run['id']}"
+    head = AuditChain.objects.get(key=key)
+    AuditChain.objects.filter(key=key).update(seq=head.seq + 1)  # a row "missing" at the end
+    html = browser("ian").get("/audit/verify/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-chain="broken"' in html
+    assert f"Broken: audit chain {key} broken at seq {head.seq + 1}: deleted" in html
+
+
+def test_verify_names_a_broken_run_history_too(cast, worker):
+    from runs.models import Run
+
+    run = start_run(worker)
+    claim(worker, run["id"])
+    Run.objects.filter(pk=run["id"]).update(history_seq=99)
+    html = browser("ian").get("/audit/verify/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-chain="broken"' in html and f"history: run {run['id']} history broken" in html
 
 
 def test_export_needs_the_audit_export_permission(cast, worker):
@@ -69,5 +94,5 @@ def test_export_needs_the_audit_export_permission(cast, worker):
     lines = b"".join(resp.streaming_content).decode().splitlines()
     assert len(lines) == AuditEvent.objects.count()
     rows = [json.loads(line) for line in lines]
-    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
+    assert [r["order"] for r in rows] == sorted(r["order"] for r in rows)  # the reading order
     assert all(r["hash"] and "prev_hash" in r for r in rows)

@@ -27,7 +27,7 @@ def browser(username: str, **kwargs) -> Client:
 
 
 def token_of(html: bytes) -> str:
-    match = re.search(rb'name="preview_token" value="([0-9a-f]+)"', html)
+    match = re.search(rb'name="preview_digest" value="([0-9a-f]+)"', html)
     assert match, html.decode()[:2000]
     return match.group(1).decode()
 
@@ -41,7 +41,7 @@ def open_dialog(client: Client, run_id: str, kind: str, **params):
 def confirm(client: Client, run_id: str, kind: str, token: str, **fields):
     return client.post(
         f"/runs/{run_id}/interventions/",
-        {"kind": kind, "preview_token": token, **fields},
+        {"kind": kind, "preview_digest": token, **fields},
         HTTP_HX_REQUEST="true",
     )
 
@@ -126,7 +126,7 @@ def test_csrf_is_enforced_on_console_posts(cast, worker):
     token = token_of(open_dialog(otto, run["id"], "pause").content)
     refused = otto.post(
         f"/runs/{run['id']}/interventions/",
-        {"kind": "pause", "preview_token": token, "reason": "r"},
+        {"kind": "pause", "preview_digest": token, "reason": "r"},
     )
     assert refused.status_code == 403 and b"CSRF" in refused.content
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING
@@ -135,7 +135,7 @@ def test_csrf_is_enforced_on_console_posts(cast, worker):
     )  # what htmx sends
     ok = otto.post(
         f"/runs/{run['id']}/interventions/",
-        {"kind": "pause", "preview_token": token, "reason": "r"},
+        {"kind": "pause", "preview_digest": token, "reason": "r"},
         HTTP_X_CSRFTOKEN=csrf,
         HTTP_HX_REQUEST="true",
     )
@@ -305,3 +305,314 @@ def test_every_kinds_dialog_opens_with_a_preview_or_an_inline_refusal(cast, work
     html = resp.content.decode()
     assert f'name="kind" value="{kind}"' in html and 'name="reason"' in html
     assert "Preview — nothing has changed yet" in html or 'class="error"' in html
+
+
+# --- cards: the answer first, digests, blocking problems, receipts' permalinks ------------------------
+
+MICROSECONDS = re.compile(r"\d{2}:\d{2}:\d{2}\.\d{3,6}")
+PYTHON_DICT = re.compile(r"\{'|&#x27;\w+&#x27;:|\{&#x27;")
+
+
+def answers_of(html: str, testid: str = "preview-card") -> list[str]:
+    """The answer keys of a card, in the order they are drawn."""
+    start = html.index(f'data-testid="{testid}"')
+    return re.findall(r'<dt data-answer="([a-z_]+)"', html[start:])
+
+
+def digest_of(html: bytes) -> str:
+    return token_of(html)
+
+
+def sections_of(html: bytes) -> str:
+    match = re.search(rb'name="preview_sections" value="([^"]*)"', html)
+    assert match
+    return match.group(1).decode().replace("&quot;", '"')
+
+
+def assert_readable(html: str) -> None:
+    assert not MICROSECONDS.search(html), MICROSECONDS.search(html)
+    assert not PYTHON_DICT.search(html), html[max(0, PYTHON_DICT.search(html).start() - 200) :][
+        :400
+    ]
+
+
+def inflight_run_with_child(worker) -> dict:
+    run, lease = running_run(worker)
+    token = lease["lease"]["fencing_token"]
+    assert declare(worker, run["id"], token, key="k-charge").status_code == 201
+    start_run(worker, parent_run_id=run["id"], goal="verify address")
+    return run
+
+
+FIRST_ANSWERS = {
+    "pause": ["stops", "may_still_complete", "children", "authority", "timers", "resume_from"],
+    "cancel": ["stops", "committed", "may_still_complete", "children"],
+    "transfer": ["facets", "unresolved", "approvals", "authority"],
+    "suspend_authority": ["grants", "declarations", "may_still_complete"],
+    "reconcile": ["to_reconcile"],
+    "close": ["final", "committed", "unresolved"],
+    "resume": ["checks", "runs_again"],
+    "retry": ["next_attempt", "from_checkpoint", "keys", "last_attempt"],
+    "compensate": ["plan", "irreversible", "skipped"],
+    "recover": ["dead_lease", "to_reconcile", "rebuild_from", "versions", "prefer"],
+}
+STATE_FOR = {
+    "resume": State.PAUSED,
+    "retry": State.FAILED,
+    "compensate": State.CANCELLED,
+    "recover": State.ORPHANED,
+    "close": State.FAILED,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FIRST_ANSWERS))
+def test_each_preview_card_starts_with_its_answer_lines(cast, worker, kind):
+    from tests.conftest import place_run_in
+
+    run = inflight_run_with_child(worker)
+    if kind in STATE_FOR:
+        place_run_in(run["id"], STATE_FOR[kind])
+    ada = browser("ada")
+    dialog = open_dialog(ada, run["id"], kind, to="ian")
+    html = dialog.content.decode()
+    assert dialog.status_code == 200 and 'data-testid="preview-card"' in html, html[:3000]
+    expected = FIRST_ANSWERS[kind]
+    assert answers_of(html)[: len(expected)] == expected
+    assert 'data-testid="confirm-button"' in html
+    assert_readable(html)
+
+
+def test_pause_card_names_the_in_flight_effect_with_its_age_and_the_child_in_scope(cast, worker):
+    run = inflight_run_with_child(worker)
+    html = open_dialog(browser("otto"), run["id"], "pause", scope="tree").content.decode()
+    in_flight = re.search(r'<tr data-testid="in-flight">(.*?)</tr>', html, re.S).group(1)
+    assert "payments:charge" in in_flight and "k-charge" in in_flight
+    assert re.search(
+        r'<time datetime="\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ" title="[^"]+ UTC">(just now|\d+ s ago)</time>',
+        in_flight,
+    )
+    child = re.search(r'<tr data-testid="child">(.*?)</tr>', html, re.S).group(1)
+    assert "<td>yes</td>" in child  # in scope with scope=tree
+    assert 'class="copy" data-copy="' in child  # the child's id is copyable
+
+
+def test_compensate_plan_is_a_table_in_reverse_order_with_irreversible_rows_marked(cast, worker):
+    from tests.conftest import place_run_in
+    from tests.interventions.helpers import commit
+
+    run, lease = running_run(worker)
+    token = lease["lease"]["fencing_token"]
+    commit(
+        worker,
+        run["id"],
+        token,
+        "k-reserve",
+        step="reserve",
+        tool="inventory",
+        action="reserve",
+        compensation={"tool": "inventory", "action": "release"},
+    )
+    commit(
+        worker,
+        run["id"],
+        token,
+        "k-notify",
+        step="notify",
+        tool="inventory",
+        action="notify_supplier",
+        compensation=None,
+        irreversible=True,
+    )
+    commit(worker, run["id"], token, "k-charge", step="charge")
+    place_run_in(run["id"], State.CANCELLED)
+    html = open_dialog(browser("ian"), run["id"], "compensate").content.decode()
+    assert 'data-testid="preview-card"' in html, html[:3000]
+    plan = html[html.index('data-answer-for="plan"') :]
+    plan = plan[: plan.index("</table>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", plan, re.S)[1:]  # after the header
+    keys = [re.search(r"k-(\w+)", r).group(0) for r in rows]
+    assert keys == ["k-charge", "k-notify", "k-reserve"]  # newest first, the irreversible in place
+    assert 'data-mark="irreversible"' in plan
+    marked = re.search(r'<tr class="irreversible"[^>]*>(.*?)</tr>', plan, re.S).group(1)
+    assert "k-notify" in marked and "irreversible" in marked
+    assert "inventory:notify_supplier (k-notify)" in html  # called out in the second line too
+    assert_readable(html)
+
+
+def test_a_stale_digest_is_refused_with_what_changed_on_the_console(cast, worker):
+    run, lease = running_run(worker)
+    otto = browser("otto")
+    dialog = open_dialog(otto, run["id"], "pause")
+    digest, sections = digest_of(dialog.content), sections_of(dialog.content)
+    # the run moves on while the dialog is open: an effect is dispatched
+    assert (
+        declare(worker, run["id"], lease["lease"]["fencing_token"], key="k-late").status_code == 201
+    )
+    refresh = otto.post(
+        f"/runs/{run['id']}/interventions/preview/",
+        {"kind": "pause", "preview_digest": digest, "preview_sections": sections, "refresh": "1"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert refresh.status_code == 200 and b'data-testid="preview-changed"' in refresh.content
+    assert b"in flight effects" in refresh.content and b"k-late" in refresh.content
+    resp = confirm(otto, run["id"], "pause", digest, reason="r", preview_sections=sections)
+    assert resp.status_code == 409 and b"preview_stale" in resp.content
+    assert b"in flight effects" in resp.content  # named as what changed
+    assert Run.objects.get(pk=run["id"]).state == State.RUNNING
+    fresh = confirm(otto, run["id"], "pause", digest_of(resp.content), reason="r")
+    assert fresh.status_code == 200 and b'data-testid="receipt-card"' in fresh.content
+
+
+def test_an_unchanged_preview_refresh_answers_204(cast, worker):
+    run, _ = running_run(worker)
+    otto = browser("otto")
+    digest = digest_of(open_dialog(otto, run["id"], "pause").content)
+    again = otto.post(
+        f"/runs/{run['id']}/interventions/preview/",
+        {"kind": "pause", "preview_digest": digest, "refresh": "1"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert again.status_code == 204
+    assert (
+        b'hx-trigger="every 4s, run-changed from:body'
+        in open_dialog(otto, run["id"], "pause").content
+    )
+
+
+def test_a_stale_digest_is_refused_on_the_api_and_a_fresh_one_is_accepted(cast, worker, as_user):
+    run, lease = running_run(worker)
+    otto = as_user("otto")
+    body = {"kind": "pause", "reason": "r"}
+    seen = otto.post(f"/runs/{run['id']}/interventions/preview", body).json()["digest"]
+    assert (
+        declare(worker, run["id"], lease["lease"]["fencing_token"], key="k-late").status_code == 201
+    )
+    stale = intervene(otto, run["id"], "pause", preview_digest=seen)
+    assert stale.status_code == 409
+    assert stale.json()["error"] == "preview_stale" and stale.json()["field"] == "preview_digest"
+    now = otto.post(f"/runs/{run['id']}/interventions/preview", body).json()["digest"]
+    assert stale.json()["preview_digest"] == now != seen
+    assert intervene(otto, run["id"], "pause", preview_digest=now).status_code == 202
+    assert AuditEvent.objects.filter(action="intervention.pause", outcome="denied").exists()
+
+
+def test_retry_with_a_blocking_problem_disables_confirm_and_refuses_the_post(cast, worker):
+    run, lease = running_run(worker)
+    token = lease["lease"]["fencing_token"]
+    effect = declare(worker, run["id"], token, key="k-lost").json()
+    worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": token, "status": "unknown"})
+    from tests.conftest import place_run_in
+
+    place_run_in(run["id"], State.FAILED)
+    otto = browser("otto")
+    html = open_dialog(otto, run["id"], "retry").content.decode()
+    assert 'data-testid="blocking"' in html and "must be reconciled first" in html
+    button = re.search(r'<button type="submit"[^>]*data-testid="confirm-button"[^>]*>', html).group(
+        0
+    )
+    assert "disabled" in button
+    resp = confirm(otto, run["id"], "retry", digest_of(html.encode()), reason="again")
+    assert resp.status_code == 409 and b"effects_unresolved" in resp.content
+    assert Run.objects.get(pk=run["id"]).state == State.FAILED
+
+
+@pytest.mark.parametrize("username", ["vera", "otto", "april", "ian", "sam", "ada"])
+def test_every_role_opens_a_receipt_permalink(cast, worker, as_user, username):
+    run = inflight_run_with_child(worker)
+    receipt = intervene(as_user("otto"), run["id"], "pause", scope="tree").json()
+    client = browser(username)
+    page = client.get(f"/receipts/{receipt['id']}/")
+    html = page.content.decode()
+    assert page.status_code == 200 and 'data-testid="receipt-card"' in html
+    assert answers_of(html, "receipt-card")[:3] == ["stops", "may_still_complete", "children"]
+    assert "k-charge" in html
+    assert_readable(html)
+    run_page = client.get(f"/runs/{run['id']}/").content.decode()
+    assert f'href="/receipts/{receipt["id"]}/"' in run_page
+
+
+def test_a_receipt_permalink_is_refused_without_a_role_or_a_session(cast, worker, as_user):
+    from django.contrib.auth.models import User
+
+    run, _ = running_run(worker)
+    receipt = intervene(as_user("otto"), run["id"], "pause").json()
+    User.objects.create_user("nobody", password="pw-nobody")
+    assert browser("nobody").get(f"/receipts/{receipt['id']}/").status_code == 403
+    anonymous = Client().get(f"/receipts/{receipt['id']}/")
+    assert anonymous.status_code == 302 and "/login" in anonymous["Location"]
+    missing = browser("otto").get("/receipts/00000000-0000-0000-0000-000000000000/")
+    assert missing.status_code == 404
+
+
+def test_the_confirm_receipt_links_its_permalink_and_draws_times_as_relative(cast, worker):
+    run = inflight_run_with_child(worker)
+    otto = browser("otto")
+    digest = digest_of(open_dialog(otto, run["id"], "pause").content)
+    html = confirm(otto, run["id"], "pause", digest, reason="hold").content.decode()
+    intervention = Intervention.objects.get(run_id=run["id"])
+    assert f'href="/receipts/{intervention.pk}/" data-testid="receipt-permalink"' in html
+    assert "<time datetime=" in html
+    assert_readable(html)
+
+
+def test_the_approval_card_shows_the_exact_args_with_the_adapters_redaction_and_four_eyes(
+    cast, worker, as_user
+):
+    from interventions import registry
+
+    registry.load_adapters()
+    saved = {k: dict(v) for k, v in registry._redactions.items()}
+    registry.redaction("payments", {"card_number": "last4"})
+    try:
+        run = start_run(as_user("ian"))
+        lease = claim(worker, run["id"])
+        asked = worker.post(
+            f"/runs/{run['id']}/approvals",
+            {
+                "fencing_token": lease["lease"]["fencing_token"],
+                "tool": "payments",
+                "action": "charge",
+                "args": {"amount": 900, "payment": {"card_number": "4111111111111234"}},
+                "reason": "large charge",
+            },
+        )
+        assert asked.status_code == 201, asked.content
+        approval = Approval.objects.get(run_id=run["id"])
+        html = open_dialog(
+            browser("april"), run["id"], "approve", approval_id=str(approval.pk)
+        ).content.decode()
+        assert answers_of(html)[:2] == ["decision", "args"]
+        assert "••••1234" in html and "4111111111111234" not in html
+        assert 'data-testid="blocking"' not in html
+        ian = open_dialog(browser("ian"), run["id"], "approve", approval_id=str(approval.pk))
+        assert b"four eyes" in ian.content and b'data-testid="blocking"' in ian.content
+    finally:
+        registry._redactions.clear()
+        registry._redactions.update(saved)
+
+
+def test_a_refusal_reads_as_words_not_python_lists(cast, worker):
+    run, _ = running_run(worker)
+    from tests.conftest import place_run_in
+
+    place_run_in(run["id"], State.CANCELLED)
+    html = open_dialog(browser("otto"), run["id"], "compensate").content.decode()
+    assert "role(s) operator may not compensate" in html and "[&#x27;" not in html
+
+
+def test_the_recover_card_folds_the_checkpoint_state_instead_of_pasting_it(cast, worker):
+    from tests.conftest import place_run_in
+
+    run, lease = running_run(worker)
+    state = {"cart": {"sku": "sku-1", "qty": 2}, "notes": "n" * 300}
+    worker.post(
+        f"/runs/{run['id']}/checkpoints",
+        {"fencing_token": lease["lease"]["fencing_token"], "step": "reserve", "state": state},
+    )
+    place_run_in(run["id"], State.ORPHANED)
+    html = open_dialog(browser("ian"), run["id"], "recover").content.decode()
+    rebuilt = html[html.index('data-answer-for="rebuild_from"') :]
+    rebuilt = rebuilt[: rebuilt.index("</dd>")]
+    assert "checkpoint 1 · reserve" in rebuilt and "<details" in rebuilt
+    assert rebuilt.index("<details") < rebuilt.index("sku-1")  # the state is folded away
+    assert_readable(html)

@@ -42,11 +42,11 @@ def issue(client: Client, run_id: str, kind: str, reason: str, **fields):
     dialog = client.get(
         f"/runs/{run_id}/interventions/new/", {"kind": kind, **fields}, HTTP_HX_REQUEST="true"
     )
-    match = re.search(rb'name="preview_token" value="([0-9a-f]+)"', dialog.content)
+    match = re.search(rb'name="preview_digest" value="([0-9a-f]+)"', dialog.content)
     assert dialog.status_code == 200 and match, dialog.content.decode()[:3000]
     resp = client.post(
         f"/runs/{run_id}/interventions/",
-        {"kind": kind, "reason": reason, "preview_token": match.group(1).decode(), **fields},
+        {"kind": kind, "reason": reason, "preview_digest": match.group(1).decode(), **fields},
         HTTP_HX_REQUEST="true",
     )
     assert resp.status_code == 200, resp.content.decode()[:3000]
@@ -279,7 +279,7 @@ def test_the_compensation_plan_is_shown_in_order_with_its_progress_and_how_it_en
     assert "0 of 3 steps" in receipt and "executing in order" in receipt
     # the order: newest first, each original effect with its key, each compensation with its own
     assert in_order(
-        receipt,
+        receipt[receipt.index('data-report="compensation"') :],  # the plan's table, after the card
         'data-position="1"',
         "payments:refund",
         "compensate:order-1-charge",
@@ -291,6 +291,11 @@ def test_the_compensation_plan_is_shown_in_order_with_its_progress_and_how_it_en
         "compensate:order-1-reserve",
     )
     assert 'data-called-out="order-1-notify"' in receipt and "irreversible" in receipt
+    card = receipt[
+        receipt.index('data-testid="receipt-card"') : receipt.index('data-report="compensation"')
+    ]
+    assert re.findall(r'<dt data-answer="([a-z_]+)"', card)[:2] == ["plan", "irreversible"]
+    assert "notifications:enqueue (order-1-notify)" in card  # called out in the card's first lines
     assert 'data-called-out="order-1-note"' in receipt and "no compensation was declared" in receipt
 
     # While it runs: the first step failed once and waits for its backoff.
@@ -505,7 +510,8 @@ def test_a_recovery_that_compensates_points_to_its_plan_and_the_plan_shows_its_p
     gate = section(page, "run-recovery")
     assert "Chosen: compensate" in gate and "compensation was preferred" in gate
     assert (
-        f'It started compensation plan <code class="id" title="{plan.pk}">' in gate
+        "It started compensation plan" in gate
+        and f'<code class="id" title="{plan.pk}">' in gate
         and "st-pending" in gate
     )
     assert in_order(
@@ -518,3 +524,32 @@ def test_a_recovery_that_compensates_points_to_its_plan_and_the_plan_shows_its_p
         page.index(f'id="rp-{intervention.pk}-completed-completed-2-0-2"') :
     ]  # the receipt redrawn with it
     assert 'data-report="recovery"' in row and 'data-plan-status="completed"' in row
+
+
+def test_the_resume_preview_shows_each_check_as_pass_or_fail_and_what_runs_again(
+    cast, worker, price_checker
+):
+    run = paused_run_with_a_changed_world(worker)
+    otto = browser("otto")
+    issue(otto, run["id"], "pause", "supplier called")
+    Agent.objects.filter(name="purchasing").update(current_versions=NEW_VERSIONS)
+    html = otto.get(
+        f"/runs/{run['id']}/interventions/new/", {"kind": "resume"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    card = html[html.index('data-testid="preview-card"') :]
+    assert re.findall(r'<dt data-answer="([a-z_]+)"', card)[:2] == ["checks", "runs_again"]
+
+    def check(name: str) -> str:
+        return re.search(rf'<tr[^>]*data-testid="check-{name}">(.*?)</tr>', card, re.S).group(1)
+
+    assert (
+        "st-fail" in check("versions") and "3.1" in check("versions") and "3.2" in check("versions")
+    )
+    assert "st-fail" in check("assumptions") and "price:sku-1" in check("assumptions")
+    assert "st-pass" in check("unknown_effects") and "st-pass" in check("authority")
+    runs_again = card[card.index('data-answer-for="runs_again"') :]
+    runs_again = runs_again[: runs_again.index("</dd>")]
+    assert "checkpoint 1 · reserve" in runs_again
+    assert "order-42-charge" in runs_again and "replays the recorded result" in runs_again
+    assert "order-42-reserve" not in runs_again  # before the checkpoint: it does not run again
+    assert Run.objects.get(pk=run["id"]).state == "paused"  # the dry run changed nothing

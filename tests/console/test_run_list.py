@@ -169,3 +169,19 @@ def test_the_page_has_dark_mode_and_shortcuts(cast, many_runs):
     html = browser(cast).get("/").content.decode()
     assert "console/theme.js" in html and "console/console.js" in html
     assert "data-theme-toggle" in html and 'id="shortcuts"' in html and "data-search" in html
+
+
+def test_the_needs_attention_chip_counts_what_the_view_lists(cast, many_runs):
+    orphaned = [Run.objects.create(agent=many_runs, goal="o", state="orphaned") for _ in range(3)]
+    paused = Run.objects.create(agent=many_runs, goal="u", state="paused")
+    paused.effects.create(
+        step="s", tool="payments", action="charge", idempotency_key="k", fingerprint="f",
+        decision="authorized", status="unknown",
+    )  # fmt: skip
+    client = browser(cast)
+    html = client.get("/").content.decode()
+    assert re.search(
+        r'name="attention" value="1" > needs attention\s*<span class="n">4</span>', html
+    )
+    listed = row_ids(client.get("/?attention=1").content.decode())
+    assert set(listed) == {str(r.pk) for r in [*orphaned, paused]}

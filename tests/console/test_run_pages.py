@@ -62,6 +62,10 @@ def test_it_logs_in_through_the_login_page_and_out_by_post(cast):
     assert page.status_code == 200 and b'name="password"' in page.content
     resp = client.post("/accounts/login/", {"username": "otto", "password": "pw-otto", "next": "/"})
     assert resp.status_code == 302 and resp["Location"] == "/"
+    landing = Client()
+    resp = landing.post("/accounts/login/", {"username": "otto", "password": "pw-otto"})
+    assert resp["Location"] == "/?attention=1"  # without a next: the runs that need an operator
+    assert b'aria-current="page">Needs attention' in landing.get(resp["Location"]).content
     assert client.get("/").status_code == 200
     assert client.get("/accounts/logout/").status_code == 405  # logout is a POST
     assert client.post("/accounts/logout/").status_code == 302
@@ -158,7 +162,8 @@ def test_detail_shows_ledger_facets_timeline_leases_and_audit(cast, worker):
     assert "order-7-charge" in html and "st st-unknown" in html
     assert "1 unresolved effect" in html
     assert "payments:charge" in html and "inventory:*" in html  # grants
-    assert "state_changed" in html and "run.claim" in html  # timeline and this run's audit events
+    assert "attempt 1 claimed" in html and "effect declared" in html  # the timeline
+    assert f"/audit/?run={run['id']}" in html  # this run's audit events, a click away
     assert f'ws-connect="/ws/runs/{run["id"]}/"' in html
     assert f"/effects/{effect['id']}/reconcile/" in html
 
@@ -237,12 +242,13 @@ def test_websocket_pushes_fresh_partials_on_connect_and_after_a_transition(cast,
             worker, run["id"]
         )  # committed transition -> run.changed
         pushed = await page.receive_from(timeout=5)
-        assert (
+        assert (  # the facts of the claim: header, leases, attempts, timeline; not the ledger
             'data-state="running"' in pushed
-            and 'id="run-ledger"' in pushed
+            and 'id="run-attempts"' in pushed
+            and 'id="run-ledger"' not in pushed
             and "hx-swap-oob" in pushed
         )
-        row = await listing.receive_from(timeout=5)
+        row = await listing.receive_from(timeout=5)  # the run entered the filter: the table
         assert run["id"][:8] in row and 'id="run-table" hx-swap-oob="true"' in row
         assert await page.receive_nothing(timeout=0.5)  # coalesced: one render per burst
         inbox = WebsocketCommunicator(application, "/ws/runs/?view=approvals", headers=headers)

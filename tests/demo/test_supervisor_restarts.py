@@ -71,6 +71,7 @@ def test_a_killed_agent_and_a_killed_celery_worker_are_restarted_and_the_rest_ke
         DEMO_AGENTS="2",
         DEMO_STEP_SECONDS="0.2",
         DEMO_DISPATCH_SECONDS="0.1",
+        WORLD_COMMIT_SECONDS="0.1",
         DEMO_RESTART_MIN_S="0.5",
         PYTHONUNBUFFERED="1",
     )

@@ -112,7 +112,7 @@ def orphaned_run(worker, world, *, versions=VERSIONS, charge_reached_world=True)
 
 def jobs(callbacks) -> list:
     """On-commit work other than the live-update pushes."""
-    return [cb for cb in callbacks if "notify_run_changed" not in cb.__qualname__]
+    return [cb for cb in callbacks if "send_live_hints" not in cb.__qualname__]
 
 
 def recover_now(run_id: str, django_capture_on_commit_callbacks) -> Intervention:

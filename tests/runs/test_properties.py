@@ -80,7 +80,7 @@ def _truncate() -> None:
     # the reset runs with triggers off for the session (replica mode), as a database owner could.
     with connection.cursor() as cur:
         cur.execute("SET session_replication_role = replica")
-        cur.execute("TRUNCATE runs_run, audit_auditevent, audit_auditchainhead CASCADE")
+        cur.execute("TRUNCATE runs_run, audit_auditevent, audit_auditchain CASCADE")
         cur.execute("SET session_replication_role = DEFAULT")
 
 

@@ -254,3 +254,50 @@ def test_outcome_body_matches_the_server_schema(server: FakeServer, ctx: RunCont
         "external_ref": "",
         "detail": {"value": "plain string"},
     }
+
+
+def test_a_checkpoint_rides_on_the_outcome_when_the_server_takes_it(
+    server: FakeServer, ctx: RunContext
+) -> None:
+    def outcome(req):
+        return 200, {
+            "id": req.path.split("/")[2],
+            "status": req.body["status"],
+            "checkpoint": {"id": 9, "seq": 4, "step": "charge", "hash": "h"},
+        }
+
+    server.on("POST", "/effects/e1/outcome", outcome)
+    with ctx.effect("payments", "charge", step="charge", checkpoint={"charged": 1}):
+        pass
+    ((_, body),) = outcomes(server)
+    assert body["checkpoint"] == {"step": "charge", "state": {"charged": 1}}
+    assert server.calls("POST", f"/runs/{RUN}/checkpoints") == []
+    assert (ctx.last_checkpoint_seq, ctx.state) == (4, {"charged": 1})
+
+
+def test_an_older_server_that_ignores_the_carried_checkpoint_gets_the_separate_call(
+    server: FakeServer, ctx: RunContext
+) -> None:
+    with ctx.effect("payments", "charge", step="charge", checkpoint={"charged": 1}):
+        pass
+    (cp,) = server.bodies("POST", f"/runs/{RUN}/checkpoints")
+    assert cp == {"fencing_token": TOKEN, "step": "charge", "state": {"charged": 1}}
+    assert ctx.state == {"charged": 1}
+
+
+def test_a_refused_carried_checkpoint_is_lease_lost_and_a_failed_step_carries_none(
+    server: FakeServer, ctx: RunContext
+) -> None:
+    refused = {"error": "lease_lost", "detail": "the lease expired", "field": ""}
+    server.on(
+        "POST",
+        "/effects/e1/outcome",
+        lambda req: (200, {"id": "e1", "status": "committed", "checkpoint": refused}),
+    )
+    with pytest.raises(LeaseLost):
+        with ctx.effect("payments", "charge", step="charge", checkpoint={"charged": 1}):
+            pass
+    with pytest.raises(WorldDown):
+        with ctx.effect("payments", "refund", step="refund", checkpoint={"refunded": 1}):
+            raise WorldDown()
+    assert "checkpoint" not in outcomes(server)[-1][1]

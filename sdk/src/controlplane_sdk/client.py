@@ -458,17 +458,31 @@ class Client(OperatorCalls):
         *,
         external_ref: str | None = None,
         detail: Any = None,
+        checkpoint: tuple[str, JSON] | None = None,
+        next_effect: JSON | None = None,
     ) -> JSON:
         """``POST /effects/{id}/outcome`` with ``committed``/``failed``/``unknown``. Always accepted by
-        the server (flagged ``late``/``stale_lease`` when after pause or from a fenced-out lease)."""
+        the server (flagged ``late``/``stale_lease`` when after pause or from a fenced-out lease).
+
+        Fewer round trips, when the server supports them: ``checkpoint=(step, state)`` writes the
+        step's checkpoint in the outcome's transaction (the answer's ``"checkpoint"``: the checkpoint
+        written, or an error object if it was refused: the outcome is recorded anyway);
+        ``next_effect`` (a ``declare_effect`` body: step, tool, action, idempotency_key, args, …) is
+        the next declaration on the same run, decided right after (the answer's ``"next"``, with the
+        ``http_status`` a separate declaration would have had). A server that does not know them
+        answers without those keys: the caller then makes the separate calls."""
         if detail is not None and not isinstance(detail, Mapping):
             detail = {"value": detail}  # the server stores an object
-        body = {
+        body: JSON = {
             "fencing_token": fencing_token,
             "status": status,
             "external_ref": external_ref or "",
             "detail": dict(detail or {}),
         }
+        if checkpoint is not None:
+            body["checkpoint"] = {"step": checkpoint[0], "state": dict(checkpoint[1] or {})}
+        if next_effect is not None:
+            body["next"] = {"fencing_token": fencing_token, "args": {}, **next_effect}
         return self._call("POST", f"/effects/{effect_id}/outcome", body, retry=True)
 
     # -- history, checkpoints, approvals, finish ------------------------------------------------

@@ -76,6 +76,7 @@ class EffectScope:
         irreversible: bool,
         unknown_on: tuple[type[BaseException], ...] = (),
         approval_id: str | None = None,
+        checkpoint: dict[str, Any] | None = None,
     ) -> None:
         self._ctx = ctx
         self.tool = tool
@@ -87,6 +88,8 @@ class EffectScope:
         self.idempotency_key = key
         self.approval_id = approval_id
         self._unknown_on = UNKNOWN_ON_DEFAULT + tuple(unknown_on)
+        #: the step's checkpoint state, written with this effect's outcome (one round trip)
+        self._checkpoint = checkpoint
         self.declaration: EffectDecision | None = None
         #: outcome the agent asked for: (status, external_ref, detail) or None
         self._outcome: tuple[str, str | None, Any] | None = None
@@ -195,9 +198,18 @@ class EffectScope:
             else:
                 self._outcome = ("failed", None, _describe(exc))
         status, ref, detail = self._outcome
+        # The step's checkpoint rides on a successful outcome only: a step that failed did not end.
+        checkpoint = (
+            (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
+        )
         try:
             self.outcome_response = self._ctx.client.record_outcome(
-                self.effect_id, self._ctx.fencing_token, status, external_ref=ref, detail=detail
+                self.effect_id,
+                self._ctx.fencing_token,
+                status,
+                external_ref=ref,
+                detail=detail,
+                checkpoint=checkpoint,
             )
         except ControlPlaneError as err:
             msg = f"{type(err).__name__}: {err}"
@@ -207,6 +219,9 @@ class EffectScope:
             exc.add_note(
                 f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})"
             )
+            return
+        if checkpoint is not None:
+            self._ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
 
     def __repr__(self) -> str:
         return (

@@ -28,6 +28,7 @@ from .errors import (
     LeaseLost,
     PauseRequested,
     StopRequested,
+    error_from_response,
 )
 from .models import Approval, Checkpoint, Claim, Directive, Event, HeartbeatReply
 from .tracing import run_trace
@@ -267,6 +268,7 @@ class RunContext:
         irreversible: bool = False,
         unknown_on: tuple[type[BaseException], ...] = (),
         approval_id: str | None = None,
+        checkpoint: dict[str, Any] | None = None,
     ) -> EffectScope:
         """Declare an external side effect; see :mod:`controlplane_sdk.effects` for the contract.
 
@@ -274,6 +276,9 @@ class RunContext:
         ``"{run_id}:{step}:{tool}:{action}"`` — pass your own when one step repeats the same action.
         ``step`` defaults to the enclosing ``ctx.step(...)``. ``approval_id`` cites the granted approval
         when this action needed one (the server denies it with ``approval_required`` otherwise).
+        ``checkpoint``: the step's state once this effect has committed, written with its outcome in
+        one round trip (as ``ctx.checkpoint(step, state)`` right after the effect would be; the SDK
+        makes that call itself if the server does not take checkpoints with outcomes).
         """
         step = step or self.current_step
         if not step:
@@ -289,6 +294,7 @@ class RunContext:
             irreversible=irreversible,
             unknown_on=unknown_on,
             approval_id=approval_id,
+            checkpoint=checkpoint,
         )
 
     def checkpoint(self, step: str, state: dict[str, Any]) -> int:
@@ -298,6 +304,25 @@ class RunContext:
         seq = d.get("seq")
         self.last_checkpoint_seq = int(seq) if seq is not None else self.last_checkpoint_seq
         return self.last_checkpoint_seq or 0
+
+    def _checkpoint_written(
+        self, step: str, state: dict[str, Any], answer: dict[str, Any] | None
+    ) -> None:
+        """An outcome carried the step's checkpoint: note it, or write it separately if the server
+        did not take it (an older server answers without ``checkpoint``); a refusal is what a
+        separate checkpoint call would have raised."""
+        written = (answer or {}).get("checkpoint")
+        if written is None:
+            self.checkpoint(step, state)
+            return
+        if "error" in written:
+            err = error_from_response(409, written)
+            if isinstance(err, LeaseLost):
+                self._mark_lease_lost(err)
+            raise err
+        self.state = dict(state)
+        seq = written.get("seq")
+        self.last_checkpoint_seq = int(seq) if seq is not None else self.last_checkpoint_seq
 
     def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
         """Append one history event (e.g. ``message``)."""

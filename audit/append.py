@@ -1,0 +1,113 @@
+"""Appending one audit event to its chain: one statement, no global lock.
+
+On PostgreSQL the event's INSERT and its chain head's move are one statement: an upsert of the head
+(``INSERT … ON CONFLICT (key) DO UPDATE``, which creates a chain on its first event and otherwise locks
+only that chain's head row) computes the new position and the new hash in SQL, and RETURNING feeds
+them to the INSERT of the event. The hash must be the one ``link_hash`` computes in Python (the verifier
+recomputes it there), so Python renders the canonical bytes of every hashed field except the position,
+split around where the position goes, and SQL hashes ``prev_hash + "\\n" + before + seq + after``:
+canonical JSON has sorted keys and no whitespace, so the position is one integer between two fixed
+strings. ``tests/audit/test_append.py`` checks the two agree.
+
+The head row's lock is held until the deciding transaction commits, like every row that decision
+writes: decisions on one run queue here (they already queue on the run row), decisions on different
+runs do not. Other databases (the SQLite demo, whose writers are serialised anyway) run the same two
+writes through the ORM.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from django.db import connections, router
+
+from .chain import GENESIS, canonical, link_hash
+from .models import SYSTEM, AuditChain, AuditEvent
+
+# Set by the append statement, not by the caller.
+_DERIVED = ("id", "seq", "chain_seq", "prev_hash", "hash")
+
+
+def chain_for(run_id: Any) -> str:
+    """A run's events go to the run's chain; everything else to the low-volume system chain."""
+    return f"run:{run_id}" if run_id else SYSTEM
+
+
+def split_payload(fields: dict[str, Any]) -> tuple[str, str]:
+    """The canonical JSON of ``fields`` (which must include ``seq``) as the text before and after the
+    value of ``seq``: ``canonical(fields) == before + str(seq) + after``."""
+    before = {k: v for k, v in fields.items() if k < "seq"}
+    after = {k: v for k, v in fields.items() if k > "seq"}
+    head = canonical(before)[:-1].decode()  # '{…' without its closing brace
+    tail = canonical(after)[1:].decode()  # '…}' without its opening brace
+    return (head + ("," if before else "") + '"seq":'), (("," if after else "") + tail)
+
+
+@lru_cache(maxsize=4)
+def _statement(alias: str) -> tuple[str, tuple[str, ...]]:
+    qn = connections[alias].ops.quote_name
+    meta = AuditEvent._meta
+    fields = [f for f in meta.concrete_fields if f.attname not in _DERIVED]
+    columns = tuple(f.attname for f in fields)
+    cols = ", ".join(qn(str(f.column)) for f in fields)
+    values = ", ".join(["%s"] * len(columns))
+    head = qn(AuditChain._meta.db_table)
+    new_hash = (
+        "encode(sha256(convert_to({prev} || E'\\n' || %s || ({seq})::text || %s, 'UTF8')), 'hex')"
+    )
+    sql = (
+        f"WITH head AS ("
+        f"INSERT INTO {head} AS h (key, seq, hash, prev_hash, updated_at, xid) "
+        f"VALUES (%s, 1, {new_hash.format(prev='%s', seq='1')}, %s, %s, pg_current_xact_id()) "
+        f"ON CONFLICT (key) DO UPDATE SET seq = h.seq + 1, prev_hash = h.hash, "
+        f"hash = {new_hash.format(prev='h.hash', seq='h.seq + 1')}, "
+        f"updated_at = EXCLUDED.updated_at, xid = EXCLUDED.xid "
+        f"RETURNING h.seq, h.prev_hash, h.hash) "
+        f"INSERT INTO {qn(meta.db_table)} (seq, chain_seq, prev_hash, hash, {cols}) "
+        f"SELECT nextval('audit_event_order'), head.seq, head.prev_hash, head.hash, {values} "
+        f"FROM head RETURNING id, seq, chain_seq, prev_hash, hash"
+    )
+    return sql, columns
+
+
+def append(event: AuditEvent) -> AuditEvent:
+    """Write ``event`` (every field set but id, seq, chain_seq, prev_hash, hash) at the end of its chain
+    and fill those in. Inside the caller's transaction."""
+    using = router.db_for_write(AuditEvent, instance=event)
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return _append_orm(event, using)
+    sql, columns = _statement(using)
+    before, after = split_payload(event.hashed_fields() | {"seq": 0})
+    fields = {f.attname: f for f in AuditEvent._meta.concrete_fields}
+    values = [fields[name].get_db_prep_save(getattr(event, name), connection) for name in columns]
+    params = [
+        event.chain,
+        GENESIS,
+        before,
+        after,
+        GENESIS,
+        event.created_at,
+        before,
+        after,
+        *values,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        event.pk, event.seq, event.chain_seq, event.prev_hash, event.hash = cursor.fetchone()
+    event._state.adding, event._state.db = False, using
+    return event
+
+
+def _append_orm(event: AuditEvent, using: str) -> AuditEvent:
+    heads = AuditChain.objects.using(using).select_for_update()
+    head, _ = heads.get_or_create(key=event.chain, defaults={"hash": GENESIS, "prev_hash": GENESIS})
+    last = AuditEvent.objects.using(using).order_by("-seq").values_list("seq", flat=True).first()
+    event.seq, event.chain_seq, event.prev_hash = (last or 0) + 1, head.seq + 1, head.hash
+    event.hash = link_hash(event.prev_hash, event.hashed_fields())
+    event.save(force_insert=True, using=using)
+    AuditChain.objects.using(using).filter(key=event.chain).update(
+        seq=event.chain_seq, hash=event.hash, prev_hash=event.prev_hash, updated_at=event.created_at
+    )
+    return event

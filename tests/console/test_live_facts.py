@@ -1,0 +1,298 @@
+"""Live to the fact: a committed fact becomes one small hint per run (core.live), the run page gets
+only the fragments that fact changed (console/run_page.py), pushes are coalesced, a list page gets
+only the changed rows, the effects ledger is paginated, and the timeline interleaves, filters, pages
+and folds routine refusals."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.db import transaction
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from console import timeline as tl
+from console.consumers import note_facts
+from console.run_page import EFFECTS_PAGE, RunPagePush, effects_page
+from core import live
+from runs.models import Effect, Run
+from tests.conftest import claim, declare, start_run
+
+pytestmark = pytest.mark.django_db
+
+IN_MEMORY_LAYER = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Every hint core.live would send, in order: [{run_id: [(kind, object_id), ...]}]."""
+    out: list[dict] = []
+    monkeypatch.setattr(
+        live, "send_hints", lambda facts: out.append({k: v and list(v) for k, v in facts.items()})
+    )
+    return out
+
+
+def browser(cast, username: str = "otto") -> Client:
+    client = Client()
+    assert client.login(username=username, password=f"pw-{username}")
+    return client
+
+
+# --- core.live: one hint per run per transaction, after commit ------------------------------------
+
+
+def test_a_declared_effect_is_announced_after_commit_with_its_id(
+    worker, sent, django_capture_on_commit_callbacks
+):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    sent.clear()
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        effect = declare(worker, run["id"], token).json()
+    assert sent == [], "nothing is sent inside the transaction"
+    for cb in callbacks:
+        cb()
+    assert sent == [{run["id"]: [("effect_intent", effect["id"])]}]
+
+
+def test_the_facts_of_one_transaction_go_out_in_one_hint_per_run(
+    worker, sent, django_capture_on_commit_callbacks
+):
+    run = start_run(worker)
+    sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        claim(worker, run["id"])  # attempt started + state changed + run: one transaction
+    assert len(sent) == 1 and list(sent[0]) == [run["id"]]
+    kinds = [kind for kind, _ in sent[0][run["id"]]]
+    assert kinds[:2] == ["attempt_started", "state_changed"] and "run" in kinds
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_transaction_announces_nothing_and_the_next_one_does(sent):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        live.announce("r-1", "checkpoint", 3)
+        raise RuntimeError("rolled back")
+    assert sent == []
+    with transaction.atomic():
+        live.announce("r-1", "checkpoint", 4)
+        live.announce("r-1", "checkpoint", 4)  # the same fact twice is one fact
+        live.announce("r-2", "lease", "l-1")
+    assert sent == [{"r-1": [("checkpoint", "4")], "r-2": [("lease", "l-1")]}]
+    live.announce("r-3", "job", "j-1")  # outside a transaction: at once
+    assert sent[-1] == {"r-3": [("job", "j-1")]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cascade_of_facts_becomes_everything(sent):
+    with transaction.atomic():
+        for i in range(live.MAX_FACTS + 5):
+            live.announce("r-1", "effect_outcome", i)
+    assert sent == [{"r-1": None}]
+
+
+def test_the_consumer_merges_hints_per_run_and_kind():
+    pending: dict = {}
+    note_facts(pending, "a", [["effect_intent", "e1"], ["run", ""]])
+    note_facts(pending, "a", [["effect_outcome", "e1"], ["effect_intent", "e2"]])
+    note_facts(pending, "b", None)
+    note_facts(pending, "b", [["checkpoint", "1"]])  # everything stays everything
+    note_facts(pending, "c", [["bad"], "x", ["lease", None]])
+    assert pending == {
+        "a": {"effect_intent": {"e1", "e2"}, "run": {""}, "effect_outcome": {"e1"}},
+        "b": None,
+        "c": {"lease": {""}},
+    }
+
+
+# --- the run page's fragments --------------------------------------------------------------------
+
+
+def test_a_new_effect_is_prepended_then_redrawn_in_place(cast, worker):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    page = RunPagePush(cast["otto"][0], run["id"])
+    first = page.resync()
+    assert 'id="run-header" class="panel" hx-swap-oob="true"' in first
+    assert "No effect declared yet." in first and 'id="effects-body"' in first
+
+    effect = declare(worker, run["id"], token).json()
+    frames = page.facts({"effect_intent": {effect["id"]}}, tree_changed=False)
+    # Rows travel in a frame of their own, starting with a table element (or a parser drops them).
+    assert frames[1].startswith('<tbody hx-swap-oob="afterbegin:#effects-body">')
+    pushed = "".join(frames)
+    assert 'hx-swap-oob="afterbegin:#effects-body"' in pushed
+    assert f'<tr id="effect-{effect["id"]}"' in pushed and "in flight 0 s" in pushed
+    assert 'id="effects-empty" hx-swap-oob="delete"' in pushed
+    assert 'id="run-header"' in pushed and 'id="run-ledger"' not in pushed  # a row, not the table
+    assert 'hx-swap-oob="afterbegin:#timeline-list"' in pushed and "effect declared" in pushed
+    assert "run-audit" not in pushed and "run-interventions" not in pushed
+
+    worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": token, "status": "committed"})
+    frames = page.facts({"effect_outcome": {effect["id"]}}, tree_changed=False)
+    assert frames[-1].startswith(f'<tr id="effect-{effect["id"]}"')
+    pushed = "".join(frames)
+    assert re.search(rf'<tr id="effect-{effect["id"]}"[^>]*hx-swap-oob="true"', pushed)
+    assert "st st-committed" in pushed and "afterbegin:#effects-body" not in pushed
+    assert pushed.count('id="tl-h-') == 1, "only the new timeline entry is sent"
+    assert "effect outcome" in pushed
+
+
+def test_each_fact_redraws_its_sections(cast, worker):
+    run = start_run(worker)
+    claim(worker, run["id"])
+    page = RunPagePush(cast["otto"][0], run["id"])
+    page.resync()
+    pushed = "".join(page.facts({"checkpoint": {"1"}}, tree_changed=False))
+    assert 'id="run-checkpoints"' in pushed and 'id="run-authority"' not in pushed
+    pushed = "".join(page.facts({"lease": {"x"}}, tree_changed=False))
+    assert 'id="run-authority"' in pushed and 'id="run-attempts"' in pushed
+    pushed = "".join(page.facts({"job": {"x"}}, tree_changed=False))
+    assert 'id="run-interventions"' in pushed and 'id="run-recovery"' in pushed
+    pushed = "".join(page.facts({"approval_requested": {"x"}}, tree_changed=False))
+    assert 'id="run-approvals"' in pushed
+    pushed = "".join(page.facts({}, tree_changed=True))  # a child changed: the tree only
+    assert 'id="run-tree"' in pushed and 'id="run-header"' not in pushed
+
+
+def test_the_ledger_is_paginated_newest_first_with_a_keyset(cast, worker):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    total = EFFECTS_PAGE + 12
+    for i in range(total):
+        assert declare(worker, run["id"], token, key=f"k-{i:03d}").status_code == 201
+        worker.post(
+            f"/effects/{Effect.objects.get(idempotency_key=f'k-{i:03d}').pk}/outcome",
+            {"fencing_token": token, "status": "committed"},
+        )
+    first = effects_page(Run.objects.get(pk=run["id"]))
+    assert [e["idempotency_key"] for e in first["effects"]][:2] == ["k-061", "k-060"]
+    assert len(first["effects"]) == EFFECTS_PAGE and first["effects_next"]
+    otto = browser(cast)
+    html = otto.get(f"/runs/{run['id']}/").content.decode()
+    assert html.count('<tr id="effect-') == EFFECTS_PAGE and f"({total};" in html
+    assert "Older effects" in html
+    older = otto.get(
+        f"/runs/{run['id']}/",
+        {"part": "ledger", "effects_before": first["effects_next"]},
+        HTTP_HX_REQUEST="true",
+    ).content.decode()
+    keys = re.findall(r"k-\d{3}", older)
+    assert sorted(set(keys)) == [f"k-{i:03d}" for i in range(12)]
+    assert "Older effects" not in older and "<section" not in older
+
+
+# --- the timeline ----------------------------------------------------------------------------------
+
+
+def test_the_timeline_interleaves_filters_and_folds_claim_races(cast, worker):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    declare(worker, run["id"], token)
+    for _ in range(12):  # another worker keeps trying: routine refusals
+        assert worker.post(f"/runs/{run['id']}/claim", {"worker": "worker-8"}).status_code == 409
+    worker.post(f"/runs/{run['id']}/checkpoints", {"fencing_token": token, "step": "charged"})
+    r = Run.objects.get(pk=run["id"])
+
+    page = tl.timeline(r)
+    titles = [e.title for e in page["entries"]]
+    assert "12 claim races" in titles and titles.count("claim race") == 0
+    race = next(e for e in page["entries"] if e.title == "12 claim races")
+    assert race.since is not None and race.since <= race.at and race.kind == "denial"
+    assert "outcome=denied" in race.audit and "action=run.claim" in race.audit
+    assert titles[0] == "checkpoint 1", "newest first, in commit order"
+    assert {"effect declared", "attempt 1 claimed", "state"} <= set(titles)
+
+    only = tl.timeline(r, kinds=["effect"])
+    assert {e.kind for e in only["entries"]} == {"effect"}
+    html = browser(cast).get(f"/runs/{run['id']}/?kind=effect").content.decode()
+    assert 'class="chip on" data-chip="effect"' in html and "claim races" not in html
+    assert f'ws-connect="/ws/runs/{run["id"]}/?kind=effect"' in html
+
+
+def test_the_timeline_pages_with_a_time_cursor(worker):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    for i in range(30):
+        declare(worker, run["id"], token, key=f"p-{i}")
+    r = Run.objects.get(pk=run["id"])
+    first = tl.timeline(r, limit=20)
+    assert len(first["entries"]) == 20 and first["next_before"]
+    second = tl.timeline(r, limit=20, before=tl.parse_time(first["next_before"]))
+    refs = [e.ref for e in first["entries"]] + [e.ref for e in second["entries"]]
+    assert len(refs) == len(set(refs)), "no entry on two pages"
+    everything = tl.timeline(r, limit=500)
+    assert len(refs) == len(everything["entries"]) and second["next_before"] is None
+
+
+def test_fold_keeps_single_refusals_as_they_are():
+    now = timezone.now()
+    one = tl.Entry(at=now, kind="denial", ref="a-1", title="claim race", fold_key=("d", "x"))
+    other = tl.Entry(at=now, kind="state", ref="h-1", title="state")
+    assert [e.title for e in tl.fold([other, one])] == ["state", "claim race"]
+    assert one.since is None and one.count == 1
+
+
+def test_the_audit_trail_is_a_click_away(cast, worker):
+    run = start_run(worker)
+    claim(worker, run["id"])
+    otto = browser(cast)
+    html = otto.get(f"/runs/{run['id']}/").content.decode()
+    assert f"/audit/?run={run['id']}" in html and "run.claim" not in html
+    part = otto.get(f"/runs/{run['id']}/?part=audit", HTTP_HX_REQUEST="true").content.decode()
+    assert "run.claim" in part and part.lstrip().startswith('<section id="run-audit"')
+
+
+# --- the sockets: coalesced fragments, rows of a list ------------------------------------------------
+
+
+def _session_headers(client: Client) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"origin", b"http://testserver"),
+        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        (b"host", b"testserver"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(CHANNEL_LAYERS=IN_MEMORY_LAYER)
+def test_a_burst_of_facts_is_one_push_of_fragments_and_a_list_gets_rows(cast, worker, monkeypatch):
+    from console.consumers import LiveConsumer
+    from controlplane.asgi import application
+
+    monkeypatch.setattr(LiveConsumer, "coalesce_s", 1.0)  # the whole burst lands in one window
+
+    run = start_run(worker)
+    other = start_run(worker, goal="someone else's")
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    headers = _session_headers(browser(cast))
+
+    async def scenario():
+        page = WebsocketCommunicator(application, f"/ws/runs/{run['id']}/", headers=headers)
+        listing = WebsocketCommunicator(application, "/ws/runs/", headers=headers)
+        assert (await page.connect(timeout=5))[0] and (await listing.connect(timeout=5))[0]
+        assert 'id="run-ledger"' in await page.receive_from(timeout=5)  # connect: everything
+        assert 'id="run-table"' in await listing.receive_from(timeout=5)
+
+        def burst():
+            ids = [declare(worker, run["id"], token, key=f"b-{i}").json()["id"] for i in range(3)]
+            worker.post(f"/runs/{run['id']}/checkpoints", {"fencing_token": token, "step": "s"})
+            return ids
+
+        ids = await database_sync_to_async(burst)()
+        pushed = await page.receive_from(timeout=5)
+        assert 'id="run-checkpoints"' in pushed and 'id="run-ledger"' not in pushed
+        rows = await page.receive_from(timeout=5)  # the new rows: a frame of their own
+        assert rows.startswith("<tbody") and all(f'<tr id="effect-{i}"' in rows for i in ids)
+        assert await page.receive_nothing(timeout=0.4), "coalesced: one push for the burst"
+        rows = await listing.receive_from(timeout=5)
+        assert re.search(rf'<tr id="run-row-{run["id"]}"[^>]*hx-swap-oob="true"', rows)
+        assert 'id="run-table"' not in rows and other["id"] not in rows
+        for communicator in (page, listing):
+            await communicator.disconnect()
+
+    async_to_sync(scenario)()

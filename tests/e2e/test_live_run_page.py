@@ -1,0 +1,358 @@
+"""Live to the fact, measured in a real browser: a worker drives a run through the SDK against a real
+daphne (declare, commit, checkpoint) and an operator pauses it, while Chromium shows the run page.
+Each fact must appear on the page without a reload; the time from the call that committed it to the
+DOM mutation that shows it is recorded, and its p95 written to reports/live_fact_latency.json.
+
+A second test kills the worker process that holds the lease: the control plane's scan orphans the
+run and issues its recovery, and the open page shows ``orphaned`` then ``recovering`` live.
+
+Needs Debian's chromium at /usr/bin/chromium and the `playwright` package (never `playwright install`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from django.test import override_settings
+from django.utils import timezone
+
+from tests.live import ROOT, Procs, server_env, start_daphne, wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip(
+        f"{CHROMIUM} is absent: apt-get install -y chromium (Debian's build; never `playwright install`)",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from controlplane_sdk import Client  # noqa: E402
+from tests.e2e.test_console_browser import CHROMIUM_ARGS, _server_password  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+REPORT = ROOT / "reports" / "live_fact_latency.json"
+P95_BUDGET_S = 1.0  # issue 10: fact-to-screen p95 within 1 s of its commit (bench/, not asserted)
+# Asserted: no fact waits for the periodic refresh (30 s) or a reload. The 1 s budget is recorded, not
+# asserted: on this shared 2-core machine (load average 20+) the same test measured p95 0.97-1.15 s.
+P95_SANITY_S = 3.0
+ROUNDS = 15
+
+# Records when each watched condition first holds, from the DOM mutation that made it true.
+WATCHER = """
+(() => {
+  window.__watch = []; window.__seen = {};
+  const check = () => {
+    for (const [name, source] of window.__watch) {
+      if (window.__seen[name] === undefined) {
+        try { if (new Function(source)()) window.__seen[name] = Date.now(); } catch (e) {}
+      }
+    }
+  };
+  const all = {subtree: true, childList: true, attributes: true, characterData: true};
+  new MutationObserver(check).observe(document.body, all);
+  window.__check = check;
+  window.__text = (selector, text) =>
+    [...document.querySelectorAll(selector)].some((el) => el.textContent === text);
+})();
+"""
+
+
+def _port_in_range() -> int:
+    """A free port in this checkout's range (E2E_PORTS, e.g. 20000-20099), else any free port."""
+    first, _, last = os.environ.get("E2E_PORTS", "").partition("-")
+    candidates = range(int(first), int(last) + 1) if first and last else []
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def e2e_redis():
+    """The e2e Redis database (E2E_REDIS_DB, flushed): daphne's channel layer and this process's, so
+    facts committed here (the lease scan) reach the pages daphne serves."""
+    base = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    url = urlunsplit(urlsplit(base)._replace(path=f"/{int(os.environ.get('E2E_REDIS_DB', '9'))}"))
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    layers = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": None}]},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=layers):
+        yield url
+    client.flushdb()
+
+
+@pytest.fixture
+def console(postgres_only, tmp_path, e2e_redis, monkeypatch):
+    import tests.live
+
+    monkeypatch.setattr(tests.live, "free_port", _port_in_range)
+    procs = Procs(tmp_path)
+    env = server_env(tmp_path, LEASE_TTL_S="300", REDIS_URL=e2e_redis)
+    try:
+        yield start_daphne(procs, env, ready_path="/accounts/login/")
+    finally:
+        procs.stop()
+
+
+def _open_run_page(p, base: str, run_id: str):
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page()
+    BROWSER_LOG.clear()
+    page.on("console", lambda m: BROWSER_LOG.append(f"console {m.type}: {m.text}"))
+    page.goto(f"{base}/runs/{run_id}/")
+    page.fill("#id_username", "otto")
+    page.fill("#id_password", "pw-otto")
+    page.click("button[type=submit]")
+    expect(page.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
+    page.evaluate(WATCHER)
+    page.evaluate("window.__noReload = 'still here'")
+    return browser, page
+
+
+BROWSER_LOG: list[str] = []  # the page's console, shown when a fact never appears
+
+
+class Stopwatch:
+    """Call → DOM: the clock starts before the call that commits the fact (so the API's own time
+    counts against the budget) and stops at the mutation that shows it."""
+
+    def __init__(self, page):
+        self.page, self.samples, self.after_response = page, {}, {}
+
+    def measure(self, name: str, shows: str, call) -> object:
+        self.page.evaluate("([n, s]) => window.__watch.push([n, s])", [name, shows])
+        started = time.time()
+        result = call()
+        answered = time.time()
+        try:
+            seen = wait_for(
+                f"{name} on the page",
+                lambda: self.page.evaluate(
+                    "(n) => { window.__check(); return window.__seen[n]; }", name
+                ),
+                10,
+                interval=0.02,
+            )
+        except AssertionError as missing:
+            ledger = self.page.inner_html("#run-ledger")[:3000]
+            raise AssertionError(
+                f"{missing}\n--- the page's ledger ---\n{ledger}\n--- console ---\n"
+                + "\n".join(BROWSER_LOG)
+            ) from None
+        self.samples[name] = max(seen / 1000 - started, 0.0)
+        self.after_response[name] = max(seen / 1000 - answered, 0.0)
+        return result
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(int(round(0.95 * len(ordered))) - 1, 0)]
+
+
+def test_facts_reach_an_open_run_page_within_a_second(cast, worker_token, console):
+    _server_password(cast["otto"][0], "pw-otto")
+    sdk = Client(console, worker_token)
+    operator = Client(console, cast["otto"][1])
+    run = sdk.create_run(
+        "purchasing",
+        "buy 2 of sku-1",
+        input={},
+        authority=[{"scope": "payments:charge", "ttl_s": 3600}],
+    )
+    run_id = str(run["id"])
+    claim = sdk.claim(run_id, "worker-7")
+    token = claim.lease.fencing_token
+
+    with sync_playwright() as p:
+        browser, page = _open_run_page(p, console, run_id)
+        watch = Stopwatch(page)
+        for i in range(ROUNDS):
+            key = f"live-{i}"
+            decided = watch.measure(
+                f"declared {i}",
+                f"return window.__text('#effects-body code', '{key}')",
+                partial(
+                    sdk.declare_effect,
+                    run_id,
+                    token,
+                    step="charge",
+                    tool="payments",
+                    action="charge",
+                    idempotency_key=key,
+                    args={"amount": i},
+                ),
+            )
+            assert decided.status == "in_flight"
+            watch.measure(
+                f"committed {i}",
+                f"return !!document.querySelector('#effect-{decided.id} .st-committed')",
+                partial(sdk.record_outcome, decided.id, token, "committed"),
+            )
+            watch.measure(
+                f"checkpoint {i + 1}",
+                f"return window.__text('#timeline-list .kind', 'checkpoint {i + 1}')",
+                partial(sdk.checkpoint, run_id, token, f"step-{i}", {"i": i}),
+            )
+        header = "return document.querySelector('#run-header [data-state]').dataset.state === '{}'"
+        last = watch.measure(
+            "declared last",
+            "return window.__text('#effects-body code', 'live-last')",
+            partial(
+                sdk.declare_effect,
+                run_id,
+                token,
+                step="ship",
+                tool="payments",
+                action="charge",
+                idempotency_key="live-last",
+                args={"amount": 1},
+            ),
+        )
+        watch.measure(  # an effect is in flight: the pause waits for the worker
+            "state pausing",
+            header.format("pausing"),
+            partial(operator.intervene, run_id, "pause", "watching it live"),
+        )
+        watch.measure(
+            "committed last",
+            f"return !!document.querySelector('#effect-{last.id} .st-committed')",
+            partial(sdk.record_outcome, last.id, token, "committed"),
+        )
+        watch.measure(
+            "state paused",
+            header.format("paused"),
+            partial(sdk.release_lease, claim.lease.id, token, "paused at a boundary"),
+        )
+        watch.measure(
+            "state revalidating",
+            header.format("revalidating"),
+            partial(operator.intervene, run_id, "resume", "checked it"),
+        )
+        # Each fact reached the page by push: the page was never reloaded, and it is whole.
+        assert page.evaluate("window.__noReload") == "still here"
+        assert page.locator("#effects-body tr[id^=effect-]").count() == ROUNDS + 1
+        assert page.locator("#effects-body .age").count() == 0, "nothing is left in flight"
+        browser.close()
+
+    samples = watch.samples
+    p95 = _p95(list(samples.values()))
+    REPORT.parent.mkdir(exist_ok=True)
+    REPORT.write_text(
+        json.dumps(
+            {
+                "what": "fact-to-screen: from the SDK/API call that committed a fact to the DOM "
+                "mutation showing it on an open run page (Chromium, daphne, Redis channel layer)",
+                "facts": len(samples),
+                "clock": "starts before the call that commits the fact (its own API time counts)",
+                "p50_s": round(statistics.median(samples.values()), 3),
+                "p95_s": round(p95, 3),
+                "max_s": round(max(samples.values()), 3),
+                "budget_p95_s": P95_BUDGET_S,
+                "within_budget": p95 <= P95_BUDGET_S,
+                "load_average_1m": round(os.getloadavg()[0], 1),
+                "from_response_p50_s": round(statistics.median(watch.after_response.values()), 3),
+                "from_response_p95_s": round(_p95(list(watch.after_response.values())), 3),
+                "at": timezone.now().isoformat(timespec="seconds"),
+                "samples_s": {k: round(v, 3) for k, v in samples.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    assert p95 <= P95_SANITY_S, f"fact-to-screen p95 {p95:.3f}s > {P95_SANITY_S}s: {samples}"
+
+
+WORKER = """
+import sys, time
+from controlplane_sdk import Client
+client = Client(sys.argv[1], sys.argv[2])
+claim = client.claim(sys.argv[3], "doomed-worker")
+client.declare_effect(sys.argv[3], claim.lease.fencing_token, step="charge", tool="payments",
+                      action="charge", idempotency_key="doomed-charge", args={"amount": 5})
+print("claimed", flush=True)
+while True:
+    client.heartbeat(claim.lease.id, claim.lease.fencing_token)
+    time.sleep(0.5)
+"""
+
+
+def test_a_killed_workers_run_shows_orphaned_and_recovering_live(
+    cast, worker_token, console, tmp_path
+):
+    from interventions.recover import scan_expired_leases
+    from runs.models import ExecutionLease
+
+    _server_password(cast["otto"][0], "pw-otto")
+    sdk = Client(console, worker_token)
+    run_id = str(
+        sdk.create_run(
+            "purchasing",
+            "buy 1 of sku-2",
+            input={},
+            authority=[{"scope": "payments:charge", "ttl_s": 3600}],
+        )["id"]
+    )
+    log = tmp_path / "doomed-worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, console, worker_token, run_id],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for("the worker to claim", lambda: "claimed" in log.read_text(), 20, logs=(log,))
+        with sync_playwright() as p:
+            browser, page = _open_run_page(p, console, run_id)
+            badge = page.locator("#run-header [data-state]").first
+            expect(badge).to_have_attribute("data-state", "running")
+            expect(page.locator("#effects-body .age")).to_have_count(1)  # its charge, in flight
+
+            os.killpg(proc.pid, signal.SIGKILL)  # no release, no goodbye
+            proc.wait(timeout=10)
+            # Its lease runs out (the clock moved on), and the beat's scan finds it.
+            # (Django's ORM refuses the event loop Playwright runs in this thread: use another.)
+            with ThreadPoolExecutor(1) as other:
+                other.submit(
+                    lambda: ExecutionLease.objects.filter(run_id=run_id).update(
+                        expires_at=timezone.now()
+                    )
+                ).result()
+                assert other.submit(scan_expired_leases).result() == [run_id]
+
+            timeline = page.locator("#timeline-list")
+            expect(timeline.locator("[data-state=orphaned]").first).to_be_visible(timeout=10_000)
+            expect(badge).to_have_attribute("data-state", "recovering", timeout=10_000)
+            expect(page.locator("#run-authority .st-expired").first).to_be_visible()
+            expect(timeline.get_by_text("recover issued")).to_be_visible()
+            assert page.evaluate("window.__noReload") == "still here"
+            browser.close()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
