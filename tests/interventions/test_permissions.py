@@ -23,6 +23,7 @@ NOT_INTERVENTIONS = {
     "override_revalidation",
     "start_run",
     "audit_export",
+    "audit_verify",
     "fleet",
     "take_command",
 }
