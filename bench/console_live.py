@@ -333,7 +333,9 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
         loader = threading.Thread(target=load, daemon=True)
         loader.start()
         time.sleep(min(3.0, size["probe_load_s"] / 3))  # the workers are up and running
+        started = time.monotonic()
         f2s = asyncio.run(probe(servers.urls, secret, sessions, pages, size["probe_effects"]))
+        f2s["probe_s"] = round(time.monotonic() - started, 1)
         loader.join(900)
         f2s["protocol_during_probe"] = {
             k: background.get(k) for k in ("workers", "effects_per_s", "effects", "error")
@@ -364,6 +366,18 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
     without = [p["effects_per_s"] for p in phases if not p["open_list_pages"]]
     with_pages = [p["effects_per_s"] for p in phases if p["open_list_pages"]]
     base, loaded = statistics.mean(without), statistics.mean(with_pages)
+    # What one list push cost the servers: a loaded phase's server CPU beyond what its effects cost
+    # in the unloaded phases, per push the list pages received.
+    idle = [p for p in phases if not p["open_list_pages"] and p["effects"]]
+    per_effect = sum(p["servers_cpu_s"] or 0 for p in idle) / max(
+        sum(p["effects"] for p in idle), 1
+    )
+    extra = [
+        ((p["servers_cpu_s"] or 0) - per_effect * p["effects"], p["list_pages"].get("pushes", 0))
+        for p in phases
+        if p["open_list_pages"]
+    ]
+    pushes = sum(n for _, n in extra)
     return {
         "fact_to_screen": f2s,
         "throughput": {
@@ -373,5 +387,8 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
             "effects_per_s_without_pages": round(base, 1),
             "effects_per_s_with_pages": round(loaded, 1),
             "drop_pct": round(100 * (1 - loaded / base), 1) if base else None,
+            "server_cpu_ms_per_list_push": round(1000 * sum(c for c, _ in extra) / pushes, 1)
+            if pushes
+            else None,
         },
     }

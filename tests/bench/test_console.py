@@ -102,3 +102,4 @@ def test_tiny_console_bench_writes_every_figure(tmp_path):
     assert all(p["effects"] > 0 and p["errors"] == 0 for p in phases)
     assert phases[1]["list_pages"]["pushes"] > 0  # the open list pages were live
     assert isinstance(r["throughput"]["drop_pct"], int | float)
+    assert "server_cpu_ms_per_list_push" in r["throughput"]
