@@ -160,7 +160,9 @@ def test_the_run_lock_does_not_block_a_foreign_key_check_on_the_run(postgres_onl
             # A key-share lock, as the foreign-key check of a child's INSERT takes: not blocked.
             with transaction.atomic():
                 with connection.cursor() as cur:
-                    cur.execute("SELECT 1 FROM runs_run WHERE id = %s FOR KEY SHARE", [parent["id"]])
+                    cur.execute(
+                        "SELECT 1 FROM runs_run WHERE id = %s FOR KEY SHARE", [parent["id"]]
+                    )
             # ...while a second decision on the same run still has to wait for the holder.
             with pytest.raises(DatabaseError):
                 with transaction.atomic():
