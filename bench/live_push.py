@@ -50,7 +50,9 @@ def _effects(worker, n: int, tag: str) -> None:
 def test_live_push_cost(worker, monkeypatch):
     flush = getattr(live, "flush", lambda timeout=5.0: None)
     _effects(worker, 5, "warm")  # imports, caches, connections
-    samples: dict[str, dict[str, list[float]]] = {m: {"thread": [], "process": [], "wall": []} for m in MODES}
+    samples: dict[str, dict[str, list[float]]] = {
+        m: {"thread": [], "process": [], "wall": []} for m in MODES
+    }
     for r in range(ROUNDS):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             _mode(monkeypatch, mode)
