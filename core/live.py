@@ -14,6 +14,7 @@ The console's consumers turn the facts into per-fact fragments (console/consumer
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -148,6 +149,9 @@ def _after_fork() -> None:  # a forked child (Celery prefork) has no sender thre
 
 
 os.register_at_fork(after_in_child=_after_fork)
+# A command or worker that exits right after a decision still gets its hints out (briefly: a stuck
+# layer must not hold an exit up).
+atexit.register(lambda: _sender.flush(1.0))
 
 
 def send_hints(facts: Facts) -> None:
