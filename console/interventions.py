@@ -60,6 +60,8 @@ OPTION_FIELDS: dict[str, tuple[str, ...]] = {
     "suspend_authority": ("grant_id", "grant_scope"),
     "restore_authority": ("grant_id", "grant_scope"),
     "recover": ("prefer",),
+    "freeze_capability": ("capability",),
+    "restore_capability": ("capability",),
 }
 FLAGS = ("suspend_authority", "reobserve_assumptions")
 PREFERENCES = ("redrive", "compensate", "escalate")
@@ -89,7 +91,7 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
                         "checkpoint must be a whole number", field="options.checkpoint_seq"
                     ) from None
         elif value := data.get(name, "").strip():
-            options["scope" if name == "grant_scope" else name] = value
+            options["scope" if name in ("grant_scope", "capability") else name] = value
     scope = data.get("scope", "run") or "run"
     if scope not in ("run", "tree"):
         raise Invalid("scope must be 'run' or 'tree'", field="scope")

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import audit, interventions, receipts, runs
+from console import audit, fleet, interventions, receipts, runs
 
 app_name = "console"
 
@@ -34,6 +34,13 @@ urlpatterns = [
     path("effects/<uuid:effect_id>/reconcile/", interventions.reconcile, name="reconcile"),
     path("approvals/", interventions.approvals_inbox, name="approvals"),
     path("contracts/", interventions.contracts_page, name="contracts"),
+    path("fleet/", fleet.fleet_page, name="fleet"),
+    path("fleet/preview/", fleet.fleet_preview, name="fleet-preview"),
+    path("fleet/start/", fleet.fleet_start, name="fleet-start"),
+    path("fleet/<uuid:operation_id>/", fleet.fleet_operation, name="fleet-operation"),
+    path("fleet/<uuid:operation_id>/halt/", fleet.fleet_halt, name="fleet-halt"),
+    path("fleet/<uuid:operation_id>/confirm/", fleet.fleet_confirm, name="fleet-confirm"),
+    path("fleet/<uuid:operation_id>/cancel/", fleet.fleet_cancel, name="fleet-cancel"),
     path("audit/", audit.audit_page, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
     path("audit/export.jsonl", audit.audit_export, name="audit-export"),

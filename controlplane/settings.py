@@ -269,7 +269,8 @@ WS_SESSION_CHECK_S = env_int("WS_SESSION_CHECK_S", 5)
 # Even with DEBUG=1 the error page must not show connection URLs with their passwords.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "controlplane.debug.SecretSafeReporterFilter"
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/"
+# An operator who logs in lands on the runs that need them; "Runs" in the header shows them all.
+LOGIN_REDIRECT_URL = "/?attention=1"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the <body hx-headers>, not the cookie
 X_FRAME_OPTIONS = "DENY"

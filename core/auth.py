@@ -94,7 +94,8 @@ class RequestMeta(TypedDict, total=False):
 def request_meta(request: HttpRequest) -> RequestMeta:
     return {
         "source_ip": client_ip(request),
-        "user_agent": request.META.get("HTTP_USER_AGENT", "")[:300],
+        # Recorded in audit rows: a NUL cannot be stored in PostgreSQL text (a hostile header).
+        "user_agent": request.META.get("HTTP_USER_AGENT", "").replace("\x00", "")[:300],
         "request_id": request_id(request),
     }
 

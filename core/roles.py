@@ -32,6 +32,12 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "revoke_authority": frozenset({SECURITY_RESPONDER, INCIDENT_COMMANDER, ADMIN}),
     "suspend_authority": frozenset({SECURITY_RESPONDER, INCIDENT_COMMANDER, ADMIN}),
     "restore_authority": frozenset({SECURITY_RESPONDER, ADMIN}),
+    "freeze_capability": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+    "restore_capability": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+    # Fleet operations (interventions/fleet.py): "fleet" to run one at all, plus the right to issue
+    # its per-run contract (pause, cancel, freeze_capability, ...); take_command is its own right.
+    "fleet": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+    "take_command": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "override": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),

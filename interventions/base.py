@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -92,6 +92,8 @@ CONTRACT_MODULES = [
     "approvals",
     "authority",
     "close",
+    "freeze",
+    "fleet",  # no contract of its own: registers its wave job
 ]
 
 
@@ -234,6 +236,17 @@ def section_digests(shown: dict[str, Any]) -> dict[str, str]:
     }
 
 
+class Parent(Protocol):
+    """A parent record taking part in each of its runs' decisions (a fleet operation)."""
+
+    def before(self) -> None:
+        """First thing in the decision's transaction, before the run lock: lock the parent, refuse
+        (a DomainError) if it no longer wants this decision."""
+
+    def after(self, intervention: Intervention) -> None:
+        """Once the receipt is written, in the same transaction: link it to the parent."""
+
+
 def check_digest(req: Request, shown: dict[str, Any], seen: str | None) -> None:
     """Refuse a confirm whose preview (``seen``) no longer matches what the run would do now."""
     if seen is not None and seen != shown["digest"]:
@@ -254,7 +267,13 @@ def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
 
 
 def issue(
-    *, actor: Actor, run_id: Any, req: Request, policy: str = "", seen_digest: str | None = None
+    *,
+    actor: Actor,
+    run_id: Any,
+    req: Request,
+    policy: str = "",
+    seen_digest: str | None = None,
+    parent: Parent | None = None,
 ) -> Intervention:
     """One transaction: lock, authorise, check the table, apply, record intervention + history + audit.
 
@@ -263,8 +282,13 @@ def issue(
     policy is recorded in their place, on the receipt and in the audit context.
 
     ``seen_digest``: the digest of the preview the operator confirmed; checked under the run lock, so
-    a change committed between the preview and the confirm is caught (PreviewStale, 409)."""
+    a change committed between the preview and the confirm is caught (PreviewStale, 409).
+
+    ``parent``: a record this decision belongs to (interventions/fleet.py); its lock is taken before
+    the run's, so a halt of the parent and this decision are serialised."""
     with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
+        if parent is not None:
+            parent.before()
         if policy and actor.kind != "system":
             raise Forbidden("only the control plane itself issues by policy")
         if not req.reason.strip():
@@ -307,6 +331,8 @@ def issue(
         }
         intervention.receipt = _jsonable(receipt)
         intervention.save(update_fields=["receipt", "status"])
+        if parent is not None:
+            parent.after(intervention)
         announce(run.pk, "intervention", intervention.pk)
         record_audit(
             actor=actor,

@@ -77,8 +77,17 @@ def backoff_s(failures: int) -> float:
 # -- writing and delivering -----------------------------------------------------------------------
 
 
-def enqueue(kind: str, target_id: Any, run: Run | Any, *, timeout_s: int | None = None) -> Job:
-    """Inside the decision's transaction: record the job; hand it to Celery once that commits."""
+def enqueue(
+    kind: str,
+    target_id: Any,
+    run: Run | Any,
+    *,
+    timeout_s: int | None = None,
+    countdown: float = 0,
+) -> Job:
+    """Inside the decision's transaction: record the job; hand it to Celery once that commits.
+    ``countdown``: not before that many seconds (a fleet operation's pause between waves); the sweep
+    counts its due time from then."""
     now, timeout = timezone.now(), timeout_s or default_timeout_s()
     job = Job.objects.create(
         kind=kind,
@@ -86,11 +95,12 @@ def enqueue(kind: str, target_id: Any, run: Run | Any, *, timeout_s: int | None 
         run_id=getattr(run, "pk", run),
         timeout_s=timeout,
         enqueued_at=now,
-        due_at=now + timedelta(seconds=timeout),
+        due_at=now + timedelta(seconds=countdown + timeout),
     )
     target = str(target_id)
-    transaction.on_commit(lambda: deliver(kind, target))
-    announce(job.run_id, "job", job.pk)
+    transaction.on_commit(lambda: deliver(kind, target, countdown=countdown or None))
+    if job.run_id is not None:  # a fleet wave is about no single run: nothing to announce
+        announce(job.run_id, "job", job.pk)
     return job
 
 
@@ -197,6 +207,10 @@ def give_up(job: Job) -> None:
     actor = system_actor("jobs")
     _load()
     KINDS[job.kind].give_up(job)
+    if job.run_id is None:  # about no single run (a fleet wave): the kind's hook concluded it
+        job.status, job.finished_at = Job.FAILED, timezone.now()
+        job.save(update_fields=["failures", "last_error", "status", "finished_at"])
+        return
     run = lock_run(job.run_id)
     why = f"{job.kind} job failed {job.failures} time(s); last error: {job.last_error}"
     facts = {

@@ -44,4 +44,5 @@ class Intervention(models.Model):
 
 
 from interventions.models_compensation import *  # noqa: E402, F403  (CompensationPlan, CompensationStep)
+from interventions.models_fleet import *  # noqa: E402, F403  (FleetOperation, FleetTarget)
 from interventions.models_jobs import *  # noqa: E402, F403  (Job: the follow-up job outbox)

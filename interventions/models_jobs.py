@@ -19,13 +19,16 @@ class Job(models.Model):
     PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
     STATUSES = [PENDING, RUNNING, DONE, FAILED]
     OPEN = (PENDING, RUNNING)
-    KINDS = ["revalidation", "reconcile", "compensation", "recovery"]
+    KINDS = ["revalidation", "reconcile", "compensation", "recovery", "fleet_wave"]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(max_length=20)
     # The intervention (revalidation, reconcile, recovery) or the compensation plan the job drives.
     target_id = models.CharField(max_length=64)
-    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="jobs")
+    # None for a job about no single run (a fleet operation's wave).
+    run = models.ForeignKey(
+        "runs.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
     status = models.CharField(max_length=10, default=PENDING)
     attempts = models.PositiveIntegerField(default=0)  # deliveries that started the work
     failures = models.PositiveIntegerField(default=0)  # ... and that raised or never reported back

@@ -1,4 +1,5 @@
 from .agents import Agent, ApiToken, ApprovalPolicy
+from .freeze import CapabilityFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .ledger import AuthorityGrant, Effect
 from .run import Approval, Attempt, ExecutionLease, Run
@@ -11,6 +12,7 @@ __all__ = [
     "Assumption",
     "Attempt",
     "AuthorityGrant",
+    "CapabilityFreeze",
     "Checkpoint",
     "Effect",
     "ExecutionLease",

@@ -37,6 +37,7 @@ from runs.states import EFFECT_STATES, State, denial_reason
 from .approvals import approval_denial
 from .common import decision, history_head, lock_run, next_history
 from .discrepancy import record_discrepancy, reported_again
+from .freeze import capability_frozen
 from .lifecycle import check_lease
 
 OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
@@ -224,6 +225,8 @@ def declare_effect(
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
         reason = reason or _authority_denial(run, tool, action, now, facts.grants)
         approval, detail = None, ""
+        if reason is None:
+            reason, detail = capability_frozen(run.pk, tool, action)
         if reason is None:
             reason, approval, detail = approval_denial(
                 run,

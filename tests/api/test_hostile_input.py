@@ -133,7 +133,13 @@ def world(worker, cast, as_user) -> dict:
     paused = start_run(worker)
     claim(worker, paused["id"])
     receipt = intervene(as_user("ian"), paused["id"], "pause").json()
+    held = as_user("ada").post(  # a fleet operation recorded and not started: its routes reach it
+        "/fleet",
+        {"kind": "cancel", "filter": f"id={paused['id']}", "reason": "held", "hold": True},
+    )
+    assert held.status_code == 202, held.content
     return {
+        "operation_id": held.json()["id"],
         "run_id": running["id"],
         "lease_id": lease["lease"]["id"],
         "effect_id": effect["id"],

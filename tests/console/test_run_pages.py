@@ -62,6 +62,10 @@ def test_it_logs_in_through_the_login_page_and_out_by_post(cast):
     assert page.status_code == 200 and b'name="password"' in page.content
     resp = client.post("/accounts/login/", {"username": "otto", "password": "pw-otto", "next": "/"})
     assert resp.status_code == 302 and resp["Location"] == "/"
+    landing = Client()
+    resp = landing.post("/accounts/login/", {"username": "otto", "password": "pw-otto"})
+    assert resp["Location"] == "/?attention=1"  # without a next: the runs that need an operator
+    assert b'aria-current="page">Needs attention' in landing.get(resp["Location"]).content
     assert client.get("/").status_code == 200
     assert client.get("/accounts/logout/").status_code == 405  # logout is a POST
     assert client.post("/accounts/logout/").status_code == 302

@@ -17,7 +17,16 @@ from tests.interventions.helpers import intervene, running_run
 
 pytestmark = pytest.mark.django_db
 
-NOT_INTERVENTIONS = {"view", "override", "override_revalidation", "start_run", "audit_export"}
+NOT_INTERVENTIONS = {
+    "view",
+    "override",
+    "override_revalidation",
+    "start_run",
+    "audit_export",
+    "audit_verify",
+    "fleet",
+    "take_command",
+}
 KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS)
 USER_OF_ROLE = {
     role: name for name, role in reversed(list(ROLE_USERS.items()))
@@ -40,6 +49,8 @@ def test_the_matrix_covers_every_intervention_kind():
         "revoke_authority",
         "suspend_authority",
         "restore_authority",
+        "freeze_capability",
+        "restore_capability",
     }
     assert set(USER_OF_ROLE) == set(ROLES)
 
@@ -55,7 +66,7 @@ def _options(kind: str, approval_id: str, username: str) -> dict:
         return {"approval_id": approval_id}
     if kind == "transfer":
         return {"facets": ["assignment"], "to": username}
-    if kind.endswith("_authority"):
+    if kind.endswith(("_authority", "_capability")):
         return {"scope": "inventory:*"}
     return {}
 

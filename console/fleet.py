@@ -1,0 +1,210 @@
+"""Fleet operations in the console: choose runs by filter -> preview -> confirm -> live progress
+(waves, per-run receipts, halt). The services (interventions/fleet.py) decide and check everything;
+this edge parses the form and maps domain errors to the page with their HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.http import Http404, HttpResponse, QueryDict
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from console.common import ConsoleRequest, console_view, is_fragment, kind_label
+from console.interventions import error_dict
+from core.errors import DomainError, Invalid
+from core.roles import may
+from interventions.fleet import (
+    FLEET_KINDS,
+    FleetParams,
+    cancel_fleet_operation,
+    confirm_fleet_operation,
+    halt_fleet_operation,
+    preview_fleet_operation,
+    start_fleet_operation,
+)
+from interventions.fleet_views import operation_dict, recent_operations
+from interventions.models import FleetOperation
+
+FORM_KEYS = frozenset(
+    {
+        "kind",
+        "filter",
+        "capability",
+        "suspend_authority",
+        "wave_size",
+        "pause_s",
+        "max_failures",
+        "max_failure_pct",
+        "override_reason",
+        "reason",
+        "digest",
+        "csrfmiddlewaretoken",
+    }
+)
+
+
+def _kinds(roles: frozenset[str]) -> list[tuple[str, str]]:
+    rights = {k: ("take_command" if k == "take_command" else k) for k in FLEET_KINDS}
+    return [
+        (k, kind_label(k)) for k in FLEET_KINDS if may(roles, "fleet") and may(roles, rights[k])
+    ]
+
+
+def _int(data: QueryDict, name: str, default: int | None) -> int | None:
+    raw = data.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or len(raw) > 9:
+        raise Invalid(f"{name.replace('_', ' ')} must be a whole number", field=name)
+    return int(raw)
+
+
+def params_from(data: QueryDict) -> FleetParams:
+    options: dict[str, Any] = {}
+    if scope := data.get("capability", "").strip():
+        options["scope"] = scope
+    if data.get("suspend_authority") in ("on", "1", "true"):
+        options["suspend_authority"] = True
+    pct = _int(data, "max_failure_pct", None)
+    return FleetParams(
+        options=options,
+        wave_size=_int(data, "wave_size", 10) or 0,
+        pause_s=_int(data, "pause_s", 0) or 0,
+        max_failures=_int(data, "max_failures", None),
+        max_failure_pct=float(pct) if pct is not None else None,
+        override_reason=data.get("override_reason", "").strip(),
+    )
+
+
+def _filter_of(data: QueryDict) -> str:
+    """The run list's filter, as a query string: every key but the fleet form's own, so a key the
+    fleet selection does not understand is refused by the service rather than silently dropped."""
+    if given := str(data.get("filter", "")).strip():
+        return given
+    kept = data.copy()
+    for key in FORM_KEYS & set(kept):
+        del kept[key]
+    return kept.urlencode()
+
+
+@console_view
+@require_GET
+def fleet_page(request: ConsoleRequest) -> HttpResponse:
+    """The operations list and the "new operation" form, prefilled from a run list filter."""
+    ctx = {
+        "nav": "fleet",
+        "kinds": _kinds(request.roles),
+        "filter": _filter_of(request.GET),
+        "form": request.GET,
+        "operations": list(recent_operations()),
+    }
+    return render(request, "fleet/index.html", ctx)
+
+
+@console_view
+@require_POST
+def fleet_preview(request: ConsoleRequest) -> HttpResponse:
+    data = request.POST
+    ctx: dict[str, Any] = {"form": data, "filter": _filter_of(data), "kind": data.get("kind", "")}
+    try:
+        ctx["preview"] = preview_fleet_operation(
+            actor=request.actor,
+            kind=ctx["kind"],
+            run_filter=ctx["filter"],
+            params=params_from(data),
+        )
+    except DomainError as err:
+        ctx["error"] = error_dict(err)
+        return render(request, "fleet/index.html#preview", ctx, status=err.status)
+    ctx["label"] = kind_label(ctx["kind"])
+    return render(request, "fleet/index.html#preview", ctx)
+
+
+@console_view
+@require_POST
+def fleet_start(request: ConsoleRequest) -> HttpResponse:
+    data = request.POST
+    try:
+        op = start_fleet_operation(
+            actor=request.actor,
+            kind=data.get("kind", ""),
+            run_filter=_filter_of(data),
+            reason=data.get("reason", "").strip(),
+            params=params_from(data),
+            digest=data.get("digest", ""),
+        )
+    except DomainError as err:
+        ctx = {"form": data, "filter": _filter_of(data), "error": error_dict(err)}
+        return render(request, "fleet/index.html#preview", ctx, status=err.status)
+    return HttpResponseClientRedirect(reverse("console:fleet-operation", args=[op.pk]))
+
+
+def _operation_or_404(operation_id: UUID) -> FleetOperation:
+    op = FleetOperation.objects.filter(pk=operation_id).first()
+    if op is None:
+        raise Http404("no such fleet operation")
+    return op
+
+
+def _progress_ctx(request: ConsoleRequest, op: FleetOperation) -> dict[str, Any]:
+    data = operation_dict(op)
+    return {
+        "nav": "fleet",
+        "op": data,
+        "obj": op,
+        "label": kind_label(op.kind),
+        "running": op.state == FleetOperation.RUNNING,
+        "held": op.state == FleetOperation.PREVIEWED,
+        "may_halt": op.state in (FleetOperation.RUNNING, FleetOperation.PREVIEWED)
+        and (
+            op.created_by_id == request.user.pk
+            or any(k == op.kind for k, _ in _kinds(request.roles))
+        ),
+        "percent": round(100 * (data["total"] - data["pending"]) / data["total"])
+        if data["total"]
+        else 100,
+    }
+
+
+@console_view
+@require_GET
+def fleet_operation(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    ctx = _progress_ctx(request, _operation_or_404(operation_id))
+    template = "fleet/operation.html#progress" if is_fragment(request) else "fleet/operation.html"
+    return render(request, template, ctx)
+
+
+def _decide(request: ConsoleRequest, operation_id: UUID, service, **kwargs) -> HttpResponse:
+    """Halt, confirm or cancel; the progress fragment answers, with the refusal if there was one."""
+    op = _operation_or_404(operation_id)
+    status, error = 200, None
+    try:
+        op = service(actor=request.actor, operation_id=op.pk, **kwargs)
+    except DomainError as err:
+        status, error = err.status, error_dict(err)
+    ctx = _progress_ctx(request, op) | {"error": error}
+    return render(request, "fleet/operation.html#progress", ctx, status=status)
+
+
+@console_view
+@require_POST
+def fleet_halt(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    reason = request.POST.get("reason", "").strip()
+    return _decide(request, operation_id, halt_fleet_operation, reason=reason)
+
+
+@console_view
+@require_POST
+def fleet_confirm(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    return _decide(request, operation_id, confirm_fleet_operation)
+
+
+@console_view
+@require_POST
+def fleet_cancel(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
+    reason = request.POST.get("reason", "").strip()
+    return _decide(request, operation_id, cancel_fleet_operation, reason=reason)

@@ -1,0 +1,148 @@
+"""Freeze a capability: hold back one ``tool:action`` (or ``tool:*``) on a run, whatever its grants
+say, until restored. Narrower than suspending a grant (freezing ``payments:charge`` leaves a
+``payments:*`` grant's refunds alone) and independent of it: the grants are untouched.
+
+From the commit on, a declaration of a frozen tool:action is denied ``capability_frozen`` with the
+freeze's reason (``runs/services/freeze.py``, one indexed lookup on the declaration's path). What is
+already in flight cannot be recalled: the preview and receipt name it. ``restore_capability`` lifts
+the live freeze of exactly that scope. Both are audited per run; a fleet operation issues them across
+a filter (interventions/fleet.py). Not owner-bound, like the authority contracts; not on a closed run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from audit.services import record_audit
+from core.actors import Actor
+from core.errors import Conflict, Invalid
+from interventions.base import Contract, Request, register
+from interventions.models import Intervention
+from runs.models import CapabilityFreeze, Effect, Run
+from runs.services.common import append_history, notify_run_changed
+from runs.states import State
+
+
+def scope_of(options: dict[str, Any]) -> str:
+    scope = options.get("scope")
+    tool, _, action = scope.partition(":") if isinstance(scope, str) else ("", "", "")
+    if not isinstance(scope, str) or not tool or not action or ":" in action:
+        raise Invalid(
+            "options.scope must look like 'tool:action' or 'tool:*'", field="options.scope"
+        )
+    return scope
+
+
+def live_freeze(run: Run, scope: str) -> CapabilityFreeze | None:
+    return CapabilityFreeze.objects.filter(run=run, scope=scope, lifted_at__isnull=True).first()
+
+
+def _covered(scope: str, tool: str, action: str) -> bool:
+    return scope in (f"{tool}:{action}", f"{tool}:*")
+
+
+def in_flight_in_scope(run: Run, scope: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": str(e.pk),
+            "step": e.step,
+            "tool": e.tool,
+            "action": e.action,
+            "idempotency_key": e.idempotency_key,
+            "note": "already dispatched: cannot be recalled; may still complete",
+        }
+        for e in Effect.objects.filter(run=run, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT)
+        if _covered(scope, e.tool, e.action)
+    ]
+
+
+def blocked_by(run: Run, req: Request, scope: str) -> list[str]:
+    """Why this run's freeze or restore would be refused (the fleet preview reads it too)."""
+    if run.state == State.CLOSED:
+        return ["the run is closed: its capabilities can no longer change"]
+    live = live_freeze(run, scope)
+    if req.kind == "freeze_capability" and live is not None:
+        return [f"{scope} is already frozen on this run (since {live.frozen_at.isoformat()})"]
+    if req.kind == "restore_capability" and live is None:
+        return [f"{scope} is not frozen on this run"]
+    return []
+
+
+def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+    scope = scope_of(req.options)
+    freezing = req.kind == "freeze_capability"
+    return {
+        "capability": scope,
+        "change": "freeze" if freezing else "restore",
+        "new_declarations": (
+            f"declarations of {scope} are denied (capability_frozen) from the commit on"
+            if freezing
+            else f"declarations of {scope} are decided by the run's grants again"
+        ),
+        "grants": "unchanged: a freeze holds back the capability, not the grant",
+        "blocked_by": blocked_by(run, req, scope),
+        "cannot_recall": "in-flight effects below may still complete; their outcomes are recorded"
+        if freezing
+        else None,
+        "in_flight_effects": in_flight_in_scope(run, scope),
+    }
+
+
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+    scope = scope_of(req.options)
+    blocked = blocked_by(run, req, scope)
+    if blocked:
+        raise Conflict(blocked[0], state=run.state, capability=scope)
+    now = timezone.now()
+    freeze: CapabilityFreeze | None
+    if req.kind == "freeze_capability":
+        freeze = CapabilityFreeze.objects.create(
+            run=run,
+            scope=scope,
+            reason=req.reason,
+            frozen_by=actor.label,
+            intervention_id=intervention.pk,
+            frozen_at=now,
+        )
+        kind, action = "capability_frozen", "capability.frozen"
+    else:
+        freeze = live_freeze(run, scope)
+        assert freeze is not None  # blocked_by said so, under the run lock
+        # Compare-and-swap: only a live freeze is lifted, once.
+        if not CapabilityFreeze.objects.filter(pk=freeze.pk, lifted_at__isnull=True).update(
+            lifted_at=now, lifted_by=actor.label, lift_reason=req.reason
+        ):
+            raise Conflict(f"{scope} was restored meanwhile", state=run.state, capability=scope)
+        kind, action = "capability_restored", "capability.restored"
+    facts = {
+        "capability": scope,
+        "freeze": str(freeze.pk),
+        "intervention": str(intervention.pk),
+        "reason": req.reason,
+    }
+    in_flight = in_flight_in_scope(run, scope)
+    append_history(run, kind, facts, actor=actor)
+    record_audit(
+        actor=actor,
+        action=action,
+        object_type="run",
+        object_id=run.pk,
+        run_id=run.pk,
+        reason=req.reason,
+        context={**facts, "state": run.state, "in_flight_effects": in_flight},
+    )
+    notify_run_changed(run)
+    return {
+        "state": run.state,
+        "capability": scope,
+        "frozen": req.kind == "freeze_capability",
+        "at": now.isoformat(),
+        "new_declarations": preview(run, req, actor)["new_declarations"],
+        "in_flight_effects": in_flight,
+    }
+
+
+for _kind in ("freeze_capability", "restore_capability"):
+    register(Contract(kind=_kind, event=None, preview=preview, apply=apply))
