@@ -343,11 +343,14 @@ def test_a_burst_of_facts_is_one_push_of_fragments_and_a_list_gets_rows(cast, wo
     from controlplane.asgi import application
 
     monkeypatch.setattr(LiveConsumer, "coalesce_s", 1.0)  # the whole burst lands in one window
+    # ... and in one batch of core.live's sender (hints reach the sockets a little after the commit)
+    monkeypatch.setattr(live, "GATHER_S", 1.0)
 
     run = start_run(worker)
     other = start_run(worker, goal="someone else's")
     token = claim(worker, run["id"])["lease"]["fencing_token"]
     headers = _session_headers(browser(cast))
+    assert live.flush(), "the hints of the run's start are out before the sockets connect"
 
     async def scenario():
         page = WebsocketCommunicator(application, f"/ws/runs/{run['id']}/", headers=headers)
