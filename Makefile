@@ -61,8 +61,8 @@ bench: venv $(VENV)/.bench-installed  ## issue 11's measurements on a scratch Po
 
 BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_console_bench
 
-bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY); JSON in bench/results/console.json
-	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" $(PY) -m bench.console
+bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY), live pages under protocol load (≤ 8 min; BENCH_QUICK=1 ~2 min); bench/results/console.json
+	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.console
 
 check-deploy: venv  ## Django's deployment checks against the production settings
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \

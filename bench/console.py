@@ -1,8 +1,8 @@
 """Console pages at scale (issue 10, "Budgets"): the run list among 100,000 runs and the page of a run
 with 1,000 effects and 5,000 history events, on PostgreSQL. A benchmark, not a test.
 
-    .venv/bin/python -m bench.console [--runs 100000] [--repeat 15] [--fresh-db]
-                                      [--out bench/results/console.json]
+    .venv/bin/python -m bench.console [--runs 100000] [--repeat 15] [--fresh-db] [--quick]
+                                      [--no-live] [--sizes JSON] [--out bench/results/console.json]
 
 It seeds a scratch database (``DATABASE_URL``, default ``…/controlplane_console_bench``; created and
 migrated if missing, seeded once, reused after) with COPY, then renders pages in-process with
@@ -11,7 +11,9 @@ response out: middleware, views, queries, templates; no network), its p50/p95 ov
 requests, and the number of SQL queries each page ran. List pages include deep keyset pages (the
 cursor of the 50,000th run), every sort and each filter. EXPLAIN ANALYZE of the list's main query
 on a deep page is kept in the JSON. Targets: list p95 ≤ 150 ms with the same number of queries on
-every page; run page p95 ≤ 300 ms.
+every page; run page p95 ≤ 300 ms. Then bench/console_live.py: fact-to-screen p95 ≤ 1 s with 10
+open run pages while protocol workers run, and the protocol's effects/s with 10 open list pages at
+most 10 % below 0 (real daphne servers, WebSockets, worker processes). ``BENCH_QUICK=1``: smaller.
 """
 
 from __future__ import annotations
@@ -38,12 +40,51 @@ STATES = ["succeeded"] * 60 + ["failed"] * 8 + ["running"] * 10 + ["queued"] * 6
 STATES += ["cancelled"] * 4 + ["compensated"] * 2 + ["closed"] * 3 + ["orphaned", "needs_attention"]
 TOOLS = [("payments", "charge"), ("inventory", "reserve"), ("shipping", "book"), ("notify", "send")]
 BIG_EFFECTS, BIG_HISTORY = 1000, 5000
+FACT_TO_SCREEN_TARGET_MS = 1000.0
+THROUGHPUT_DROP_TARGET_PCT = 10.0
+GOALS: list[dict[str, Any]] = [
+    {"key": "list_p95_ms", "goal": "list page p95 (server time, worst page)", "op": "<=",
+     "target": LIST_TARGET_MS, "unit": "ms"},
+    {"key": "list_query_counts", "goal": "distinct query counts across list pages", "op": "<=",
+     "target": 1, "unit": ""},
+    {"key": "run_page_p95_ms", "goal": "run page p95 (1,000 effects, 5,000 events)", "op": "<=",
+     "target": RUN_PAGE_TARGET_MS, "unit": "ms"},
+    {"key": "fact_to_screen_p95_ms", "goal": "fact-to-screen p95, 10 open pages, protocol running",
+     "op": "<=", "target": FACT_TO_SCREEN_TARGET_MS, "unit": "ms"},
+    {"key": "effects_per_s_drop_pct", "goal": "protocol effects/s drop with 10 open list pages",
+     "op": "<=", "target": THROUGHPUT_DROP_TARGET_PCT, "unit": "%"},
+]  # fmt: skip
+
+
+def live_sizes(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"servers": 2, "workers": 4, "pages": 10, "effects_per_run": 20,
+                "probe_effects": 3, "probe_load_s": 15.0, "phase_s": 8.0, "throughput_rounds": 2}  # fmt: skip
+    return {"servers": 2, "workers": 8, "pages": 10, "effects_per_run": 20,
+            "probe_effects": 8, "probe_load_s": 40.0, "phase_s": 20.0, "throughput_rounds": 2}  # fmt: skip
+
+
+def goals_table(measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each goal beside its measured value; ``met`` is None when it was not measured (as in
+    bench/results/summary.json)."""
+    rows = []
+    for g in GOALS:
+        value = measured.get(g["key"])
+        met = None if value is None else value <= g["target"]
+        rows.append({**g, "measured": value, "met": met})
+    return rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--runs", type=int, default=100_000)
-    p.add_argument("--repeat", type=int, default=15, help="requests per page measured")
+    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    p.add_argument("--runs", type=int, default=20_000 if quick else 100_000)
+    p.add_argument(
+        "--repeat", type=int, default=6 if quick else 15, help="requests per page measured"
+    )
+    p.add_argument("--quick", action="store_true", default=quick, help="BENCH_QUICK=1: smaller")
+    p.add_argument("--no-live", action="store_true", help="skip the daphne/WebSocket measurements")
+    p.add_argument("--sizes", default="", help="JSON overriding live sizes (tests run tiny ones)")
     p.add_argument("--fresh-db", action="store_true", help="drop and recreate the database first")
     p.add_argument("--out", default=str(harness.RESULTS_DIR / "console.json"))
     return p.parse_args(argv)
@@ -267,19 +308,20 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from runs.models import Run
 
     facts = seed(args.runs)
+    n_runs = facts["runs"]
     client = Client()
     client.force_login(_viewer())
-    some = str(Run.objects.order_by("created_at").values_list("pk", flat=True)[5000])
-    deep = cursor_at(50_000, "-created")
+    some = str(Run.objects.order_by("created_at").values_list("pk", flat=True)[n_runs // 20])
+    deep = cursor_at(n_runs // 2, "-created")  # the 50,000th run of 100,000
     lists = {
         "first page": "/",
         "page 2": "/?after=" + cursor_at(49, "-created"),
         "deep page (50,000th run)": "/?after=" + deep,
-        "last page": "/?after=" + cursor_at(args.runs - 20, "-created"),
+        "last page": "/?after=" + cursor_at(n_runs - 20, "-created"),
         "back from a deep page": "/?before=" + deep,
-        "sort updated, deep": "/?sort=-updated&after=" + cursor_at(50_000, "-updated"),
-        "sort state, deep": "/?sort=state&after=" + cursor_at(50_000, "state"),
-        "sort agent, deep": "/?sort=agent&after=" + cursor_at(50_000, "agent"),
+        "sort updated, deep": "/?sort=-updated&after=" + cursor_at(n_runs // 2, "-updated"),
+        "sort state, deep": "/?sort=state&after=" + cursor_at(n_runs // 2, "state"),
+        "sort agent, deep": "/?sort=agent&after=" + cursor_at(n_runs // 2, "agent"),
         "state chips running+paused": "/?state=running&state=paused",
         "agent refunds": "/?agent=refunds",
         "owner otto": "/?owner=otto",
@@ -340,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "console",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "database": harness.redact(database_url),
@@ -351,6 +393,24 @@ def main(argv: list[str] | None = None) -> int:
             "load_avg_1_5_15": [round(x, 1) for x in os.getloadavg()],
         },
     } | run_bench(args)
+    if not args.no_live:
+        from bench import console_live
+
+        size = live_sizes(args.quick) | (json.loads(args.sizes) if args.sizes else {})
+        result["live_sizes"] = size
+        result |= console_live.measure_live(database_url, size)
+    result["machine"]["load_avg_at_end"] = [round(x, 1) for x in os.getloadavg()]
+    s = result["summary"]
+    result["measured"] = {
+        "list_p95_ms": s["list_p95_ms_worst"],
+        "list_query_counts": len(s["queries_per_list_page_unfiltered_pages"]),
+        "run_page_p95_ms": s["run_page_p95_ms"],
+        "run_page_queries": result["run_page"]["run page (1,000 effects, 5,000 events)"]["queries"],
+        "fact_to_screen_p50_ms": result.get("fact_to_screen", {}).get("fact_to_screen_p50_ms"),
+        "fact_to_screen_p95_ms": result.get("fact_to_screen", {}).get("fact_to_screen_p95_ms"),
+        "effects_per_s_drop_pct": result.get("throughput", {}).get("drop_pct"),
+    }
+    result = {"goals": goals_table(result["measured"])} | result
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -371,6 +431,14 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
     buf.write(
         f"  summary: {result['summary']}\n  load average: {result['machine']['load_avg_1_5_15']}\n"
     )
+    if "fact_to_screen" in result:
+        buf.write(f"  fact to screen: {result['fact_to_screen']}\n")
+        buf.write(f"  throughput: {result['throughput']}\n")
+    for g in result["goals"]:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
+        buf.write(
+            f"  {g['goal']:55} {g['op']} {g['target']:7} {g['unit']:3} {g['measured']!s:>8}  {verdict}\n"
+        )
     print(buf.getvalue(), end="")
 
 

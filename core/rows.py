@@ -3,7 +3,7 @@
 Every protocol call locks its run and reads a few rows by equality (the lease by fencing token, an
 effect by idempotency key, the run's grants, the latest approval for an action). Compiling those
 querysets cost more CPU than PostgreSQL spent answering them. ``select_rows`` builds the same
-``SELECT <every column> … WHERE a = %s AND b = %s [ORDER BY …] [LIMIT n] [FOR UPDATE]`` once per shape, caches the
+``SELECT <every column> … WHERE a = %s AND b = %s [ORDER BY …] [LIMIT n] [FOR NO KEY UPDATE]`` once per shape, caches the
 text, prepares each value with its field's ``get_db_prep_value`` (what the ORM does: a UUID becomes
 hex on SQLite, for instance), applies the converters the ORM's compiler would apply to each column,
 and builds instances with ``Model.from_db``, so they behave like any other instance (lazy relations,
@@ -72,10 +72,14 @@ def _statement(
         )
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
-    if (
-        lock and conn.features.has_select_for_update
-    ):  # SQLite has none: its writers are serialised anyway
-        sql += " FOR UPDATE"
+    if lock and conn.features.has_select_for_update:  # SQLite has none: its writers are serialised
+        # NO KEY UPDATE: decisions on one row still queue behind each other, but a foreign-key check
+        # (KEY SHARE, taken at COMMIT for Django's deferred constraints) is not blocked by it. With
+        # FOR UPDATE, a child run's decision committing a row that references its parent deadlocked
+        # with a tree cancel that held the parent and waited for the child (seen in the acceptance
+        # suite). We never change a primary key, so nothing needs the stronger lock.
+        no_key = conn.features.has_select_for_no_key_update
+        sql += " FOR NO KEY UPDATE" if no_key else " FOR UPDATE"
     return sql
 
 

@@ -209,7 +209,7 @@ def test_walk_1_and_2_pause_in_flight_then_resume_after_the_world_changes(live, 
     expect(otto.effect_row("payments", "charge", "committed")).to_contain_text("late")
     see_state(otto, 1, "paused")
     # The timer kept running through the pause and its firing was recorded.
-    expect(otto.section("Timeline")).to_contain_text("timer_fired", timeout=15_000)
+    expect(otto.section("Timeline")).to_contain_text("timer fired", timeout=15_000)
 
     # --- scenario 2: the price changes and the payments tool is bumped while paused
     world.set_price("sku-1", 14.0)

@@ -131,3 +131,45 @@ def test_lock_takes_the_row_lock(postgres_only, worker):
     finally:
         release.set()
         thread.join(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_lock_does_not_block_a_foreign_key_check_on_the_run(postgres_only, worker):
+    """lock=True is FOR NO KEY UPDATE: a second decision on the row still waits, but a transaction that
+    commits a row referencing it (a child run: its deferred foreign-key check takes KEY SHARE on the
+    parent) does not. With FOR UPDATE, a tree cancel holding a parent deadlocked with a child's commit."""
+    parent = start_run(worker)
+    locked, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with transaction.atomic():
+                assert rows.select_row(Run, pk=parent["id"], lock=True) is not None
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        with connection.cursor() as cur:
+            cur.execute("SET lock_timeout = '2s'")
+        try:
+            # A key-share lock, as the foreign-key check of a child's INSERT takes: not blocked.
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    cur.execute(
+                        "SELECT 1 FROM runs_run WHERE id = %s FOR KEY SHARE", [parent["id"]]
+                    )
+            # ...while a second decision on the same run still has to wait for the holder.
+            with pytest.raises(DatabaseError):
+                with transaction.atomic():
+                    Run.objects.select_for_update(no_key=True, nowait=True).get(pk=parent["id"])
+        finally:
+            with connection.cursor() as cur:
+                cur.execute("SET lock_timeout = 0")
+    finally:
+        release.set()
+        thread.join(10)
