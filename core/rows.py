@@ -3,7 +3,8 @@
 Every protocol call locks its run and reads a few rows by equality (the lease by fencing token, an
 effect by idempotency key, the run's grants, the latest approval for an action). Compiling those
 querysets cost more CPU than PostgreSQL spent answering them. ``select_rows`` builds the same
-``SELECT <every column> … WHERE a = %s AND b = %s [ORDER BY …] [LIMIT n] [FOR NO KEY UPDATE]`` once per shape, caches the
+``SELECT <every column> … WHERE a = %s AND b = %s [ORDER BY …] [LIMIT n] [FOR NO KEY UPDATE]``
+once per shape, caches the
 text, prepares each value with its field's ``get_db_prep_value`` (what the ORM does: a UUID becomes
 hex on SQLite, for instance), applies the converters the ORM's compiler would apply to each column,
 and builds instances with ``Model.from_db``, so they behave like any other instance (lazy relations,
