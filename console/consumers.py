@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from console import socket_cap
-from core.live import RUNS_GROUP, run_group, user_group
+from core.live import RUNS_GROUP, bind_loop, run_group, user_group
 from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=TOO_MANY)
             return
         self.joined.append(user_group(user.pk))
+        bind_loop(asyncio.get_running_loop())  # an in-memory layer's hints are sent on this loop
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         self._pending: dict[str, Any] = {}  # run id -> {kind: {object ids}}, or None: everything

@@ -1,16 +1,24 @@
 """Live hints to the console over the channel layer. Hints only: pages re-render from the database.
 
 A service that writes a fact about a run calls :func:`announce` inside its transaction. Nothing is
-sent then: the facts of one transaction are collected per run and, after COMMIT, each run gets one
-small message ``{"type": "run.changed", "run_id", "facts": [[kind, object_id], ...]}`` on its own
-group and on the "runs" group. A rolled-back decision announces nothing. The console's consumers
-turn the facts into per-fact fragments (console/consumers.py); nothing is rendered here, so the
-protocol's hot path pays one list append per fact and one channel-layer send per transaction.
+sent then: the facts of one transaction are collected per run and, after COMMIT, handed to this
+process's sender thread (:func:`send_hints` only merges them into a pending map under a lock). The
+thread sends each run one small message ``{"type": "run.changed", "run_id", "facts": [[kind,
+object_id], ...]}`` on its own group and on the "runs" group, coalescing the hints of every
+transaction that committed while it was busy. A rolled-back decision announces nothing. So the
+protocol's request pays a list append per fact and one dict merge per transaction, never a
+channel-layer round trip (bench/live_push.py measured that at about half a protocol call's CPU).
+The console's consumers turn the facts into per-fact fragments (console/consumers.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
+import os
+import threading
+import time
 from typing import Any
 
 from django.db import transaction
@@ -21,6 +29,13 @@ RUNS_GROUP = "runs"
 # Past this many facts in one transaction (a cascade over a tree) a run's hint says "everything":
 # facts=None, and the page re-renders whole instead of fact by fact.
 MAX_FACTS = 50
+# Runs with a hint waiting for the sender. Past this (the layer is down or stuck) new runs' hints
+# are dropped: a lost hint only delays a page until its periodic resync.
+MAX_PENDING_RUNS = 10_000
+SEND_TIMEOUT_S = 5.0
+# Once woken, the sender waits this long so that the hints of transactions committing just now join
+# the same batch (one send per run instead of one per transaction); the console adds its own 0.15 s.
+GATHER_S = 0.02
 
 
 def run_group(run_id: Any) -> str:
@@ -65,15 +80,117 @@ def announce(run_id: Any, kind: str, object_id: Any = None) -> None:
         listed.append(fact)
 
 
+def _merge(into: Facts, run_id: str, listed: list[tuple[str, str]] | None) -> None:
+    if run_id not in into:
+        if len(into) >= MAX_PENDING_RUNS:
+            logger.debug("live hint for run %s dropped: %d runs pending", run_id, len(into))
+            return
+        into[run_id] = []
+    have = into[run_id]
+    if have is None:
+        return
+    if listed is None:
+        into[run_id] = None
+        return
+    for fact in listed:
+        if fact in have:
+            continue
+        if len(have) >= MAX_FACTS:
+            into[run_id] = None
+            return
+        have.append(fact)
+
+
+class _Sender:
+    """One daemon thread per process with its own event loop (so a Redis layer keeps its
+    connections), fed by a pending map that coalesces hints per run while a send is under way."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.pending: Facts = {}
+        self.busy = False
+        self.thread: threading.Thread | None = None
+
+    def put(self, facts: Facts) -> None:
+        with self.lock:
+            for run_id, listed in facts.items():
+                _merge(self.pending, run_id, listed)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="live-hints", daemon=True)
+                self.thread.start()
+            self.changed.notify_all()
+
+    def run(self) -> None:
+        loop = asyncio.new_event_loop()
+        while True:
+            with self.lock:
+                self.busy = False
+                self.changed.notify_all()
+                while not self.pending:
+                    self.changed.wait()
+                self.busy = True
+            time.sleep(GATHER_S)
+            with self.lock:
+                batch, self.pending = self.pending, {}
+            deliver(batch, loop)
+
+    def flush(self, timeout: float) -> bool:
+        with self.lock:
+            return self.changed.wait_for(lambda: not self.pending and not self.busy, timeout)
+
+
+_sender = _Sender()
+
+
+def _after_fork() -> None:  # a forked child (Celery prefork) has no sender thread: start afresh
+    global _sender
+    _sender = _Sender()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+# A command or worker that exits right after a decision still gets its hints out (briefly: a stuck
+# layer must not hold an exit up).
+atexit.register(lambda: _sender.flush(1.0))
+
+
 def send_hints(facts: Facts) -> None:
-    """One message per run, to the run's group and the list's. Never raises."""
+    """Queue one hint per run for the sender thread; returns at once. Never raises."""
+    if facts:
+        _sender.put(facts)
+
+
+def flush(timeout: float = SEND_TIMEOUT_S) -> bool:
+    """Wait until every queued hint has been sent (tests, benchmarks, a command about to exit)."""
+    return _sender.flush(timeout)
+
+
+_consumer_loop: asyncio.AbstractEventLoop | None = None
+
+
+def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The event loop this process's console sockets live on (called as a socket connects). An
+    in-memory layer is not thread-safe, so its hints are sent on that loop; a process without a
+    socket has nobody to tell."""
+    global _consumer_loop
+    _consumer_loop = loop
+
+
+def _layer() -> Any:
+    from channels.layers import get_channel_layer
+
+    return get_channel_layer()
+
+
+def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Send one message per run, to the run's group and the list's: on ``loop`` (the sender's),
+    or inline as before the sender existed (``loop`` None). Never raises."""
     if not facts:
         return
     try:
-        from asgiref.sync import async_to_sync
-        from channels.layers import get_channel_layer
+        from channels.layers import InMemoryChannelLayer
 
-        layer = get_channel_layer()
+        layer = _layer()
         if layer is None:
             return
 
@@ -87,7 +204,17 @@ def send_hints(facts: Facts) -> None:
                 await layer.group_send(run_group(run_id), message)
                 await layer.group_send(RUNS_GROUP, message)
 
-        async_to_sync(send_all)()
+        if loop is None:
+            from asgiref.sync import async_to_sync
+
+            async_to_sync(send_all)()
+        elif isinstance(layer, InMemoryChannelLayer):
+            home = _consumer_loop
+            if home is not None and not home.is_closed():
+                future = asyncio.run_coroutine_threadsafe(send_all(), home)
+                future.result(SEND_TIMEOUT_S)
+        else:
+            loop.run_until_complete(asyncio.wait_for(send_all(), SEND_TIMEOUT_S))
     except Exception:  # a lost hint is harmless; never fail a committed decision over it
         logger.debug("live push failed for runs %s", list(facts), exc_info=True)
 

@@ -6,6 +6,8 @@ and folds routine refusals."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -93,6 +95,82 @@ def test_a_cascade_of_facts_becomes_everything(sent):
         for i in range(live.MAX_FACTS + 5):
             live.announce("r-1", "effect_outcome", i)
     assert sent == [{"r-1": None}]
+
+
+class GatedLayer:
+    """A channel layer whose sends wait for its gate: a request that touched it would hang."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.sent: list[tuple[str, dict]] = []
+
+    async def group_send(self, group: str, message: dict) -> None:
+        if not self.gate.wait(10):
+            raise TimeoutError("gate never opened")
+        self.sent.append((group, message))
+
+
+@pytest.fixture
+def layer(monkeypatch):
+    gated = GatedLayer()
+    monkeypatch.setattr(live, "_layer", lambda: gated)
+    yield gated
+    gated.gate.set()
+    live.flush(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_protocol_call_answers_while_the_channel_layer_is_stuck_and_the_hint_follows(
+    worker, layer
+):
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    started = time.monotonic()
+    response = declare(worker, run["id"], token)
+    assert response.status_code == 201, response.content
+    assert time.monotonic() - started < 5 and layer.sent == [], "the call did not wait for a send"
+    layer.gate.set()
+    assert live.flush(10)
+    facts = [f for group, m in layer.sent if group == f"run.{run['id']}" for f in m["facts"] or []]
+    assert ["effect_intent", response.json()["id"]] in facts
+    assert {group for group, _ in layer.sent} == {f"run.{run['id']}", "runs"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_decision_sends_nothing_to_the_layer(layer):
+    layer.gate.set()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        live.announce("r-1", "checkpoint", 3)
+        raise RuntimeError("rolled back")
+    assert live.flush(10) and layer.sent == []
+    with transaction.atomic():
+        live.announce("r-1", "checkpoint", 4)
+    assert live.flush(10)
+    assert layer.sent == [
+        (group, {"type": "run.changed", "run_id": "r-1", "facts": [["checkpoint", "4"]]})
+        for group in ("run.r-1", "runs")
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hints_committed_while_a_send_is_under_way_go_out_coalesced_per_run(layer):
+    live.announce(
+        "r-0", "run"
+    )  # outside a transaction: queued at once, and the sender blocks on it
+    deadline = time.monotonic() + 5
+    while not live._sender.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for step in (1, 2, 2, 3):
+        with transaction.atomic():
+            live.announce("r-1", "checkpoint", step)
+    layer.gate.set()
+    assert live.flush(10)
+    assert [(group, m["facts"]) for group, m in layer.sent] == [
+        ("run.r-0", [["run", ""]]),
+        ("runs", [["run", ""]]),
+        ("run.r-1", [["checkpoint", "1"], ["checkpoint", "2"], ["checkpoint", "3"]]),
+        ("runs", [["checkpoint", "1"], ["checkpoint", "2"], ["checkpoint", "3"]]),
+    ]
 
 
 def test_the_consumer_merges_hints_per_run_and_kind():
@@ -265,11 +343,14 @@ def test_a_burst_of_facts_is_one_push_of_fragments_and_a_list_gets_rows(cast, wo
     from controlplane.asgi import application
 
     monkeypatch.setattr(LiveConsumer, "coalesce_s", 1.0)  # the whole burst lands in one window
+    # ... and in one batch of core.live's sender (hints reach the sockets a little after the commit)
+    monkeypatch.setattr(live, "GATHER_S", 1.0)
 
     run = start_run(worker)
     other = start_run(worker, goal="someone else's")
     token = claim(worker, run["id"])["lease"]["fencing_token"]
     headers = _session_headers(browser(cast))
+    assert live.flush(), "the hints of the run's start are out before the sockets connect"
 
     async def scenario():
         page = WebsocketCommunicator(application, f"/ws/runs/{run['id']}/", headers=headers)
