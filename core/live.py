@@ -219,11 +219,6 @@ def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None
         logger.debug("live push failed for runs %s", list(facts), exc_info=True)
 
 
-def push_run_update(run_id: Any) -> None:
-    """Something about the run changed (no particular fact): announce it."""
-    announce(run_id, "run")
-
-
 def user_group(user_id: Any) -> str:
     """Every live socket of one user: told to re-check its session (logout, deactivation, roles)."""
     return f"user.{user_id}"
