@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -58,10 +59,19 @@ def test_quick_mode_is_smaller_than_full():
     assert quick["probe_load_s"] < full["probe_load_s"] and quick["phase_s"] < full["phase_s"]
 
 
+def _scratch_url() -> str | None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    parts = urlsplit(url)
+    name = os.environ.get("TEST_DATABASE_NAME") or f"test_{parts.path.lstrip('/')}"
+    return urlunsplit(parts._replace(path=f"/{name}_benchconsole"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_tiny_console_bench_writes_every_figure(tmp_path, bench_database):
-    url = bench_database("benchconsole")
+def test_tiny_console_bench_writes_every_figure(tmp_path):
+    url = _scratch_url()
     if url is None:
         pytest.skip("needs a PostgreSQL DATABASE_URL")
     out = tmp_path / "console.json"

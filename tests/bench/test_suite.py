@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -97,6 +98,15 @@ def test_readme_block_is_replaced_in_place(tmp_path):
     assert readme.read_text() == f"# x\n\nbefore\n{report.START}\nnew table\n{report.END}\nafter\n"
 
 
+def _scratch_url() -> str | None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    parts = urlsplit(url)
+    name = os.environ.get("TEST_DATABASE_NAME") or f"test_{parts.path.lstrip('/')}"
+    return urlunsplit(parts._replace(path=f"/{name}_benchsuite"))
+
+
 TINY = {
     "workers": [1, 2],
     "runs": {"1": 1, "2": 2},
@@ -114,8 +124,8 @@ TINY = {
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tiny_suite_writes_the_summary_and_the_readme_table(tmp_path, bench_database):
-    url = bench_database("benchsuite")
+def test_tiny_suite_writes_the_summary_and_the_readme_table(tmp_path):
+    url = _scratch_url()
     if url is None:
         pytest.skip("needs a PostgreSQL DATABASE_URL")
     out = tmp_path / "summary.json"
