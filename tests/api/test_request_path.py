@@ -61,3 +61,24 @@ def test_a_lease_run_is_remembered(worker, monkeypatch):
     monkeypatch.setattr(api.runs._lease_run, "lookup", _no_lookup)
     api.runs._lease_run.remember(lease["id"], uuid.UUID(run["id"]))
     assert worker.post(f"/leases/{lease['id']}/release", body).status_code == 200
+
+
+def test_the_body_depth_guard_walks_only_bodies_with_many_brackets():
+    """The byte-by-byte depth walk runs only when the brackets could nest past the limit; the answer
+    is the same either way."""
+    from django.test import RequestFactory
+
+    from api.parser import MAX_BODY_DEPTH, BodyRefused, StrictJsonParser
+
+    def parse(text: str):
+        return StrictJsonParser().parse_body(RequestFactory().post("/", text, "application/json"))
+
+    many_flat = '{"a": [' + ", ".join(["[]"] * (MAX_BODY_DEPTH + 5)) + "]}"
+    assert len(parse(many_flat)["a"]) == MAX_BODY_DEPTH + 5
+    in_strings = '{"a": "' + "[" * (MAX_BODY_DEPTH + 5) + '"}'
+    assert parse(in_strings)["a"].startswith("[[")
+    limit = '{"a": ' + "[" * (MAX_BODY_DEPTH - 1) + "]" * (MAX_BODY_DEPTH - 1) + "}"
+    assert parse(limit)
+    too_deep = '{"a": ' + "[" * MAX_BODY_DEPTH + "]" * MAX_BODY_DEPTH + "}"
+    with pytest.raises(BodyRefused, match="nests deeper"):
+        parse(too_deep)
