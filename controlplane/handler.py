@@ -39,11 +39,25 @@ from django.core.handlers.base import BaseHandler
 from django.http import FileResponse
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
+_MATCH = "controlplane.resolver_match"  # scope key: (path_info, ResolverMatch) found by __call__
+
+
+class _SyncChain(BaseHandler):
+    """The sync middleware chain. It takes the URL match that ``__call__`` made to choose the chain
+    instead of resolving the same path a second time (unless a middleware set ``request.urlconf``)."""
+
+    def resolve_request(self, request):
+        found = getattr(request, "scope", {}).get(_MATCH)
+        if found is None or hasattr(request, "urlconf") or found[0] != request.path_info:
+            return super().resolve_request(request)
+        request.resolver_match = found[1]
+        return found[1]
+
 
 class ControlPlaneASGIHandler(ASGIHandler):
     def __init__(self) -> None:
         super().__init__()  # the async chain, for coroutine views
-        self._sync_handler = BaseHandler()
+        self._sync_handler = _SyncChain()
         self._sync_handler.load_middleware(is_async=False)
         # One gate per event loop (a server has one; tests make many, which must not pile up here).
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
@@ -75,12 +89,19 @@ class ControlPlaneASGIHandler(ASGIHandler):
             return False
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not self.view_is_async(_path_info(scope)):
-            # The context stays, so that anything thread-sensitive a streaming response does while it
-            # is sent gets a thread of this request, as under Django's handler.
-            async with ThreadSensitiveContext():
-                await self._handle_sync(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            path = _path_info(scope)
+            try:
+                match = get_resolver().resolve(path)
+            except Resolver404:
+                match = None
+            if match is None or not iscoroutinefunction(match.func):
+                scope = {**scope, _MATCH: (path, match)} if match is not None else scope
+                # The context stays, so that anything thread-sensitive a streaming response does while
+                # it is sent gets a thread of this request, as under Django's handler.
+                async with ThreadSensitiveContext():
+                    await self._handle_sync(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
     async def get_response_async(self, request):

@@ -185,3 +185,21 @@ def test_a_streaming_response_is_sent_whole_and_closed_after():
     assert b"".join(m.get("body", b"") for m, _ in sent[1:]) == b"a" * 10 + b"b" * 10
     # closed (request_finished) once, after the last byte went out, as under Django's handler
     assert [n for _, n in sent] == [0] * len(sent) and finished == [1]
+
+
+def test_a_sync_request_resolves_its_url_once(monkeypatch):
+    """The match made to choose the chain is the one the view gets; no second resolve."""
+    from django.urls import get_resolver
+    from django.urls.resolvers import URLResolver
+
+    root, calls = get_resolver(), []
+    real = URLResolver.resolve
+
+    def spy(self, path):
+        if self is root:
+            calls.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(URLResolver, "resolve", spy)
+    assert _get("/accounts/login/")["status"] == 200
+    assert calls == ["/accounts/login/"]
