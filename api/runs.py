@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -52,8 +54,9 @@ class _Fixed:
     """id -> a fact about that row which never changes once the row exists, remembered per server
     process once found (only found answers: a missing row is asked about again), bounded."""
 
-    def __init__(self, lookup, limit: int = 10_000) -> None:
-        self.lookup, self.limit, self.known = lookup, limit, {}
+    def __init__(self, lookup: Callable[[str], Any], limit: int = 10_000) -> None:
+        self.lookup, self.limit = lookup, limit
+        self.known: dict[str, Any] = {}
 
     def __call__(self, key):
         key = str(key)

@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -290,4 +289,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
