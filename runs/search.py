@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.utils import timezone
@@ -38,7 +39,7 @@ from core.filters import (
     parse_when,
     prefix_range,
 )
-from runs.models import Approval, Effect, Run
+from runs.models import Agent, Approval, Effect, Run, RunTally
 from runs.selectors import visible_runs
 from runs.states import State
 
@@ -182,9 +183,14 @@ class RunFilter:
 
     # --- the runs ------------------------------------------------------------------------------------
 
-    def queryset(self, actor: Actor, *, with_states: bool = True) -> QuerySet[Run]:
+    def queryset(
+        self, actor: Actor, *, with_states: bool = True, counting: bool = False
+    ) -> QuerySet[Run]:
         """The visible runs this filter selects (unordered). ``with_states=False`` leaves the state
-        chips out (for counting runs per state under the rest of the filter)."""
+        chips out (for counting runs per state under the rest of the filter). ``counting``: the
+        same runs in the shape for counting them all, where no sort index stops the walk early: the
+        effects touched and "needs attention" as sets of run ids read from their indexes, instead
+        of a test per run."""
         qs = visible_runs(actor)
         now = self.now or timezone.now()
         if self.q:
@@ -195,10 +201,13 @@ class RunFilter:
         if self.agents:
             qs = qs.filter(agent__name__in=self.agents)
         for tool, action in self.touched:
-            effects = Effect.objects.filter(run=OuterRef("pk"), tool=tool)
+            effects = Effect.objects.filter(tool=tool)
             if action and action != "*":
                 effects = effects.filter(action=action)
-            qs = qs.filter(Exists(effects))
+            if counting:  # the (tool, action, run) index read once, in run order
+                qs = qs.filter(pk__in=effects.values("run_id").distinct())
+            else:  # tested per run while the sort index is walked, stopping at the page's end
+                qs = qs.filter(Exists(effects.filter(run=OuterRef("pk"))))
         if self.owner:
             name = actor.name if self.owner == "me" and actor.kind == "user" else self.owner
             # By user id (the run's two foreign-key indexes), not by a join on the user's name.
@@ -207,7 +216,7 @@ class RunFilter:
         if with_states and self.states:
             qs = qs.filter(state__in=self.states)
         if self.attention:
-            qs = qs.filter(attention_q(now))
+            qs = qs.filter(pk__in=attention_ids(now)) if counting else qs.filter(attention_q(now))
         for name, (column, op) in TIME_PARAMS.items():
             raw = getattr(self, name)
             if raw:
@@ -265,7 +274,12 @@ def _search_q(text: str, runs: QuerySet[Run]) -> Q:
         by_id = Q(pk__gte=low, pk__lte=high)
         if runs.filter(by_id).exists():
             return by_id
-    return Q(goal__icontains=text) | Q(agent__name=text)
+    # The goal's text through the trigram index on UPPER(goal) (migration 0013: pg_trgm), which is
+    # what ``icontains`` compares. The agent is looked up first and matched by id: an OR across a
+    # join (or a subquery) is no index condition, and PostgreSQL would then test every run's goal.
+    by_goal = Q(goal__icontains=text)
+    agent_ids = list(Agent.objects.filter(name=text.strip()).values_list("pk", flat=True))
+    return by_goal | Q(agent_id__in=agent_ids) if agent_ids else by_goal
 
 
 def _state(value: str) -> str:
@@ -420,10 +434,16 @@ class StateCounts:
 
 
 def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
-    """Runs per state under the filter without its state chips (what each chip would show): one
-    GROUP BY over the filtered set. A filter through the effects or the goal's text would make that
-    a join or a scan of every run, so it counts the first COUNT_CAP matches and says so."""
-    qs = flt.queryset(actor, with_states=False).select_related(None).order_by()
+    """Runs per state under the filter without its state chips (what each chip would show), exact
+    unless said otherwise.
+
+    With no filter but agents (the list as it opens), the sum of RunTally, which the database
+    keeps per agent and state as runs change (PostgreSQL); otherwise one GROUP BY over the filtered
+    set. A filter through the effects or the goal's text would make that a join or a scan of every
+    run, so it counts the first COUNT_CAP matches and says so (``complete`` False)."""
+    qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
+    if connection.vendor == "postgresql" and flt.replace(agents=(), states=(), sort="").is_empty:
+        return StateCounts(_tally(actor, flt.agents), complete=True)
     if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
         rows = qs.values_list("state").annotate(n=Count("*"))
         return StateCounts({state: n for state, n in rows}, complete=True)
@@ -431,6 +451,20 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     rows = capped.order_by().values_list("state").annotate(n=Count("*"))
     counts = {state: n for state, n in rows}
     return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
+
+
+def _tally(actor: Actor, agents: tuple[str, ...]) -> dict[str, int]:
+    """Runs per state from RunTally: a sum over a few rows per agent and state (plus the changes
+    since its last compaction), whatever the number of runs. The agents are the filter's, within
+    what the actor sees (a worker token sees its own agents' runs only)."""
+    names: set[str] | None = set(agents) if agents else None
+    if actor.is_worker and actor.agents:
+        names = set(actor.agents) if names is None else names & set(actor.agents)
+    rows = RunTally.objects.all()
+    if names is not None:
+        rows = rows.filter(agent_id__in=Agent.objects.filter(name__in=names).values("pk"))
+    sums = rows.order_by().values_list("state").annotate(n=Sum("n"))
+    return {state: n for state, n in sums if n}
 
 
 def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:
