@@ -94,7 +94,7 @@ def list_context(
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
     attention = (
         flt.replace(attention=False, states=())
-        .queryset(actor, counting=True)
+        .queryset(actor)
         .filter(pk__in=attention_ids(timezone.now()))
         .select_related(None)
         .order_by()

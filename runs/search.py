@@ -17,6 +17,8 @@ Parameters: ``q`` (search box: an id prefix, else goal text or agent name), ``id
 from __future__ import annotations
 
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -103,6 +105,11 @@ class RunFilter:
     updated_until: str = ""
     sort: str = DEFAULT_SORT
     now: datetime | None = field(default=None, compare=False)  # what "2h" counts back from
+    # Names looked up once per filter (its page, counts and chips each build a queryset): the
+    # agent a search names, the owner's user ids.
+    _ids: dict[tuple[str, str], list[int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     # --- reading and writing a query string --------------------------------------------------------
 
@@ -194,7 +201,7 @@ class RunFilter:
         qs = visible_runs(actor)
         now = self.now or timezone.now()
         if self.q:
-            qs = qs.filter(_search_q(self.q, qs))
+            qs = qs.filter(_search_q(self.q, qs, self._agent_ids))
         if self.id:
             low, high = prefix_range(self.id)
             qs = qs.filter(pk__gte=low, pk__lte=high)
@@ -210,8 +217,10 @@ class RunFilter:
                 qs = qs.filter(Exists(effects.filter(run=OuterRef("pk"))))
         if self.owner:
             name = actor.name if self.owner == "me" and actor.kind == "user" else self.owner
-            # By user id (the run's two foreign-key indexes), not by a join on the user's name.
-            users = get_user_model().objects.filter(username=name).values("pk")
+            # By user ids looked up first, so both halves of the OR are conditions on the run's
+            # two foreign-key indexes (a bitmap OR); a subquery there makes PostgreSQL test every
+            # run against a hashed set instead.
+            users = self._user_ids(name)
             qs = qs.filter(Q(assignee_id__in=users) | Q(decision_authority_id__in=users))
         if with_states and self.states:
             qs = qs.filter(state__in=self.states)
@@ -222,6 +231,19 @@ class RunFilter:
             if raw:
                 qs = qs.filter(**{f"{column}__{op}": parse_when(name, raw, now=now)})
         return qs
+
+    def _agent_ids(self, name: str) -> list[int]:
+        key = ("agent", name)
+        if key not in self._ids:
+            self._ids[key] = list(Agent.objects.filter(name=name).values_list("pk", flat=True))
+        return self._ids[key]
+
+    def _user_ids(self, username: str) -> list[int]:
+        key = ("user", username)
+        if key not in self._ids:
+            users = get_user_model().objects.filter(username=username)
+            self._ids[key] = list(users.values_list("pk", flat=True))
+        return self._ids[key]
 
     @property
     def sort_key(self) -> tuple[str, ...]:
@@ -266,7 +288,7 @@ def attention_ids(now: datetime) -> QuerySet:
     )
 
 
-def _search_q(text: str, runs: QuerySet[Run]) -> Q:
+def _search_q(text: str, runs: QuerySet[Run], agent_ids: Callable[[str], list[int]]) -> Q:
     """The search box. 4+ hex digits are read as an id prefix (ids are what operators paste); when no
     visible run has such an id, as text like any other search: the goal's words or an agent's name."""
     if looks_like_id_prefix(text):
@@ -278,8 +300,8 @@ def _search_q(text: str, runs: QuerySet[Run]) -> Q:
     # what ``icontains`` compares. The agent is looked up first and matched by id: an OR across a
     # join (or a subquery) is no index condition, and PostgreSQL would then test every run's goal.
     by_goal = Q(goal__icontains=text)
-    agent_ids = list(Agent.objects.filter(name=text.strip()).values_list("pk", flat=True))
-    return by_goal | Q(agent_id__in=agent_ids) if agent_ids else by_goal
+    agents = agent_ids(text.strip())
+    return by_goal | Q(agent_id__in=agents) if agents else by_goal
 
 
 def _state(value: str) -> str:
@@ -447,9 +469,9 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
         rows = qs.values_list("state").annotate(n=Count("*"))
         return StateCounts({state: n for state, n in rows}, complete=True)
-    capped = Run.objects.filter(pk__in=qs.values("pk")[:COUNT_CAP])
-    rows = capped.order_by().values_list("state").annotate(n=Count("*"))
-    counts = {state: n for state, n in rows}
+    # The first COUNT_CAP matches' states, counted here: one read of at most that many rows (a
+    # GROUP BY over them would join them back to every run).
+    counts = dict(Counter(qs.values_list("state", flat=True)[:COUNT_CAP]))
     return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
 
 
