@@ -107,9 +107,7 @@ class RunFilter:
     now: datetime | None = field(default=None, compare=False)  # what "2h" counts back from
     # Names looked up once per filter (its page, counts and chips each build a queryset): the
     # agent a search names, the owner's user ids.
-    _ids: dict[tuple[str, str], list[int]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    _ids: dict[tuple[str, str], list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     # --- reading and writing a query string --------------------------------------------------------
 
