@@ -272,12 +272,17 @@ def attention_q(now: datetime) -> Q:
 def attention_ids(now: datetime) -> QuerySet:
     """The same runs as one union of those index reads: for counting them, where no sort index
     can stop early (``attention_q`` would test every run)."""
+    return Run.objects.filter(state__in=ATTENTION_STATES).values("pk").union(_trouble_ids(now))
+
+
+def _trouble_ids(now: datetime) -> QuerySet:
+    """The runs needing attention for what they hold, whatever their state: effects, approvals,
+    stuck jobs (small sets, each read through its own partial index)."""
     stuck_before = now - STUCK_JOB_GRACE
     return (
-        Run.objects.filter(state__in=ATTENTION_STATES)
-        .values("pk")
+        Effect.objects.filter(status__in=LOOK_AT_EFFECTS)
+        .values("run_id")
         .union(
-            Effect.objects.filter(status__in=LOOK_AT_EFFECTS).values("run_id"),
             Approval.objects.filter(status=Approval.PENDING).values("run_id"),
             Run.objects.filter(
                 jobs__status__in=OPEN_JOB_STATUSES, jobs__due_at__lt=stuck_before
@@ -464,6 +469,21 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
     if connection.vendor == "postgresql" and flt.replace(agents=(), states=(), sort="").is_empty:
         return StateCounts(_tally(actor, flt.agents), complete=True)
+    if flt.attention and not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
+        # Runs in an attention state, counted in the state index, plus the (few) runs in other
+        # states that hold trouble: joining the whole set back to the runs for their state would
+        # read every run.
+        rest = flt.replace(attention=False).queryset(actor, with_states=False, counting=True)
+        rest = rest.select_related(None).order_by()
+        in_states = rest.filter(state__in=ATTENTION_STATES)
+        holding = rest.exclude(state__in=ATTENTION_STATES).filter(
+            pk__in=_trouble_ids(flt.now or timezone.now())
+        )
+        rows = in_states.values_list("state").annotate(n=Count("*"))
+        rows = rows.union(
+            holding.values_list("state").annotate(n=Count("*")).order_by(), all=True
+        ).order_by()
+        return StateCounts({state: n for state, n in rows}, complete=True)
     if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
         rows = qs.values_list("state").annotate(n=Count("*"))
         return StateCounts({state: n for state, n in rows}, complete=True)
