@@ -189,13 +189,19 @@ class RunFilter:
     # --- the runs ------------------------------------------------------------------------------------
 
     def queryset(
-        self, actor: Actor, *, with_states: bool = True, counting: bool = False
+        self,
+        actor: Actor,
+        *,
+        with_states: bool = True,
+        counting: bool = False,
+        within: QuerySet | None = None,
     ) -> QuerySet[Run]:
         """The visible runs this filter selects (unordered). ``with_states=False`` leaves the state
         chips out (for counting runs per state under the rest of the filter). ``counting``: the
         same runs in the shape for counting them all, where no sort index stops the walk early: the
         effects touched and "needs attention" as sets of run ids read from their indexes, instead
-        of a test per run."""
+        of a test per run. ``within``: a (small) set of run ids the caller also filters by; the
+        effects touched are then read for those runs only (the "needs attention" chip count)."""
         qs = visible_runs(actor)
         now = self.now or timezone.now()
         if self.q:
@@ -209,7 +215,9 @@ class RunFilter:
             effects = Effect.objects.filter(tool=tool)
             if action and action != "*":
                 effects = effects.filter(action=action)
-            if counting:  # the (tool, action, run) index read once, in run order
+            if within is not None:  # probes of the (tool, action, run) index, one per run
+                qs = qs.filter(pk__in=effects.filter(run_id__in=within).values("run_id"))
+            elif counting:  # the (tool, action, run) index read once, in run order
                 qs = qs.filter(pk__in=effects.values("run_id").distinct())
             else:  # tested per run while the sort index is walked, stopping at the page's end
                 qs = qs.filter(Exists(effects.filter(run=OuterRef("pk"))))
@@ -445,7 +453,7 @@ def _cursor_value(name: str, raw: Any, param: str) -> Any:
 # --- counts and prefixes --------------------------------------------------------------------------
 
 
-COUNT_CAP = 10_000  # filters no index narrows (effects touched, goal text) count this many runs
+COUNT_CAP = 2_000  # filters no index narrows (effects touched, goal text) count this many runs
 
 
 @dataclass
