@@ -12,6 +12,7 @@ from controlplane_sdk import Client, EffectDenied, RunContext, Worker
 from controlplane_sdk.loop import run_one
 from runs.models import Checkpoint, Effect, HistoryEvent, Run
 from tests.conftest import Api, start_run
+from tests.interventions.helpers import intervene
 
 pytestmark = pytest.mark.django_db
 
@@ -69,12 +70,11 @@ def test_an_outcome_carries_the_checkpoint_and_the_next_declaration(sdk, wire, w
             with ctx.effect("inventory", "reserve", args={"sku": "sku-1"}) as fx:
                 fx.committed("res-1")
                 fx.checkpoint({"reservation": "res-1"})
-                fx.then("payments", "charge", step="charge", args={"amount": 100})
-        with ctx.step("charge"):
-            with ctx.effect("payments", "charge", args={"amount": 100}) as fx:
-                seen.append(fx.decision)
-                fx.committed("ch-1")
-                fx.checkpoint({**ctx.state, "charge": "ch-1"})
+                charge = fx.then("payments", "charge", step="charge", args={"amount": 100})
+        with ctx.step("charge"), charge as fx:
+            seen.append(fx.decision)
+            fx.committed("ch-1")
+            fx.checkpoint({**ctx.state, "charge": "ch-1"})
 
     summary = run_one(ctx, purchase)
 
@@ -162,3 +162,28 @@ def test_a_carried_declaration_that_is_denied_raises_at_its_effect_before_dispat
     # second declaration was sent
     assert sum(p.endswith("/effects") for _, p, _ in wire.calls) == 1
     assert Effect.objects.get(run_id=ctx.run_id, action="reserve").status == "committed"
+
+
+def test_a_pause_after_the_carried_authorization_lets_that_effect_finish_then_stops(
+    sdk, wire, worker_token, as_user
+):
+    """The carried authorization came before the pause, so the effect is in flight (the pause
+    contract lets it finish, flagged late); the boundary after it honours the pause."""
+    ctx = _claim(sdk, worker_token, wire)
+    dispatched: list[str] = []
+
+    def agent(ctx: RunContext) -> None:
+        with ctx.step("reserve"):
+            with ctx.effect("inventory", "reserve", args={"sku": "sku-1"}) as fx:
+                charge = fx.then("payments", "charge", step="charge", args={"amount": 100})
+        assert intervene(as_user("ian"), ctx.run_id, "pause").status_code == 202
+        with ctx.step("charge"), charge:
+            dispatched.append("charge")
+        with ctx.step("notify"):
+            dispatched.append("notify")
+
+    assert run_one(ctx, agent).outcome == "paused"
+    assert dispatched == ["charge"]
+    charge = Effect.objects.get(run_id=ctx.run_id, action="charge")
+    assert (charge.status, charge.late) == ("committed", True)
+    assert Run.objects.get(pk=ctx.run_id).state == "paused"

@@ -160,30 +160,32 @@ class EffectScope:
         compensate: dict[str, Any] | None = None,
         irreversible: bool = False,
         approval_id: str | None = None,
-    ) -> None:
+    ) -> EffectScope:
         """Declare the run's next effect on this one's outcome: one round trip for both.
 
-        Give exactly what the next ``ctx.effect(...)`` will give (``step`` defaults to this
-        effect's, ``key`` to the same default as ``ctx.effect``'s). That ``ctx.effect`` then
-        uses the decision the outcome carried instead of declaring again (a refusal is raised
-        there, as its own declaration would have been), and its ``ctx.step`` boundary does not
-        heartbeat: the authorization just found the run running under our lease. Carried only on a
-        ``committed`` outcome of a body that did not raise. Declared ahead but not dispatched (the
-        agent declares something else, or the attempt ends first), the effect is recorded
-        ``failed`` with ``not_dispatched`` (its key is then spent, as after any failed dispatch)."""
-        ctx = self._ctx
-        step = step or self.step
-        self._then = ctx.client.declaration_body(
-            ctx.fencing_token,
-            step=step,
-            tool=tool,
-            action=action,
-            idempotency_key=key or f"{ctx.run_id}:{step}:{tool}:{action}",
+        Returns that effect's scope, to enter where it is dispatched (``with ctx.step("charge"),
+        charge as fx:``); an equal ``ctx.effect(...)`` (same step, key, tool, action, args,
+        compensation) does the same. Entering it uses the decision the outcome carried instead of
+        declaring again (a refusal is raised there, as its own declaration would have been), and the
+        ``ctx.step`` boundary before it does not heartbeat: the authorization just found the run
+        running under our lease. ``step`` defaults to this effect's, ``key`` to ``ctx.effect``'s
+        default. Carried only on a ``committed`` outcome of a body that did not raise (otherwise,
+        or against an older server, entering it declares as usual). Declared ahead but not
+        dispatched (the agent declares something else, or the attempt ends first), the effect is
+        recorded ``failed`` with ``not_dispatched`` (its key is then spent, as after any failed
+        dispatch)."""
+        nxt = self._ctx.effect(
+            tool,
+            action,
+            key=key,
             args=args,
-            compensation=compensate,
+            step=step or self.step,
+            compensate=compensate,
             irreversible=irreversible,
             approval_id=approval_id,
         )
+        self._then = nxt._body()
+        return nxt
 
     def _body(self) -> dict[str, Any]:
         return self._ctx.client.declaration_body(
