@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models.functions import JSONObject
+from django.utils import timezone
 
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.roles import may
-from runs.models import Effect, Run
+from runs.models import Approval, Effect, ExecutionLease, HistoryEvent, Run, Timer
 from runs.services.common import authority_envelope, checkpoint_summary, starting_checkpoint
 from runs.services.effects import effect_dict
 from runs.states import allowed_events, directive_for
@@ -104,3 +106,64 @@ def run_detail(run: Run) -> dict[str, Any]:
 
 def ledger(run: Run) -> list[dict]:
     return [effect_dict(e) for e in run.effects.order_by("declared_at")]
+
+
+def woken_directive(*, run_id: Any, lease_id: Any, fencing_token: int) -> dict[str, Any] | None:
+    """What a woken heartbeat long-poll answers, read in one statement and written nowhere: the
+    directive, its reason and the latest approval now, with the lease as its first beat left it
+    (``expires_at`` at least ``LEASE_TTL_S - wait_s`` away). ``None`` when only a heartbeat can
+    answer: the lease is no longer this caller's active, current lease (the beat says ``lease_lost``),
+    or fired timers wait for delivery (the beat delivers them). Same shape as the beat's answer."""
+    run = OuterRef("run_id")
+    reason = HistoryEvent.objects.filter(run=run, kind="state_changed").order_by("-seq")
+    approval = Approval.objects.filter(run=run).order_by("-requested_at")
+    row = (
+        ExecutionLease.objects.filter(pk=lease_id, run_id=run_id)
+        .annotate(
+            state=F("run__state"),
+            run_token=F("run__fencing_token"),
+            reason=Subquery(reason.values("data__reason")[:1]),
+            approval=Subquery(
+                approval.values(
+                    json=JSONObject(
+                        id="id",
+                        status="status",
+                        tool="tool",
+                        action="action",
+                        digest="digest",
+                        decision_reason="decision_reason",
+                    )
+                )[:1]
+            ),
+            timers_waiting=Exists(Timer.objects.filter(run=run, status=Timer.FIRED)),
+        )
+        .values(
+            "status",
+            "expires_at",
+            "fencing_token",
+            "state",
+            "run_token",
+            "reason",
+            "approval",
+            "timers_waiting",
+        )
+        .first()
+    )
+    if (
+        row is None
+        or row["status"] != ExecutionLease.ACTIVE
+        or not fencing_token == row["fencing_token"] == row["run_token"]
+        or row["expires_at"] <= timezone.now()
+        or row["timers_waiting"]
+    ):
+        return None
+    return {
+        "directive": directive_for(row["state"]),
+        "reason": row["reason"] or "",
+        "state": row["state"],
+        "expires_at": row["expires_at"].isoformat(),
+        "lease_status": row["status"],
+        "fencing_token": row["fencing_token"],
+        "timers_fired": [],
+        "approval": row["approval"],
+    }
