@@ -54,7 +54,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated or not self.session_key:
             await self.close(code=UNAUTHENTICATED)
             return
-        if not await database_sync_to_async(lambda: may(roles_of(user), "view"))():
+        self.roles: frozenset[str] = await database_sync_to_async(roles_of)(user)
+        if not may(self.roles, "view"):
             await self.close(code=FORBIDDEN)
             return
         self.user = user
@@ -151,14 +152,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return False
         try:
-            code, user = await database_sync_to_async(session_verdict)(
+            code, user, roles = await database_sync_to_async(session_verdict)(
                 self.session_key, self.user.pk
             )
         except Exception:  # a database hiccup is not a logout; the next check decides
             log.exception("session check failed for %s", self.scope.get("path"))
             return True
         if code is None:
-            self.user = user  # renders see the roles as they are now, not as they were at connect
+            # renders see the roles as they are now, not as they were at connect
+            self.user, self.roles = user, roles
             return True
         if not self.closed:
             self.closed = True
@@ -219,9 +221,9 @@ def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None
         kinds.setdefault(str(kind), set()).add(str(object_id or ""))
 
 
-def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
-    """(None, user) while the session still logs this user in and the user may view; else the close
-    code.
+def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any, frozenset[str]]:
+    """(None, user, roles) while the session still logs this user in and the user may view; else
+    the close code.
 
     django.contrib.auth.get_user does what an HTTP request would: the session must exist and not be
     expired, name this user, carry the hash of their current password, and the user must be active.
@@ -234,10 +236,11 @@ def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # get_user reads only .session
     if not user.is_authenticated or user.pk != user_id:
-        return UNAUTHENTICATED, None
-    if not may(roles_of(user), "view"):
-        return FORBIDDEN, None
-    return None, user
+        return UNAUTHENTICATED, None, frozenset()
+    roles = roles_of(user)
+    if not may(roles, "view"):
+        return FORBIDDEN, None, frozenset()
+    return None, user, roles
 
 
 class NotFoundConsumer(AsyncWebsocketConsumer):
@@ -249,44 +252,89 @@ class NotFoundConsumer(AsyncWebsocketConsumer):
 
 
 class RunListConsumer(LiveConsumer):
-    """/ws/runs/?state=…&agent=…&owner=… (the run list) or ?view=approvals (the approvals inbox)."""
+    """/ws/runs/?state=…&agent=…&owner=… (the run list) or ?view=approvals (the approvals inbox).
 
-    async def groups_to_join(self) -> list[str]:
-        return [RUNS_GROUP]
+    The list's hints come through its process's ListHub (console/list_live.py): one render per
+    view and window for all the sockets showing it, then row-level patches per socket. Those shared
+    pushes skip the per-push session read; the check every WS_SESSION_CHECK_S and the immediate
+    "session.check" of a logout or an admin change close the socket and refresh its roles (part of
+    the view's key, so a socket only receives what its roles render)."""
 
-    def render(self) -> str:
+    page: Any = None  # console.list_live.ListPage once the first whole render is sent
+    view: Any = None  # console.list_live.View: the socket's filter and page
+
+    def _query(self) -> str:
+        return self.scope.get("query_string", b"").decode("latin-1")
+
+    def _inbox(self) -> bool:
         from django.http import QueryDict
 
-        query = self.scope.get("query_string", b"").decode("latin-1")
-        if QueryDict(query).get("view") == "approvals":
+        return QueryDict(self._query()).get("view") == "approvals"
+
+    async def groups_to_join(self) -> list[str]:
+        if self._inbox():
+            return [RUNS_GROUP]
+        from console.list_live import View
+
+        self.view = View.parse(self._query())
+        return []  # the hub joins "runs" once for every list socket of this process
+
+    async def connect(self) -> None:
+        await super().connect()
+        if getattr(self, "view", None) is not None and hasattr(self, "_resync"):  # accepted
+            from console.list_live import hub_for
+
+            self.hub = hub_for(self.channel_layer)
+            await self.hub.subscribe(self)
+
+    async def disconnect(self, code: int) -> None:
+        hub = getattr(self, "hub", None)
+        if hub is not None:
+            await hub.unsubscribe(self)
+        await super().disconnect(code)
+
+    def view_key(self) -> tuple:
+        from console.list_live import view_key
+
+        assert self.view is not None  # only list sockets with a view subscribe to the hub
+        return view_key(self.view, self.user, self.roles)
+
+    def render(self) -> str:
+        if self._inbox():
             from console.interventions import render_inbox_push
 
             return render_inbox_push(self.user)
-        from console.runs import render_list_push
+        from console.list_live import ListHub, ListPage, full_render
 
-        return render_list_push(self.user, query)
+        if self.view is None:
+            return ""
+        html, ids, limit = full_render(self.user, self.view, self.view_key(), ListHub.full_ttl_s)
+        self.page = ListPage(self.view, ids, limit) if html else None
+        return html
 
     def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
-        """The list: only the rows of the runs that changed (a new run or a state change redraws the
-        table: runs join or leave it, and its counts change). The inbox: redrawn when an
-        approval or a state changed."""
-        from django.http import QueryDict
-
-        query = self.scope.get("query_string", b"").decode("latin-1")
+        """The list: reached only by the periodic resync (its hints go through the hub): whole.
+        The inbox: redrawn when an approval or a state changed."""
         kinds = {k for facts in pending.values() if facts is not None for k in facts}
         everything = refresh or any(facts is None for facts in pending.values())
-        if QueryDict(query).get("view") == "approvals":
-            if everything or any(k.startswith("approval_") or k == "state_changed" for k in kinds):
-                return self.render()
-            return ""
-        # A new run or a new state changes which runs the page lists and its counts per state; a
-        # list sorted by last change reorders on every fact. Everything else changes rows only.
-        reorders = QueryDict(query).get("sort", "").lstrip("-") == "updated"
-        if everything or reorders or kinds & {"run_created", "state_changed"}:
+        if not self._inbox() or everything:
             return self.render()
-        from console.runs import render_list_rows
+        if any(k.startswith("approval_") or k == "state_changed" for k in kinds):
+            return self.render()
+        return ""
 
-        return render_list_rows(self.user, list(pending))
+    async def apply_list_update(self, update: Any) -> None:
+        """The hub's shared update, cut to what this page shows (string work only)."""
+        if self.closed or self.page is None:
+            return
+        async with self._rendering:
+            frames = self.page.frames(update)
+        if frames is None:  # patched past twice its size: redraw it whole
+            await self.push(resync=True)
+            return
+        for frame in frames:
+            if not self.closed:
+                await self.send(text_data=frame)
 
 
 class RunConsumer(LiveConsumer):

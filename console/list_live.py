@@ -1,0 +1,373 @@
+"""The live run list: one render per process for every open list page showing the same view.
+
+A list socket does not join the "runs" group itself: it subscribes to its process's ``ListHub``, which
+joins the group once, collects the hints for ``coalesce_s`` (a burst is one push) and, per distinct
+view — the page's filter, sort and cursor (its query string) and its user's roles — reads one
+``ListUpdate`` from the database: the rows of the runs the hints name that still match the filter,
+the named runs that no longer do, which of them are new, and, when runs were created or changed
+state (at most every ``counts_every_s``), the per-state counts as an out-of-band fragment. Each
+socket then takes from that update what its own page needs, with string work only (``ListPage``):
+
+- a row it shows is redrawn in place; a row whose run left the filter is deleted;
+- a new run lands at the top of a first page sorted newest first; on a first page sorted by last
+  change every named run moves to the top;
+- any other run that joined the view (new, or moved into a state or "needs attention" filter) is
+  announced as "N new runs — show" rather than put in a place the page cannot know.
+
+So ten pages showing the same view cost one render per window, not ten. Whole-page renders remain
+for a (re)connect and the periodic resync (shared for ``full_ttl_s`` by sockets of one view that
+connect together), and a page patched past twice its size is redrawn whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.http import QueryDict
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.html import format_html
+
+from core.auth import actor_for_user
+from core.filters import BadFilter
+from core.live import RUNS_GROUP
+from runs.search import RunFilter, with_unresolved
+
+log = logging.getLogger(__name__)
+
+# Facts that change which runs a state or attention filter selects, and the counts per state.
+JOIN_KINDS = frozenset({"run_created", "state_changed"})
+ROW_KEEPS = 2  # a page patched past ROW_KEEPS x its size is redrawn whole
+
+
+@dataclass(frozen=True)
+class View:
+    """What a list socket shows, from its URL's query string; None for a bad one (the page itself
+    answered a 400)."""
+
+    query: str
+    flt: RunFilter
+    after: str
+    before: str
+
+    @classmethod
+    def parse(cls, query: str) -> View | None:
+        from console.runs import _filter_or_400
+
+        try:
+            flt, after, before = _filter_or_400(QueryDict(query))
+        except Exception:  # BadRequest: nothing to push
+            return None
+        return cls(query=query, flt=flt, after=after, before=before)
+
+    @property
+    def first_page(self) -> bool:
+        return not (self.after or self.before)
+
+    @property
+    def moves_to_top(self) -> bool:
+        """Every named run belongs at the top: a first page sorted by last change."""
+        return self.first_page and self.flt.sort == "-updated"
+
+    @property
+    def new_on_top(self) -> bool:
+        """A new run belongs at the top: a first page sorted newest first."""
+        return self.first_page and self.flt.sort in ("-created", "-updated")
+
+
+def view_key(view: View, user: Any, roles: frozenset[str]) -> tuple:
+    """Sockets with equal keys see the same thing: same query, same roles, and — where the filter
+    names the user ("owner=me") — the same user."""
+    who = user.pk if view.flt.owner == "me" else None
+    return (view.query, tuple(sorted(roles)), who)
+
+
+@dataclass
+class ListUpdate:
+    rows: dict[str, str]  # run id -> its row (no swap attribute), for named runs that match
+    order: list[str]  # those ids, newest first in the page's sort
+    gone: set[str]  # named runs that no longer match the filter
+    joined: set[str]  # matching runs that may be new to the view (created, or moved into it)
+    created: set[str]
+    counts: str  # the run-counts fragment (out of band), or ""
+
+
+def _named_ids(pending: dict[str, Any]) -> list[uuid.UUID]:
+    ids = []
+    for run_id in pending:
+        try:
+            ids.append(uuid.UUID(run_id))
+        except ValueError:
+            continue
+    return ids
+
+
+def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) -> ListUpdate:
+    """One read for every socket of a view: the named runs that match (one query) and the counts."""
+    from console.runs import counts_context, run_row
+
+    actor = actor_for_user(user, None, component="console")
+    flt = view.flt
+    ids = _named_ids(pending)
+    runs = (
+        with_unresolved(flt.queryset(actor).filter(pk__in=ids)).defer(
+            "input", "versions", "retry_policy"
+        )
+        if ids
+        else []
+    )
+    now = timezone.now()
+    by_updated = flt.sort.lstrip("-") == "updated"
+    rows: dict[str, str] = {}
+    keys: dict[str, Any] = {}
+    for run in runs:
+        row = run_row(run, now)
+        rows[row["id"]] = render_to_string("runs/list.html#run-row", {"r": row})
+        keys[row["id"]] = run.updated_at if by_updated else run.created_at
+    kinds = {rid: facts for rid, facts in pending.items()}
+    created = {r for r in rows if kinds[r] is None or "run_created" in kinds[r]}
+    moved_in = flt.states or flt.attention
+    joined = {
+        r
+        for r in rows
+        if r in created or (moved_in and (kinds[r] is None or JOIN_KINDS & kinds[r].keys()))
+    }
+    counts = ""
+    if with_counts:
+        try:
+            counts = render_to_string(
+                "runs/list.html#run-counts", counts_context(actor, flt) | {"counts_oob": True}
+            )
+        except BadFilter:
+            counts = ""
+    return ListUpdate(
+        rows=rows,
+        order=sorted(rows, key=lambda r: keys[r], reverse=True),
+        gone={str(i) for i in ids} - rows.keys(),
+        joined=joined,
+        created=created,
+        counts=counts,
+    )
+
+
+def counts_due(pending: dict[str, Any]) -> bool:
+    """Whether these facts may change the per-state counts (a run created, a state changed)."""
+    return any(
+        facts is None or JOIN_KINDS & facts.keys() or any(k.startswith("approval_") for k in facts)
+        for facts in pending.values()
+    )
+
+
+def _oob(row: str, run_id: str) -> str:
+    return row.replace(
+        f'<tr id="run-row-{run_id}"', f'<tr id="run-row-{run_id}" hx-swap-oob="true"', 1
+    )
+
+
+@dataclass
+class ListPage:
+    """What one socket's page shows now: its rows in order (from its last whole render, then
+    patched) and the runs announced as new. Patching is string work on a shared ListUpdate."""
+
+    view: View
+    shown: list[str]
+    limit: int
+    joined: set[str] = field(default_factory=set)
+
+    def frames(self, up: ListUpdate) -> list[str] | None:
+        """The frames that bring this page up to date; None: redraw it whole instead."""
+        shown = set(self.shown)
+        delete = [r for r in up.gone if r in shown]
+        replace, on_top = [], []
+        for run_id in up.order:
+            if self.view.moves_to_top or (
+                run_id in up.created and self.view.new_on_top and run_id not in shown
+            ):
+                if run_id in shown:
+                    delete.append(run_id)
+                on_top.append(run_id)
+            elif run_id in shown:
+                replace.append(run_id)
+            elif run_id in up.joined:
+                self.joined.add(run_id)
+        gone = set(delete)
+        self.shown = on_top + [r for r in self.shown if r not in gone]
+        if len(self.shown) > ROW_KEEPS * self.limit:
+            return None
+        self.joined -= set(self.shown)
+        frames = []
+        rows = "".join(f'<tr id="run-row-{r}" hx-swap-oob="delete"></tr>' for r in delete)
+        rows += "".join(_oob(up.rows[r], r) for r in replace)
+        if on_top:
+            rows += '<tr id="run-rows-empty" hx-swap-oob="delete"></tr>'
+        if rows:  # rows travel in frames that start with a table element (or a parser drops them)
+            frames.append(rows)
+        if on_top:
+            inserted = "".join(up.rows[r] for r in on_top)
+            frames.append(f'<tbody hx-swap-oob="afterbegin:#run-rows">{inserted}</tbody>')
+        if up.counts:
+            frames.append(up.counts)
+        if self.joined and (up.joined & self.joined):
+            frames.append(self.banner())
+        return frames
+
+    def banner(self) -> str:
+        n = len(self.joined)
+        link = "?" + self.view.flt.to_query()
+        return format_html(
+            '<p id="run-new" class="live" hx-swap-oob="true"><strong>{} new run{} in this view</strong>'
+            ' — <a href="{}" hx-get="{}" hx-target="#run-live" hx-swap="outerHTML"'
+            ' hx-push-url="true">show</a></p>',
+            n,
+            "" if n == 1 else "s",
+            link,
+            link,
+        )
+
+
+# --- whole renders, shared briefly ----------------------------------------------------------------
+
+_full_cache: dict[tuple, tuple[float, str, list[str], int]] = {}
+_full_lock = threading.Lock()
+
+
+def full_render(user, view: View, key: tuple, ttl_s: float) -> tuple[str, list[str], int]:
+    """The whole table (out of band), its row ids in order and its page size; sockets of one view
+    that ask within ``ttl_s`` of each other (a reconnect wave) share one render."""
+    from console.runs import list_context
+
+    now = time.monotonic()
+    with _full_lock:
+        hit = _full_cache.get(key)
+        if hit and now - hit[0] < ttl_s:
+            return hit[1], list(hit[2]), hit[3]
+    actor = actor_for_user(user, None, component="console")
+    try:
+        ctx = list_context(actor, view.flt, after=view.after, before=view.before)
+    except BadFilter:
+        return "", [], 0
+    html = render_to_string("runs/list.html#run-table", ctx | {"oob": True})
+    ids = [r["id"] for r in ctx["runs"]]
+    with _full_lock:
+        for stale in [k for k, v in _full_cache.items() if now - v[0] >= ttl_s]:
+            del _full_cache[stale]
+        _full_cache[key] = (now, html, ids, ctx["limit"])
+    return html, list(ids), ctx["limit"]
+
+
+# --- the hub --------------------------------------------------------------------------------------
+
+
+class ListHub:
+    """One per event loop (process): the "runs" group's messages for every list socket."""
+
+    coalesce_s = 0.5
+    gather_s = 0.02
+    counts_every_s = 1.0
+    full_ttl_s = 1.0
+
+    def __init__(self, layer: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.layer, self.loop = layer, loop
+        self.sockets: set[Any] = set()
+        self.pending: dict[str, Any] = {}
+        self.owed_counts: set[tuple] = set()
+        self.counts_at: dict[tuple, float] = {}
+        self.last_push = 0.0
+        self.renders = 0  # list_update calls: what the sockets of this process cost (tests, bench)
+        self.channel: str | None = None
+        self._listen: asyncio.Task[None] | None = None
+        self._flush: asyncio.Task[None] | None = None
+
+    async def subscribe(self, consumer: Any) -> None:
+        self.sockets.add(consumer)
+        if self._listen is None or self._listen.done():
+            self.channel = await self.layer.new_channel()
+            await self.layer.group_add(RUNS_GROUP, self.channel)
+            self._listen = asyncio.create_task(self.listen(self.channel))
+
+    async def unsubscribe(self, consumer: Any) -> None:
+        self.sockets.discard(consumer)
+        if self.sockets or self._listen is None:
+            return
+        task, channel, self._listen = self._listen, self.channel, None
+        task.cancel()
+        if channel:
+            try:
+                await self.layer.group_discard(RUNS_GROUP, channel)
+            except Exception:
+                log.debug("could not leave the runs group", exc_info=True)
+
+    async def listen(self, channel: str) -> None:
+        from console.consumers import note_facts
+
+        while True:
+            try:
+                message = await self.layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the layer is down: the sockets' periodic resync still runs
+                log.warning("list hub could not receive; retrying", exc_info=True)
+                await asyncio.sleep(1.0)
+                continue
+            if message.get("type") != "run.changed" or message.get("run_id") is None:
+                continue
+            note_facts(self.pending, str(message["run_id"]), message.get("facts"))
+            if self._flush is None or self._flush.done():
+                self._flush = asyncio.create_task(self.flush())
+
+    async def flush(self) -> None:
+        """Leading edge after ``gather_s``, then at most one push per ``coalesce_s``."""
+        loop = asyncio.get_running_loop()
+        while self.pending or self.owed_counts:
+            await asyncio.sleep(max(self.last_push + self.coalesce_s - loop.time(), self.gather_s))
+            pending, self.pending = self.pending, {}
+            try:
+                await self.push(pending)
+            except Exception:
+                log.exception("list push failed")
+            self.last_push = loop.time()
+
+    async def push(self, pending: dict[str, Any]) -> None:
+        views: dict[tuple, list[Any]] = {}
+        for sock in list(self.sockets):
+            if sock.page is not None and not sock.closed:
+                views.setdefault(sock.view_key(), []).append(sock)
+        now = time.monotonic()
+        due = counts_due(pending)
+        for key, socks in views.items():
+            with_counts = False
+            if due or key in self.owed_counts:
+                if now - self.counts_at.get(key, 0.0) >= self.counts_every_s:
+                    with_counts, self.counts_at[key] = True, now
+                    self.owed_counts.discard(key)
+                else:
+                    self.owed_counts.add(key)
+            if not pending and not with_counts:
+                continue
+            first = socks[0]
+            update = await database_sync_to_async(list_update)(
+                first.user, first.page.view, pending, with_counts
+            )
+            self.renders += 1
+            for sock in socks:
+                await sock.apply_list_update(update)
+        self.owed_counts &= views.keys()
+
+
+_hubs: dict[int, ListHub] = {}
+
+
+def hub_for(layer: Any) -> ListHub:
+    """This event loop's hub (each test's loop, each server process's one loop)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(id(loop))
+    if hub is None or hub.layer is not layer or hub.loop is not loop:
+        hub = _hubs[id(loop)] = ListHub(layer, loop)
+    return hub
