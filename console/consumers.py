@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from console import socket_cap
-from core.live import RUNS_GROUP, bind_loop, run_group, user_group
+from core.live import RUNS_GROUP, bind_loop, fleet_group, run_group, user_group
 from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
@@ -385,3 +385,26 @@ class RunConsumer(LiveConsumer):
             tree_changed = True
         self.page.user = self.user  # the roles as they are now (re-read by the session check)
         return self.page.facts(own, tree_changed)
+
+
+class FleetConsumer(LiveConsumer):
+    """/ws/fleet/<id>/: a fleet operation's progress page. core.live.announce_fleet's hint (a wave
+    closed, a target decided or failed, a halt) redraws the progress section; the page's 1 s poll
+    runs only while this socket is not open."""
+
+    async def groups_to_join(self) -> list[str] | None:
+        from interventions.models import FleetOperation
+
+        self.operation_id = str(self.scope["url_route"]["kwargs"]["operation_id"])
+        exists = await database_sync_to_async(
+            FleetOperation.objects.filter(pk=self.operation_id).exists
+        )()
+        return [fleet_group(self.operation_id)] if exists else None
+
+    async def fleet_changed(self, event: dict[str, Any]) -> None:
+        await self.run_changed({"run_id": None})
+
+    def render(self) -> str:
+        from console.fleet import render_progress_push
+
+        return render_progress_push(self.user, self.roles, self.operation_id)
