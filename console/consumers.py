@@ -6,8 +6,10 @@ to "runs" and "run.<id>" after every commit that wrote a fact about a run (facts
 name, redraw everything). A consumer collects the facts for ``coalesce_s`` (a burst, a cascade over a
 tree, a busy run: one push) and sends only the fragments they changed, as htmx out-of-band swaps
 (``hx-swap-oob``) that htmx-ext-ws applies: on the run page the header, the changed sections, each
-changed effect row and the new timeline entries (console/run_page.py); on the run list each changed
-run's row. On every (re)connect the consumer sends a full render at once, so a page that missed hints
+changed effect row and the new timeline entries (console/run_page.py); on the run list the changed
+rows and the counts, from one render per view shared by the process's list sockets
+(console/list_live.py); on a fleet operation's page its progress. On every (re)connect the consumer
+sends a full render at once, so a page that missed hints
 while disconnected is current again; a slow periodic refresh covers hints lost on the way (or sent
 by a process on another channel layer, as Celery workers are under the embedded in-memory layer).
 

@@ -166,10 +166,7 @@ def progress_context(user_id: Any, roles: frozenset[str], op: FleetOperation) ->
         "running": op.state == FleetOperation.RUNNING,
         "held": op.state == FleetOperation.PREVIEWED,
         "may_halt": op.state in (FleetOperation.RUNNING, FleetOperation.PREVIEWED)
-        and (
-            op.created_by_id == user_id
-            or any(k == op.kind for k, _ in _kinds(roles))
-        ),
+        and (op.created_by_id == user_id or any(k == op.kind for k, _ in _kinds(roles))),
         "percent": round(100 * (data["total"] - data["pending"]) / data["total"])
         if data["total"]
         else 100,
