@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.contrib.auth.models import Group, User
 
-    from console.list_live import ListPage, View, full_render, list_update, view_key
+    from console.list_live import View, full_render, list_update, view_key
     from core.roles import roles_of
     from runs.models import Run
 
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     view = View.parse("")
     assert view is not None
     key = view_key(view, user, roles_of(user))
-    html, ids, limit = full_render(user, view, key, 0.0)
+    html, page = full_render(user, view, key, 0.0)
+    assert page is not None
     named = list(Run.objects.order_by("-created_at").values_list("pk", flat=True)[:5])
     pending: dict[str, Any] = {str(r): {"state_changed": {""}, "run": {""}} for r in named}
 
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         def push() -> None:
             update = list_update(user, view, pending, with_counts)
             for _ in range(args.pages):
-                ListPage(view, list(ids), limit).frames(update)
+                copy = replace(page, shown=list(page.shown), keys=dict(page.keys), joined=set())
+                copy.frames(update)
 
         return push
 

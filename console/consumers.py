@@ -306,12 +306,11 @@ class RunListConsumer(LiveConsumer):
             from console.interventions import render_inbox_push
 
             return render_inbox_push(self.user)
-        from console.list_live import ListHub, ListPage, full_render
+        from console.list_live import ListHub, full_render
 
         if self.view is None:
             return ""
-        html, ids, limit = full_render(self.user, self.view, self.view_key(), ListHub.full_ttl_s)
-        self.page = ListPage(self.view, ids, limit) if html else None
+        html, self.page = full_render(self.user, self.view, self.view_key(), ListHub.full_ttl_s)
         return html
 
     def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:

@@ -4,15 +4,16 @@ A list socket does not join the "runs" group itself: it subscribes to its proces
 joins the group once, collects the hints for ``coalesce_s`` (a burst is one push) and, per distinct
 view — the page's filter, sort and cursor (its query string) and its user's roles — reads one
 ``ListUpdate`` from the database: the rows of the runs the hints name that still match the filter,
-the named runs that no longer do, which of them are new, and, when runs were created or changed
+their sort keys, the named runs that no longer do, and, when runs were created or changed
 state (at most every ``counts_every_s``), the per-state counts as an out-of-band fragment. Each
 socket then takes from that update what its own page needs, with string work only (``ListPage``):
 
-- a row it shows is redrawn in place; a row whose run left the filter is deleted;
-- a new run lands at the top of a first page sorted newest first; on a first page sorted by last
-  change every named run moves to the top;
-- any other run that joined the view (new, or moved into a state or "needs attention" filter) is
-  announced as "N new runs — show" rather than put in a place the page cannot know.
+- a row it shows, whose place in the sort did not change, is redrawn in place;
+- a row whose run left the filter is deleted; a run that joined it (new, or moved into a state
+  chip), or whose sort key changed (sorted by last change, by state), is put where the sort puts it
+  among the page's rows (``beforebegin`` the next row, or appended to a page that has no next) —
+  unless that place is on another page: then it is left there, and a run new to a deeper page's
+  view is announced as "N new runs — show the newest".
 
 So ten pages showing the same view cost one render per window, not ten. Whole-page renders remain
 for a (re)connect and the periodic resync (shared for ``full_ttl_s`` by sockets of one view that
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.core.exceptions import BadRequest
 from django.http import QueryDict
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -63,23 +65,13 @@ class View:
 
         try:
             flt, after, before = _filter_or_400(QueryDict(query))
-        except Exception:  # BadRequest: nothing to push
+        except BadRequest:
             return None
         return cls(query=query, flt=flt, after=after, before=before)
 
     @property
     def first_page(self) -> bool:
         return not (self.after or self.before)
-
-    @property
-    def moves_to_top(self) -> bool:
-        """Every named run belongs at the top: a first page sorted by last change."""
-        return self.first_page and self.flt.sort == "-updated"
-
-    @property
-    def new_on_top(self) -> bool:
-        """A new run belongs at the top: a first page sorted newest first."""
-        return self.first_page and self.flt.sort in ("-created", "-updated")
 
 
 def view_key(view: View, user: Any, roles: frozenset[str]) -> tuple:
@@ -92,21 +84,22 @@ def view_key(view: View, user: Any, roles: frozenset[str]) -> tuple:
 @dataclass
 class ListUpdate:
     rows: dict[str, str]  # run id -> its row (no swap attribute), for named runs that match
-    order: list[str]  # those ids, newest first in the page's sort
+    keys: dict[str, tuple]  # run id -> its sort key (sort_key_of)
+    order: list[str]  # those ids, in the view's order
     gone: set[str]  # named runs that no longer match the filter
     joined: set[str]  # matching runs that may be new to the view (created, or moved into it)
-    created: set[str]
     counts: str  # the run-counts fragment (out of band), or ""
 
 
-def _named_ids(pending: dict[str, Any]) -> list[uuid.UUID]:
-    ids = []
-    for run_id in pending:
+def _named(pending: dict[str, Any]) -> dict[str, Any]:
+    """The hints' run ids, spelled as the rows spell them (a hint may carry any UUID spelling)."""
+    named: dict[str, Any] = {}
+    for run_id, facts in pending.items():
         try:
-            ids.append(uuid.UUID(run_id))
+            named[str(uuid.UUID(run_id))] = facts
         except ValueError:
             continue
-    return ids
+    return named
 
 
 def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) -> ListUpdate:
@@ -115,7 +108,8 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
 
     actor = actor_for_user(user, None, component="console")
     flt = view.flt
-    ids = _named_ids(pending)
+    kinds = _named(pending)
+    ids = list(kinds)
     runs = (
         with_unresolved(flt.queryset(actor).filter(pk__in=ids)).defer(
             "input", "versions", "retry_policy"
@@ -124,14 +118,12 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
         else []
     )
     now = timezone.now()
-    by_updated = flt.sort.lstrip("-") == "updated"
     rows: dict[str, str] = {}
-    keys: dict[str, Any] = {}
+    keys: dict[str, tuple] = {}
     for run in runs:
         row = run_row(run, now)
-        rows[row["id"]] = render_to_string("runs/list.html#run-row", {"r": row})
-        keys[row["id"]] = run.updated_at if by_updated else run.created_at
-    kinds = {rid: facts for rid, facts in pending.items()}
+        rows[row["id"]] = render_to_string("runs/list.html#run-row", {"r": row}).strip()
+        keys[row["id"]] = sort_key_of(run, flt)
     created = {r for r in rows if kinds[r] is None or "run_created" in kinds[r]}
     moved_in = flt.states or flt.attention
     joined = {
@@ -149,10 +141,10 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
             counts = ""
     return ListUpdate(
         rows=rows,
-        order=sorted(rows, key=lambda r: keys[r], reverse=True),
-        gone={str(i) for i in ids} - rows.keys(),
+        keys=keys,
+        order=sorted(rows, key=lambda r: keys[r], reverse=flt.descending),
+        gone=set(ids) - rows.keys(),
         joined=joined,
-        created=created,
         counts=counts,
     )
 
@@ -173,48 +165,75 @@ def _oob(row: str, run_id: str) -> str:
 
 @dataclass
 class ListPage:
-    """What one socket's page shows now: its rows in order (from its last whole render, then
-    patched) and the runs announced as new. Patching is string work on a shared ListUpdate."""
+    """What one socket's page shows now: its rows in order with their sort keys (from its last
+    whole render, then patched) and the runs announced as new. Patching is string work on a shared
+    ListUpdate."""
 
     view: View
     shown: list[str]
+    keys: dict[str, tuple]
     limit: int
+    more: bool  # a page follows this one: rows past the last one belong there
     joined: set[str] = field(default_factory=set)
+
+    def _place(self, rows: list[str], key: tuple) -> int | None:
+        """Where a row with ``key`` goes among ``rows`` in the page's order; None: on another page."""
+        desc = self.view.flt.descending
+        at = next(
+            (i for i, r in enumerate(rows) if (key > self.keys[r] if desc else key < self.keys[r])),
+            len(rows),
+        )
+        if at == 0 and rows and not self.view.first_page:
+            return None  # before this page's first row: an earlier page's
+        if at == len(rows) and self.more:
+            return None  # past its last row: a later page's
+        return at
 
     def frames(self, up: ListUpdate) -> list[str] | None:
         """The frames that bring this page up to date; None: redraw it whole instead."""
-        shown = set(self.shown)
-        delete = [r for r in up.gone if r in shown]
-        replace, on_top = [], []
+        rows = [r for r in self.shown if r not in up.gone]
+        delete = [r for r in self.shown if r in up.gone]
+        replace, placed = [], set()
         for run_id in up.order:
-            if self.view.moves_to_top or (
-                run_id in up.created and self.view.new_on_top and run_id not in shown
-            ):
-                if run_id in shown:
-                    delete.append(run_id)
-                on_top.append(run_id)
-            elif run_id in shown:
-                replace.append(run_id)
-            elif run_id in up.joined:
-                self.joined.add(run_id)
-        gone = set(delete)
-        self.shown = on_top + [r for r in self.shown if r not in gone]
-        if len(self.shown) > ROW_KEEPS * self.limit:
+            key = up.keys[run_id]
+            if run_id in rows and self.keys.get(run_id) == key:
+                replace.append(run_id)  # same place: redrawn where it is
+                continue
+            if run_id in rows:  # its place changed (sorted by last change, by state)
+                rows.remove(run_id)
+                delete.append(run_id)
+            at = self._place(rows, key)
+            if at is None:
+                if run_id in up.joined and not self.view.first_page:
+                    self.joined.add(run_id)
+                continue
+            rows.insert(at, run_id)
+            self.keys[run_id] = key
+            placed.add(run_id)
+        self.shown, self.keys = rows, {r: self.keys[r] for r in rows}
+        if len(rows) > ROW_KEEPS * self.limit:
             return None
-        self.joined -= set(self.shown)
         frames = []
-        rows = "".join(f'<tr id="run-row-{r}" hx-swap-oob="delete"></tr>' for r in delete)
-        rows += "".join(_oob(up.rows[r], r) for r in replace)
-        if on_top:
-            rows += '<tr id="run-rows-empty" hx-swap-oob="delete"></tr>'
-        if rows:  # rows travel in frames that start with a table element (or a parser drops them)
-            frames.append(rows)
-        if on_top:
-            inserted = "".join(up.rows[r] for r in on_top)
-            frames.append(f'<tbody hx-swap-oob="afterbegin:#run-rows">{inserted}</tbody>')
+        patch = "".join(f'<tr id="run-row-{r}" hx-swap-oob="delete"></tr>' for r in delete)
+        patch += "".join(_oob(up.rows[r], r) for r in replace)
+        if placed:
+            patch += '<tr id="run-rows-empty" hx-swap-oob="delete"></tr>'
+        if patch:  # rows travel in frames that start with a table element (or a parser drops them)
+            frames.append(patch)
+        if placed:  # last first, so that each insert's anchor is already there
+            inserts = []
+            for i in range(len(rows) - 1, -1, -1):
+                if rows[i] in placed:
+                    where = (
+                        f"beforebegin:#run-row-{rows[i + 1]}"
+                        if i + 1 < len(rows)
+                        else ("beforeend:#run-rows")
+                    )
+                    inserts.append(f'<tbody hx-swap-oob="{where}">{up.rows[rows[i]]}</tbody>')
+            frames.append("".join(inserts))
         if up.counts:
             frames.append(up.counts)
-        if self.joined and (up.joined & self.joined):
+        if self.joined & up.joined:
             frames.append(self.banner())
         return frames
 
@@ -222,9 +241,9 @@ class ListPage:
         n = len(self.joined)
         link = "?" + self.view.flt.to_query()
         return format_html(
-            '<p id="run-new" class="live" hx-swap-oob="true"><strong>{} new run{} in this view</strong>'
-            ' — <a href="{}" hx-get="{}" hx-target="#run-live" hx-swap="outerHTML"'
-            ' hx-push-url="true">show</a></p>',
+            '<p id="run-new" class="live" hx-swap-oob="true"><strong>{} new run{} in this view'
+            '</strong> — <a href="{}" hx-get="{}" hx-target="#run-live" hx-swap="outerHTML"'
+            ' hx-push-url="true">show the newest</a></p>',
             n,
             "" if n == 1 else "s",
             link,
@@ -232,34 +251,48 @@ class ListPage:
         )
 
 
+def sort_key_of(run: Any, flt: RunFilter) -> tuple:
+    """A run's place in the filter's order (the keyset's columns, the id last)."""
+    return tuple(getattr(run, name) for name in flt.sort_key)
+
+
 # --- whole renders, shared briefly ----------------------------------------------------------------
 
-_full_cache: dict[tuple, tuple[float, str, list[str], int]] = {}
+_full_cache: dict[tuple, tuple[float, str, dict[str, Any]]] = {}
 _full_lock = threading.Lock()
 
 
-def full_render(user, view: View, key: tuple, ttl_s: float) -> tuple[str, list[str], int]:
-    """The whole table (out of band), its row ids in order and its page size; sockets of one view
-    that ask within ``ttl_s`` of each other (a reconnect wave) share one render."""
+def full_render(user, view: View, key: tuple, ttl_s: float) -> tuple[str, ListPage | None]:
+    """The whole table (out of band) and the page it shows; sockets of one view that ask within
+    ``ttl_s`` of each other (a reconnect wave) share one render."""
     from console.runs import list_context
 
     now = time.monotonic()
     with _full_lock:
         hit = _full_cache.get(key)
-        if hit and now - hit[0] < ttl_s:
-            return hit[1], list(hit[2]), hit[3]
-    actor = actor_for_user(user, None, component="console")
-    try:
-        ctx = list_context(actor, view.flt, after=view.after, before=view.before)
-    except BadFilter:
-        return "", [], 0
-    html = render_to_string("runs/list.html#run-table", ctx | {"oob": True})
-    ids = [r["id"] for r in ctx["runs"]]
-    with _full_lock:
-        for stale in [k for k, v in _full_cache.items() if now - v[0] >= ttl_s]:
-            del _full_cache[stale]
-        _full_cache[key] = (now, html, ids, ctx["limit"])
-    return html, list(ids), ctx["limit"]
+    if hit is None or now - hit[0] >= ttl_s:
+        actor = actor_for_user(user, None, component="console")
+        try:
+            ctx = list_context(actor, view.flt, after=view.after, before=view.before)
+        except BadFilter:
+            return "", None
+        table: str = render_to_string("runs/list.html#run-table", ctx | {"oob": True})
+        ids = [r["id"] for r in ctx["runs"]]
+        page = {
+            "keys": dict(zip(ids, ctx["row_keys"], strict=True)),
+            "shown": ids,
+            "limit": ctx["limit"],
+            "more": ctx["next_query"] is not None,
+        }
+        hit = (now, table, page)
+        with _full_lock:
+            for stale in [k for k, v in _full_cache.items() if now - v[0] >= ttl_s]:
+                del _full_cache[stale]
+            _full_cache[key] = hit
+    _, table, page = hit
+    return table, ListPage(
+        view, list(page["shown"]), dict(page["keys"]), page["limit"], page["more"]
+    )
 
 
 # --- the hub --------------------------------------------------------------------------------------
@@ -367,6 +400,8 @@ _hubs: dict[int, ListHub] = {}
 def hub_for(layer: Any) -> ListHub:
     """This event loop's hub (each test's loop, each server process's one loop)."""
     loop = asyncio.get_running_loop()
+    for stale in [k for k, h in _hubs.items() if h.loop.is_closed()]:
+        del _hubs[stale]
     hub = _hubs.get(id(loop))
     if hub is None or hub.layer is not layer or hub.loop is not loop:
         hub = _hubs[id(loop)] = ListHub(layer, loop)

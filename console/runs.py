@@ -84,6 +84,8 @@ def list_context(
     now = timezone.now()
     return counts_context(actor, flt) | {
         "runs": [run_row(r, now) for r in page.runs],
+        # each row's place in the order (a live page places joining runs by it: list_live.py)
+        "row_keys": [tuple(getattr(r, name) for name in flt.sort_key) for r in page.runs],
         "query": flt.to_query(**cursor),
         "base_query": base,
         "next_query": flt.to_query(after=page.next_cursor) if page.next_cursor else None,

@@ -86,9 +86,9 @@ def test_a_state_change_redraws_one_row_and_patches_the_counts(cast, worker, qui
         assert 'id="run-table"' not in html and "run-counts" in html
 
         new = await database_sync_to_async(start_run)(worker, goal="a new one")
-        for sock in (everything, queued):  # newest first, first page: inserted at the top
+        for sock, first_row in ((everything, other), (queued, other)):  # newest first: the top
             html = await pushed(sock)
-            assert '<tbody hx-swap-oob="afterbegin:#run-rows">' in html
+            assert f'<tbody hx-swap-oob="beforebegin:#run-row-{first_row["id"]}">' in html
             assert row(html, new["id"]) and 'id="run-table"' not in html
         for sock in (everything, queued):
             await sock.disconnect()
@@ -98,21 +98,26 @@ def test_a_state_change_redraws_one_row_and_patches_the_counts(cast, worker, qui
 
 @pytest.mark.django_db(transaction=True)
 @override_settings(CHANNEL_LAYERS=IN_MEMORY_LAYER)
-def test_a_new_run_on_an_oldest_first_page_is_announced_not_placed(cast, worker, quick_hub):
-    start_run(worker)
+def test_runs_joining_a_view_land_in_their_place(cast, worker, quick_hub):
+    older = start_run(worker, goal="older")
+    newer = start_run(worker, goal="newer")
+    claim(worker, newer["id"])
     headers = headers_of(cast, "vera")
     assert live.flush()
 
     async def scenario():
+        running = await open_list("/ws/runs/?state=running", headers)
         oldest = await open_list("/ws/runs/?sort=created", headers)
-        await database_sync_to_async(start_run)(worker, goal="later")
-        html = await pushed(oldest)
-        assert "afterbegin" not in html and 'id="run-table"' not in html
-        assert '<p id="run-new" class="live" hx-swap-oob="true">' in html
-        assert "1 new run in this view" in html and 'hx-get="?sort=created"' in html
-        await database_sync_to_async(start_run)(worker, goal="later still")
-        assert "2 new runs in this view" in await pushed(oldest)
-        await oldest.disconnect()
+        await database_sync_to_async(claim)(worker, older["id"])  # joins "running", older
+        html = await pushed(running)
+        assert f'<tbody hx-swap-oob="beforeend:#run-rows"><tr id="run-row-{older["id"]}"' in html
+        assert 'id="run-table"' not in html and "run-new" not in html
+        assert 'hx-swap-oob="true"' in row(await pushed(oldest), older["id"])  # in place
+        new = await database_sync_to_async(start_run)(worker, goal="later")
+        html = await pushed(oldest)  # oldest first, all on one page: the new run goes last
+        assert f'<tbody hx-swap-oob="beforeend:#run-rows"><tr id="run-row-{new["id"]}"' in html
+        for sock in (running, oldest):
+            await sock.disconnect()
 
     async_to_sync(scenario)()
 
@@ -182,32 +187,56 @@ def test_each_socket_gets_what_its_user_and_roles_render(cast, worker, quick_hub
 
 
 def _update(**kw) -> ListUpdate:
-    base = dict(rows={}, order=[], gone=set(), joined=set(), created=set(), counts="")
+    base = dict(rows={}, keys={}, order=[], gone=set(), joined=set(), counts="")
     return ListUpdate(**(base | kw))
 
 
-@pytest.mark.django_db
-def test_a_page_sorted_by_last_change_moves_changed_rows_to_the_top():
-    page = ListPage(View.parse("sort=-updated"), ["a", "b", "c"], limit=3)
-    rows = {r: f'<tr id="run-row-{r}"><td>{r}</td></tr>' for r in ("c", "d")}
-    frames = page.frames(_update(rows=rows, order=["d", "c"]))
-    assert frames == [
-        '<tr id="run-row-c" hx-swap-oob="delete"></tr><tr id="run-rows-empty" hx-swap-oob="delete"></tr>',
-        '<tbody hx-swap-oob="afterbegin:#run-rows">'
-        '<tr id="run-row-d"><td>d</td></tr><tr id="run-row-c"><td>c</td></tr></tbody>',
-    ]
-    assert page.shown == ["d", "c", "a", "b"]
-    # patched past twice its size, a page is redrawn whole
-    more = {r: f'<tr id="run-row-{r}"></tr>' for r in ("e", "f", "g")}
-    assert page.frames(_update(rows=more, order=["e", "f", "g"])) is None
+def _row(run_id: str) -> str:
+    return f'<tr id="run-row-{run_id}"><td>{run_id}</td></tr>'
 
 
-@pytest.mark.django_db
-def test_a_deep_page_leaves_new_runs_to_the_banner_and_drops_leavers():
-    page = ListPage(View.parse("after=abc"), ["a", "b"], limit=50)
-    frames = page.frames(
-        _update(rows={"n": "<tr></tr>"}, order=["n"], created={"n"}, joined={"n"}, gone={"b", "x"})
+def test_a_page_sorted_by_last_change_moves_changed_rows_to_their_place():
+    keys = {"a": (30,), "b": (20,), "c": (10,)}
+    page = ListPage(View.parse("sort=-updated"), ["a", "b", "c"], keys, limit=3, more=False)
+    # c changed last (now first), d is new and sits between a and b; a is redrawn where it is
+    up = _update(
+        rows={r: _row(r) for r in "acd"},
+        keys={"c": (40,), "d": (25,), "a": (30,)},
+        order=["c", "a", "d"],
     )
-    assert frames is not None
+    frames = page.frames(up)
+    assert frames[0] == (
+        '<tr id="run-row-c" hx-swap-oob="delete"></tr>'
+        '<tr id="run-row-a" hx-swap-oob="true"><td>a</td></tr>'
+        '<tr id="run-rows-empty" hx-swap-oob="delete"></tr>'
+    )
+    assert frames[1] == (  # last first: each anchor is on the page when its insert lands
+        f'<tbody hx-swap-oob="beforebegin:#run-row-b">{_row("d")}</tbody>'
+        f'<tbody hx-swap-oob="beforebegin:#run-row-a">{_row("c")}</tbody>'
+    )
+    assert page.shown == ["c", "a", "d", "b"]
+    # patched past twice its size, a page is redrawn whole
+    more = {r: _row(r) for r in "efg"}
+    up = _update(rows=more, keys={"e": (1,), "f": (2,), "g": (3,)}, order=["g", "f", "e"])
+    assert page.frames(up) is None
+
+
+def test_a_full_page_leaves_later_runs_to_their_page_and_appends_to_a_last_one():
+    keys = {"a": (1,), "b": (2,)}
+    full = ListPage(View.parse("sort=created"), ["a", "b"], dict(keys), limit=2, more=True)
+    assert full.frames(_update(rows={"n": _row("n")}, keys={"n": (3,)}, order=["n"])) == []
+    last = ListPage(View.parse("sort=created"), ["a", "b"], dict(keys), limit=50, more=False)
+    frames = last.frames(_update(rows={"n": _row("n")}, keys={"n": (3,)}, order=["n"]))
+    assert frames[-1] == f'<tbody hx-swap-oob="beforeend:#run-rows">{_row("n")}</tbody>'
+
+
+def test_a_deep_page_leaves_new_runs_to_the_banner_and_drops_leavers():
+    keys = {"a": (20,), "b": (10,)}
+    page = ListPage(View.parse("after=abc"), ["a", "b"], keys, limit=50, more=True)
+    up = _update(
+        rows={"n": _row("n")}, keys={"n": (99,)}, order=["n"], joined={"n"}, gone={"b", "x"}
+    )
+    frames = page.frames(up)
     assert frames[0] == '<tr id="run-row-b" hx-swap-oob="delete"></tr>'
     assert "1 new run in this view" in frames[-1] and page.shown == ["a"]
+    assert 'hx-get="?"' in frames[-1]  # the first page of the same view
