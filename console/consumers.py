@@ -31,7 +31,14 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from console import socket_cap
-from core.live import RUNS_GROUP, bind_loop, fleet_group, run_group, user_group
+from core.live import (  # note_facts: imported from here by tests
+    RUNS_GROUP,
+    bind_loop,
+    fleet_group,
+    note_facts,
+    run_group,
+    user_group,
+)
 from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
@@ -207,20 +214,6 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """What these facts changed (``refresh``: the periodic catch-up), as one frame or several.
         By default, everything."""
         return self.render()
-
-
-def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None:
-    """Merge one hint into the pending facts: run id -> {kind: {object ids}}; None = everything."""
-    if facts is None or (run_id in pending and pending[run_id] is None):
-        pending[run_id] = None
-        return
-    kinds = pending.setdefault(run_id, {})
-    for fact in facts:
-        try:
-            kind, object_id = fact
-        except (TypeError, ValueError):
-            continue
-        kinds.setdefault(str(kind), set()).add(str(object_id or ""))
 
 
 def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any, frozenset[str]]:

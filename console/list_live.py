@@ -39,7 +39,7 @@ from django.utils.html import format_html
 
 from core.auth import actor_for_user
 from core.filters import BadFilter
-from core.live import RUNS_GROUP
+from core.live import RUNS_GROUP, note_facts
 from runs.search import RunFilter, with_unresolved
 
 log = logging.getLogger(__name__)
@@ -338,8 +338,6 @@ class ListHub:
                 log.debug("could not leave the runs group", exc_info=True)
 
     async def listen(self, channel: str) -> None:
-        from console.consumers import note_facts
-
         while True:
             try:
                 message = await self.layer.receive(channel)

@@ -94,6 +94,20 @@ def announce(run_id: Any, kind: str, object_id: Any = None) -> None:
         listed.append(fact)
 
 
+def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None:
+    """Merge one hint into the pending facts: run id -> {kind: {object ids}}; None = everything."""
+    if facts is None or (run_id in pending and pending[run_id] is None):
+        pending[run_id] = None
+        return
+    kinds = pending.setdefault(run_id, {})
+    for fact in facts:
+        try:
+            kind, object_id = fact
+        except (TypeError, ValueError):
+            continue
+        kinds.setdefault(str(kind), set()).add(str(object_id or ""))
+
+
 def _merge(into: Facts, run_id: str, listed: list[tuple[str, str]] | None) -> None:
     if run_id not in into:
         if len(into) >= MAX_PENDING_RUNS:
