@@ -317,25 +317,28 @@ class ListHub:
         self.channel: str | None = None
         self._listen: asyncio.Task[None] | None = None
         self._flush: asyncio.Task[None] | None = None
+        self._joining = asyncio.Lock()
 
     async def subscribe(self, consumer: Any) -> None:
-        self.sockets.add(consumer)
-        if self._listen is None or self._listen.done():
-            self.channel = await self.layer.new_channel()
-            await self.layer.group_add(RUNS_GROUP, self.channel)
-            self._listen = asyncio.create_task(self.listen(self.channel))
+        async with self._joining:  # two first sockets at once: one channel, one listener
+            self.sockets.add(consumer)
+            if self._listen is None or self._listen.done():
+                self.channel = await self.layer.new_channel()
+                await self.layer.group_add(RUNS_GROUP, self.channel)
+                self._listen = asyncio.create_task(self.listen(self.channel))
 
     async def unsubscribe(self, consumer: Any) -> None:
-        self.sockets.discard(consumer)
-        if self.sockets or self._listen is None:
-            return
-        task, channel, self._listen = self._listen, self.channel, None
-        task.cancel()
-        if channel:
-            try:
-                await self.layer.group_discard(RUNS_GROUP, channel)
-            except Exception:
-                log.debug("could not leave the runs group", exc_info=True)
+        async with self._joining:
+            self.sockets.discard(consumer)
+            if self.sockets or self._listen is None:
+                return
+            task, channel, self._listen = self._listen, self.channel, None
+            task.cancel()
+            if channel:
+                try:
+                    await self.layer.group_discard(RUNS_GROUP, channel)
+                except Exception:
+                    log.debug("could not leave the runs group", exc_info=True)
 
     async def listen(self, channel: str) -> None:
         while True:
