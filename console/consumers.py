@@ -31,6 +31,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from console import socket_cap
+from console.common import off_view_thread
 from core.live import (  # note_facts: imported from here by tests
     RUNS_GROUP,
     bind_loop,
@@ -42,6 +43,7 @@ from core.live import (  # note_facts: imported from here by tests
 from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
+
 
 # Close codes (4000-4999 are the application's): at connect the handshake is refused before accept
 # (the client sees HTTP 403); later, a socket whose login ended is closed with 4401/4403.
@@ -161,7 +163,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return False
         try:
-            code, user, roles = await database_sync_to_async(session_verdict)(
+            code, user, roles = await off_view_thread(session_verdict)(
                 self.session_key, self.user.pk
             )
         except Exception:  # a database hiccup is not a logout; the next check decides
@@ -188,9 +190,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         async with self._rendering:  # one render at a time: the page's push state is not shared
             try:
                 if resync:
-                    html = await database_sync_to_async(self.render)()
+                    html = await off_view_thread(self.render)()
                 else:
-                    html = await database_sync_to_async(self.render_facts)(pending or {}, refresh)
+                    html = await off_view_thread(self.render_facts)(pending or {}, refresh)
             except Exception:  # a failed render must not kill the socket; the next hint retries
                 log.exception("live render failed for %s", self.scope.get("path"))
                 return

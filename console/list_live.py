@@ -30,13 +30,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.core.exceptions import BadRequest
 from django.http import QueryDict
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.html import format_html
 
+from console.common import off_view_thread
 from core.auth import actor_for_user
 from core.filters import BadFilter
 from core.live import RUNS_GROUP, note_facts
@@ -386,7 +386,7 @@ class ListHub:
             if not pending and not with_counts:
                 continue
             first = socks[0]
-            update = await database_sync_to_async(list_update)(
+            update = await off_view_thread(list_update)(
                 first.user, first.page.view, pending, with_counts
             )
             self.renders += 1
