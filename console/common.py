@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -18,7 +19,7 @@ from django_htmx.middleware import HtmxDetails
 
 from core.actors import Actor
 from core.auth import actor_for_user
-from core.roles import may, roles_of
+from core.roles import may
 from runs.models import Run
 from runs.selectors import visible_runs
 
@@ -44,10 +45,10 @@ def console_view(view):
                 back = urlencode({"next": request.htmx.current_url_abs_path or "/"})
                 return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{back}")
             return redirect_to_login(request.get_full_path())
-        request.roles = roles_of(request.user)
+        request.actor = actor_for_user(request.user, request, component="console")
+        request.roles = request.actor.roles  # read once (one query), not again here
         if not may(request.roles, "view"):
             raise PermissionDenied("your account holds no role that may view the console")
-        request.actor = actor_for_user(request.user, request, component="console")
         return view(request, *args, **kwargs)
 
     return wrapper
@@ -114,3 +115,11 @@ def visible_run_or_404(actor, run_id: Any) -> Run:
     if run is None:
         raise Http404("no such run")
     return run
+
+
+def off_view_thread(fn: Any) -> Any:
+    """``fn`` in a pool thread of its own rather than the one thread that runs this process's HTTP
+    views (channels' default, thread_sensitive): under protocol load that thread is a queue of API
+    requests, and a push waiting behind them reached its page seconds late. Reads only (session,
+    renders); the database pool gives each thread its connection."""
+    return database_sync_to_async(fn, thread_sensitive=False)
