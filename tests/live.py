@@ -197,6 +197,10 @@ def start_celery(
         "solo",
         "-n",
         f"{name}@%h",
+        # mingle waits a second at start for replies from other workers; gossip chatters with them.
+        # A test's worker has no neighbours to sync with.
+        "--without-mingle",
+        "--without-gossip",
     ]
     if beat:
         cmd += ["-B", "-s", str(procs.tmp / f"{name}-beat-schedule")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -55,8 +56,11 @@ def pytest_runtest_makereport(item, call):
     return rep
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def system(django_db_setup, django_db_blocker, tmp_path_factory):
+    """One live system for the whole package: every test here is transactional (they run one after
+    another), and each test's ``live`` resets what a test can change -- the database (flushed), the
+    world (reset, faults cleared) and its own agent workers (stopped)."""
     if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
         pytest.skip("the run-control test runs on PostgreSQL and Redis (make test)")
     tmp = tmp_path_factory.mktemp("run-control")
@@ -143,6 +147,13 @@ def live(system, transactional_db):
         )
     world = WorldClient(system["world_url"], timeout=10)
     world.reset()
+    # The beat anchors the audit chains every ANCHOR_INTERVAL_S: an anchor written during an earlier
+    # test names chains its flush removed, and /audit/verify would call them cut. Each test starts
+    # with no anchors, as the in-process tests do (tests/conftest.py).
+    anchor_dir = (
+        system["env"].get("ANCHOR_DIR") or f"{system['env']['CONTROLPLANE_VAR_DIR']}/anchors"
+    )
+    (Path(anchor_dir) / "anchors.jsonl").unlink(missing_ok=True)
     procs: Procs = system["procs"]
     started: list[str] = []
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
+import re
 from pathlib import Path
 
 import pytest
@@ -58,12 +58,24 @@ def redis_url():
     client.close()
 
 
+@pytest.fixture(scope="module")
+def world_url(tmp_path_factory):
+    """The demo world, shared by this module's tests: each test resets it (``live``)."""
+    tmp = tmp_path_factory.mktemp("outbox-world")
+    procs = Procs(tmp)
+    try:
+        yield start_world(procs, server_env(tmp))
+    finally:
+        procs.stop()
+
+
 @pytest.fixture
-def live(tmp_path, settings):
+def live(tmp_path, settings, world_url):
     settings.JOB_TIMEOUT_S = JOB_TIMEOUT_S  # the rows this process writes carry it
+    with WorldClient(world_url, timeout=5) as world:
+        world.reset()  # objects, keys, requests and faults back to the seed: as if just started
     procs = Procs(tmp_path)
     env = server_env(tmp_path, CELERY_TASK_ALWAYS_EAGER="0", DB_POOL_MIN="1")
-    world_url = start_world(procs, env)
     env |= {
         "WORLD_URL": world_url,
         "JOB_TIMEOUT_S": str(JOB_TIMEOUT_S),
@@ -167,7 +179,16 @@ def finish_and_check(kind: str, target: str, procs: Procs, env: dict, world: Wor
         45,
         logs=(log,),
     )
-    time.sleep(2.5)  # two more sweeps: nothing delivers it again
+    # two more sweeps (one a second) after it was done: nothing delivers it again
+    sweeps = re.compile(r"sweep_jobs\[[^\]]+\] succeeded")
+    seen = len(sweeps.findall(log.read_text()))
+    wait_for(
+        "two more job sweeps",
+        lambda: len(sweeps.findall(log.read_text())) >= seen + 2,
+        15,
+        interval=0.1,
+        logs=(log,),
+    )
     job.refresh_from_db()
     assert job.status == "done" and job.failures == 0, (job.status, job.last_error)
     # the sweep delivered it (once it was overdue), not the lost first message

@@ -87,10 +87,11 @@ def _port_in_range() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def e2e_redis():
     """The e2e Redis database (E2E_REDIS_DB, flushed): daphne's channel layer and this process's, so
-    facts committed here (the lease scan) reach the pages daphne serves."""
+    facts committed here (the lease scan) reach the pages daphne serves. One for the module, like
+    daphne: each test's pages join their own run's groups."""
     base = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     url = urlunsplit(urlsplit(base)._replace(path=f"/{int(os.environ.get('E2E_REDIS_DB', '9'))}"))
     client = redis.Redis.from_url(url)
@@ -106,17 +107,27 @@ def e2e_redis():
     client.flushdb()
 
 
-@pytest.fixture
-def console(postgres_only, tmp_path, e2e_redis, monkeypatch):
+@pytest.fixture(scope="module")
+def _daphne(tmp_path_factory, e2e_redis):
+    """daphne on the test database, shared by this module's tests (each brings its own rows, flushed
+    after it: ``transaction=True``)."""
     import tests.live
 
-    monkeypatch.setattr(tests.live, "free_port", _port_in_range)
-    procs = Procs(tmp_path)
-    env = server_env(tmp_path, LEASE_TTL_S="300", REDIS_URL=e2e_redis)
+    tmp = tmp_path_factory.mktemp("live-run-page")
+    procs = Procs(tmp)
+    env = server_env(tmp, LEASE_TTL_S="300", REDIS_URL=e2e_redis)
     try:
-        yield start_daphne(procs, env, ready_path="/accounts/login/")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tests.live, "free_port", _port_in_range)
+            base = start_daphne(procs, env, ready_path="/accounts/login/")
+        yield base
     finally:
         procs.stop()
+
+
+@pytest.fixture
+def console(postgres_only, _daphne):
+    return _daphne
 
 
 def _open_run_page(p, base: str, run_id: str):
