@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pgtrigger
 from django.conf import settings
@@ -67,6 +68,10 @@ class Run(models.Model):
     history_head = models.CharField(max_length=64, blank=True)  # hash of the latest history event
     history_seq = models.PositiveIntegerField(default=0)
     checkpoint_seq = models.PositiveIntegerField(default=0)
+
+    # Not a column: set by runs.services.create_run on the instance it returns (the grants it wrote
+    # with the run), so runs.selectors.run_detail need not read back what was just written.
+    new_grants: list[Any] | None = None
 
     class Meta:
         ordering = ["-created_at"]
