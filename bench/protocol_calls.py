@@ -26,6 +26,7 @@ from tests.conftest import claim, declare, start_run
 RUNS = int(os.environ.get("CALLS_RUNS", "6"))
 EFFECTS = int(os.environ.get("CALLS_EFFECTS", "20"))
 TICK = os.sysconf("SC_CLK_TCK")
+EXPLAIN = os.environ.get("CALLS_EXPLAIN", "")
 
 
 def _backend_cpu_ms() -> float:
@@ -43,12 +44,15 @@ class Meter:
         self.pg: dict[str, list[float]] = defaultdict(list)
         self.statements: dict[str, list[int]] = defaultdict(list)
         self.sql: dict[str, list[str]] = {}
+        self.plans: list[tuple[str, float, float, float]] = []
 
     def call(self, kind: str, fn):
         seen: list[str] = []
 
         def wrapper(execute, sql, params, many, context):
             seen.append(sql)
+            if EXPLAIN and kind == EXPLAIN and not many:
+                self.explain(context["cursor"], sql, params)
             return execute(sql, params, many, context)
 
         pg0 = _backend_cpu_ms()
@@ -62,6 +66,22 @@ class Meter:
         self.statements[kind].append(len(seen))
         self.sql.setdefault(kind, seen)
         return result
+
+    def explain(self, cursor, sql: str, params) -> None:
+        """Planning and execution time of ``sql`` by EXPLAIN ANALYZE, in a savepoint rolled back
+        before the statement itself runs (``CALLS_EXPLAIN=<kind>``)."""
+        if not connection.in_atomic_block or not sql.lstrip().upper().startswith(
+            ("SELECT", "WITH", "INSERT", "UPDATE")
+        ):
+            return
+        cursor.execute("SAVEPOINT calls_explain")
+        try:
+            cursor.execute("EXPLAIN (ANALYZE, SUMMARY, FORMAT JSON) " + sql, params)
+            plan = cursor.fetchone()[0][0]
+        finally:
+            cursor.execute("ROLLBACK TO SAVEPOINT calls_explain")
+        triggers = sum(t.get("Time", 0) for t in plan.get("Triggers", []))
+        self.plans.append((sql[:90], plan["Planning Time"], plan["Execution Time"], triggers))
 
 
 def _run(worker, meter: Meter, tag: str) -> None:
@@ -138,6 +158,14 @@ def test_protocol_calls(worker):
             print(f"\n--- {k}: {len(meter.sql[k])} statements")
             for sql in meter.sql[k]:
                 print("  ", sql[:220].replace("\n", " "))
+    if EXPLAIN:
+        by_sql: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        for sql, planning, execution, triggers in meter.plans:
+            by_sql[sql].append((planning, execution, triggers))
+        print(f"\n--- {EXPLAIN}: median planning / execution / triggers ms per statement")
+        for sql, times in by_sql.items():
+            cols = [statistics.median(t[i] for t in times) for i in range(3)]
+            print(f"  {cols[0]:.3f} {cols[1]:.3f} {cols[2]:.3f}  {sql}")
     out = os.environ.get("CALLS_OUT")
     if out:
         with open(out, "w") as fh:

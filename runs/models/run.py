@@ -17,7 +17,12 @@ STATE_CHOICES = [(s.value, s.value) for s in State]
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    agent = models.ForeignKey("runs.Agent", on_delete=models.PROTECT, related_name="runs")
+    # agent, state, created_at: no single-column index of their own. Each leads a keyset index below,
+    # which answers the same lookups, and every run UPDATE that moves ``updated_at`` (every history
+    # append) writes an entry into each of the run's indexes.
+    agent = models.ForeignKey(
+        "runs.Agent", on_delete=models.PROTECT, related_name="runs", db_index=False
+    )
     goal = models.TextField()
     input = models.JSONField(default=dict, blank=True)
     parent = models.ForeignKey(
@@ -28,7 +33,7 @@ class Run(models.Model):
     )
     versions = models.JSONField(default=dict, blank=True)  # code, model, tools{}, config_hash
     state = models.CharField(
-        max_length=20, choices=STATE_CHOICES, default=State.QUEUED, db_index=True
+        max_length=20, choices=STATE_CHOICES, default=State.QUEUED
     )
     state_changed_at = models.DateTimeField(default=timezone.now)
     # Monotonic per run: every claim increments it; a write carrying an older token is refused.
@@ -63,7 +68,7 @@ class Run(models.Model):
     )  # transfer: only this worker may claim next
     deadline = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     history_head = models.CharField(max_length=64, blank=True)  # hash of the latest history event
     history_seq = models.PositiveIntegerField(default=0)
@@ -92,9 +97,16 @@ class Run(models.Model):
         ]
         # The state machine in the database: an UPDATE of ``state`` along no edge of runs/states.py
         # is refused, whoever writes it. Generated from the table; a change to the table shows up as
-        # a pending migration (tests/runs/test_state_trigger.py checks there is none).
+        # a pending migration (tests/runs/test_state_trigger.py checks there is none). Its WHEN clause
+        # keeps PostgreSQL from calling it on the UPDATEs that leave ``state`` alone (every history
+        # append moves the run's head): those were always allowed.
         triggers = [
-            pgtrigger.FSM(name="run_state_transitions", field="state", transitions=state_edges())
+            pgtrigger.FSM(
+                name="run_state_transitions",
+                field="state",
+                transitions=state_edges(),
+                condition=pgtrigger.AnyChange("state"),
+            )
         ]
 
     def __str__(self) -> str:
