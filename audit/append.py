@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connections, router
 
-from core.rows import Extra
+from core.rows import Extra, hot_cursor
 
 from .chain import GENESIS, canonical, link_hash
 from .models import SYSTEM, AuditChain, AuditEvent
@@ -123,7 +123,7 @@ def append(event: AuditEvent) -> AuditEvent:
     if connection.vendor != "postgresql":
         return _append_orm(event, using)
     sql, columns = _statement(using)
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(sql, _params(event, connection, columns))
         return _filled(event, using, cursor.fetchone())
 

@@ -4,8 +4,8 @@ The run of ``BENCH_FOLD=next`` through the Django test client: ``POST /runs`` (c
 run's first declaration, then per effect one outcome carrying the step's checkpoint and the next
 declaration (the last outcome carries only the checkpoint), finish. For each kind of call: statements
 sent (Django's execute wrapper, with their text), the request thread's CPU (``thread_time``) and the
-PostgreSQL backend's CPU (``/proc/<backend pid>/stat``: the server must be on this machine). Medians (PostgreSQL: means, its clock ticks are coarse)
-over ``CALLS_RUNS`` runs of ``CALLS_EFFECTS`` effects. ``CALLS_SQL=1`` prints each kind's statements.
+PostgreSQL backend's CPU (``/proc/<backend pid>/stat``: the server must be on this machine). Medians
+(PostgreSQL: means, its clock ticks are coarse) over ``CALLS_RUNS`` runs of ``CALLS_EFFECTS`` effects. ``CALLS_SQL=1`` prints each kind's statements.
 
 Run: .venv/bin/python -m pytest -p tests.conftest bench/protocol_calls.py -q -s
 """
@@ -106,7 +106,8 @@ def _run(worker, meter: Meter, tag: str) -> None:
                 "args": {"amount": 100 + i},
             }
         kind = "outcome+checkpoint" if last else "outcome+checkpoint+next"
-        answer = meter.call(kind, lambda b=body: worker.post(f"/effects/{effect['id']}/outcome", b))
+        url = f"/effects/{effect['id']}/outcome"
+        answer = meter.call(kind, lambda b=body, u=url: worker.post(u, b))
         assert answer.status_code == 200, answer.content
         if not last:
             effect = answer.json()["next"]
@@ -129,6 +130,11 @@ def test_protocol_calls(worker):
     for r in range(RUNS):
         _run(worker, meter, f"r{r}")
     getattr(live, "flush", lambda timeout=5.0: None)()
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*), sum(generic_plans)::int, sum(custom_plans)::int FROM pg_prepared_statements"
+        )
+        prepared = cur.fetchone()
     kinds = list(meter.cpu)
     per = {
         k: {
@@ -151,6 +157,11 @@ def test_protocol_calls(worker):
         "runs": RUNS,
         "effects": n,
         "load": os.getloadavg(),
+        "prepared_statements": {
+            "count": prepared[0],
+            "generic": prepared[1],
+            "custom": prepared[2],
+        },
     }
     print("\n" + json.dumps(summary, indent=1))
     if os.environ.get("CALLS_SQL"):

@@ -27,6 +27,37 @@ from django.db.models.fields.related import RelatedField
 M = TypeVar("M", bound=models.Model)
 
 
+def hot_cursor(conn: Any) -> Any:
+    """``conn.cursor()`` for the hot path's statements. On PostgreSQL: a server-binding cursor that
+    prepares each statement on its first execution on this connection (psycopg's ``prepare=True``),
+    so PostgreSQL parses and plans each of them once per connection instead of on every call (Django
+    binds client-side and prepares nothing by default). Still wrapped by Django (execute wrappers,
+    query logging, error translation). Prepared statements live in the server session: put no
+    transaction-mode pooler (PgBouncer) between the app and PostgreSQL."""
+    if conn.vendor != "postgresql":
+        return conn.cursor()
+    conn.ensure_connection()
+    raw = conn.connection
+    if raw.prepare_threshold is None:  # Django's "never": only prepare=True statements, then
+        raw.prepare_threshold = _ONLY_WHEN_ASKED  # (its own cursors bind client-side: never)
+    with conn.wrap_database_errors:
+        return conn._prepare_cursor(_prepared_cursor_class()(raw))
+
+
+_ONLY_WHEN_ASKED = 2**31 - 1
+
+
+@lru_cache(maxsize=1)
+def _prepared_cursor_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class PreparedCursor(ServerBindingCursor):
+        def execute(self, query, params=None, *, prepare=None, binary=None):  # type: ignore[no-untyped-def]
+            return super().execute(query, params, prepare=True, binary=binary)
+
+    return PreparedCursor
+
+
 def _column(field: models.Field | models.ForeignObjectRel) -> str:
     """The column a field is stored in; a reverse relation (or a field without a column) has none."""
     column = None if isinstance(field, models.ForeignObjectRel) else field.column
@@ -114,7 +145,7 @@ def select_rows[M: models.Model](
             return []
     sql = _statement(model, names, tuple(order_by), limit, lock, alias)
     _, attnames, converters = _shape(model, alias)
-    with conn.cursor() as cursor:
+    with hot_cursor(conn) as cursor:
         cursor.execute(sql, params)
         fetched = cursor.fetchall()
     found = []
@@ -252,7 +283,7 @@ def write_rows(
         selects.extend(extra_selects)
         select_params.extend(extra_select_params)
     statement = f"WITH {', '.join(parts)} SELECT {', '.join(selects)}"
-    with conn.cursor() as cursor:
+    with hot_cursor(conn) as cursor:
         cursor.execute(statement, params + select_params)
         row = cursor.fetchone()
     found = list(row)

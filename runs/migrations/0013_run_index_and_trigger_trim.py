@@ -4,8 +4,9 @@ import django.db.models.deletion
 import django.utils.timezone
 import pgtrigger.compiler
 import pgtrigger.migrations
-import runs.states
 from django.db import migrations, models
+
+import runs.states
 
 
 class Migration(migrations.Migration):

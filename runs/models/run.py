@@ -32,9 +32,7 @@ class Run(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     versions = models.JSONField(default=dict, blank=True)  # code, model, tools{}, config_hash
-    state = models.CharField(
-        max_length=20, choices=STATE_CHOICES, default=State.QUEUED
-    )
+    state = models.CharField(max_length=20, choices=STATE_CHOICES, default=State.QUEUED)
     state_changed_at = models.DateTimeField(default=timezone.now)
     # Monotonic per run: every claim increments it; a write carrying an older token is refused.
     fencing_token = models.BigIntegerField(default=0)

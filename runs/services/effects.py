@@ -23,7 +23,7 @@ from core.errors import (
     LeaseLost,
     NotFound,
 )
-from core.rows import from_json, select_rows, write_rows
+from core.rows import from_json, hot_cursor, select_rows, write_rows
 from runs.models import (
     Approval,
     ApprovalPolicy,
@@ -155,7 +155,7 @@ def declaration_facts(
         "scope": f"{tool}:{action}",
         "wildcard": f"{tool}:*",
     }
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(_FACTS_SQL[0], params)
         lease, existing, grants, policies, latest, freeze = cursor.fetchone()
     return Facts(
@@ -411,7 +411,7 @@ def effect_run_id(effect_id: Any) -> Any:
         pk = None
     row = None
     if pk is not None:
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             cursor.execute(f"SELECT run_id FROM {Effect._meta.db_table} WHERE id = %s", [pk])
             row = cursor.fetchone()
     if row is None:
@@ -475,7 +475,7 @@ def _lock_effect(run: Run, effect_id: Any, fencing_token: Any) -> tuple[Effect |
         f" FROM {Effect._meta.db_table} e WHERE e.id = %(effect)s FOR UPDATE OF e"
     )
     token = int(fencing_token) if fencing_token is not None else None
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(sql, {"run": run.pk, "token": token, "effect": pk})
         row = cursor.fetchone()
     if row is None:

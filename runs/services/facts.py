@@ -14,14 +14,14 @@ from typing import Any
 
 from django.db import connection
 
-from core.rows import from_json, select_row
+from core.rows import from_json, hot_cursor, select_row
 from runs.models import Agent, Approval, Attempt, Checkpoint, Effect, ExecutionLease, Run
 
 _SQL: dict[str, str] = {}
 
 
 def _fetch(name: str, sql: str, params: dict[str, Any]) -> tuple:
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(_SQL.setdefault(name, sql), params)
         return cursor.fetchone()
 
