@@ -12,7 +12,9 @@ Run: .venv/bin/python -m pytest -p tests.conftest bench/protocol_calls.py -q -s
 
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import os
 import statistics
 import time
@@ -27,6 +29,7 @@ RUNS = int(os.environ.get("CALLS_RUNS", "6"))
 EFFECTS = int(os.environ.get("CALLS_EFFECTS", "20"))
 TICK = os.sysconf("SC_CLK_TCK")
 EXPLAIN = os.environ.get("CALLS_EXPLAIN", "")
+PROFILE = os.environ.get("CALLS_PROFILE", "")  # a kind of call: cProfile it, print the top
 
 
 def _backend_cpu_ms() -> float:
@@ -45,6 +48,7 @@ class Meter:
         self.statements: dict[str, list[int]] = defaultdict(list)
         self.sql: dict[str, list[str]] = {}
         self.plans: list[tuple[str, float, float, float]] = []
+        self.profile = cProfile.Profile(time.thread_time)  # CPU, not waiting on the database
 
     def call(self, kind: str, fn):
         seen: list[str] = []
@@ -58,7 +62,10 @@ class Meter:
         pg0 = _backend_cpu_ms()
         t0 = time.thread_time()
         with connection.execute_wrapper(wrapper):
-            result = fn()
+            if PROFILE and kind == PROFILE:
+                result = self.profile.runcall(fn)
+            else:
+                result = fn()
         t1 = time.thread_time()
         pg1 = _backend_cpu_ms()
         self.cpu[kind].append((t1 - t0) * 1000)
@@ -177,6 +184,8 @@ def test_protocol_calls(worker):
         for sql, times in by_sql.items():
             cols = [statistics.median(t[i] for t in times) for i in range(3)]
             print(f"  {cols[0]:.3f} {cols[1]:.3f} {cols[2]:.3f}  {sql}")
+    if PROFILE:
+        pstats.Stats(meter.profile).sort_stats(os.environ.get("CALLS_SORT", "cumulative")).print_stats(60)
     out = os.environ.get("CALLS_OUT")
     if out:
         with open(out, "w") as fh:
