@@ -108,11 +108,13 @@ def appending(event: AuditEvent) -> Extra:
         selects = [f"(SELECT {col} FROM {prefix})" for col in returned]
         return ctes, _params(event, connections[using], columns), selects, []
 
-    return Extra(
-        parts=parts,
-        done=lambda found: _filled(event, using, found),
-        fallback=lambda: append(event),
-    )
+    def done(found: list[Any]) -> None:
+        _filled(event, using, found)
+
+    def fallback() -> None:
+        append(event)
+
+    return Extra(parts=parts, done=done, fallback=fallback)
 
 
 def append(event: AuditEvent) -> AuditEvent:

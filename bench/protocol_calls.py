@@ -5,7 +5,10 @@ run's first declaration, then per effect one outcome carrying the step's checkpo
 declaration (the last outcome carries only the checkpoint), finish. For each kind of call: statements
 sent (Django's execute wrapper, with their text), the request thread's CPU (``thread_time``) and the
 PostgreSQL backend's CPU (``/proc/<backend pid>/stat``: the server must be on this machine). Medians
-(PostgreSQL: means, its clock ticks are coarse) over ``CALLS_RUNS`` runs of ``CALLS_EFFECTS`` effects. ``CALLS_SQL=1`` prints each kind's statements.
+(PostgreSQL: means, its clock ticks are coarse) over ``CALLS_RUNS`` runs of ``CALLS_EFFECTS``
+effects. ``CALLS_SQL=1`` prints each kind's statements; ``CALLS_EXPLAIN=<kind>`` the planning and
+execution time of each of its statements (EXPLAIN ANALYZE in a rolled-back savepoint);
+``CALLS_PROFILE=<kind>`` a cProfile of it (wall time). ``CALLS_OUT=file.json`` keeps the summary.
 
 Run: .venv/bin/python -m pytest -p tests.conftest bench/protocol_calls.py -q -s
 """
@@ -14,8 +17,8 @@ from __future__ import annotations
 
 import cProfile
 import json
-import pstats
 import os
+import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -48,7 +51,7 @@ class Meter:
         self.statements: dict[str, list[int]] = defaultdict(list)
         self.sql: dict[str, list[str]] = {}
         self.plans: list[tuple[str, float, float, float]] = []
-        self.profile = cProfile.Profile(time.thread_time)  # CPU, not waiting on the database
+        self.profile = cProfile.Profile()  # wall time: waits on PostgreSQL show up in psycopg
 
     def call(self, kind: str, fn):
         seen: list[str] = []
@@ -185,7 +188,9 @@ def test_protocol_calls(worker):
             cols = [statistics.median(t[i] for t in times) for i in range(3)]
             print(f"  {cols[0]:.3f} {cols[1]:.3f} {cols[2]:.3f}  {sql}")
     if PROFILE:
-        pstats.Stats(meter.profile).sort_stats(os.environ.get("CALLS_SORT", "cumulative")).print_stats(60)
+        pstats.Stats(meter.profile).sort_stats(
+            os.environ.get("CALLS_SORT", "cumulative")
+        ).print_stats(60)
     out = os.environ.get("CALLS_OUT")
     if out:
         with open(out, "w") as fh:

@@ -52,7 +52,7 @@ def _prepared_cursor_class() -> type:
     from django.db.backends.postgresql.base import ServerBindingCursor
 
     class PreparedCursor(ServerBindingCursor):
-        def execute(self, query, params=None, *, prepare=None, binary=None):  # type: ignore[no-untyped-def]
+        def execute(self, query, params=None, *, prepare=None, binary=None):
             return super().execute(query, params, prepare=True, binary=binary)
 
     return PreparedCursor

@@ -164,7 +164,7 @@ def declaration_facts(
         [g for g in (from_json(AuthorityGrant, row) for row in grants or ()) if g is not None],
         [p for p in (from_json(ApprovalPolicy, row) for row in policies or ()) if p is not None],
         from_json(Approval, latest),
-        tuple(freeze) if freeze else None,  # type: ignore[arg-type]
+        tuple(freeze) if freeze else None,
     )
 
 

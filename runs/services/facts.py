@@ -94,11 +94,12 @@ def finish_facts(run: Run, fencing_token: Any) -> FinishFacts:
         if token is not None:
             lease = select_row(ExecutionLease, run=run.pk, fencing_token=token)
         unresolved = Effect.objects.filter(run=run).unresolved().values_list("pk", flat=True)
-        running = Attempt.objects.filter(pk=run.current_attempt_id, outcome=Attempt.RUNNING)
+        attempt = run.current_attempt_id
+        running = Attempt.objects.filter(pk=attempt, outcome=Attempt.RUNNING) if attempt else None
         return FinishFacts(
             lease,
             [str(pk) for pk in unresolved],
-            running.exists() if run.current_attempt_id else False,
+            running is not None and running.exists(),
             _pending_orm(run),
         )
     unresolved_statuses = ", ".join(f"'{status}'" for status in Effect.UNRESOLVED)

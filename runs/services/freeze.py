@@ -26,7 +26,7 @@ def live_freeze(run_id: Any, tool: str, action: str) -> tuple[str, str, str] | N
     with connection.cursor() as cur:
         cur.execute(_SQL, [run, f"{tool}:{action}", f"{tool}:*"])
         row = cur.fetchone()
-    return tuple(row) if row else None  # type: ignore[return-value]
+    return tuple(row) if row else None
 
 
 def capability_frozen(
