@@ -51,7 +51,7 @@ def run_summary(run: Run, unresolved: int | None = None) -> dict[str, Any]:
 
 
 def run_detail(run: Run) -> dict[str, Any]:
-    if run.new_grants is not None:
+    if run.new_grants is not None and run.history_seq == 1:  # as create_run left it
         return _new_run_detail(run, run.new_grants)
     leases = run.leases.order_by("-granted_at")
     return run_summary(run) | {
