@@ -18,7 +18,7 @@ from django_htmx.middleware import HtmxDetails
 
 from core.actors import Actor
 from core.auth import actor_for_user
-from core.roles import may, roles_of
+from core.roles import may
 from runs.models import Run
 from runs.selectors import visible_runs
 
@@ -44,10 +44,10 @@ def console_view(view):
                 back = urlencode({"next": request.htmx.current_url_abs_path or "/"})
                 return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{back}")
             return redirect_to_login(request.get_full_path())
-        request.roles = roles_of(request.user)
+        request.actor = actor_for_user(request.user, request, component="console")
+        request.roles = request.actor.roles  # read once (one query), not again here
         if not may(request.roles, "view"):
             raise PermissionDenied("your account holds no role that may view the console")
-        request.actor = actor_for_user(request.user, request, component="console")
         return view(request, *args, **kwargs)
 
     return wrapper

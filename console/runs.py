@@ -92,10 +92,11 @@ def list_context(
     counted = state_counts(actor, flt)
     counts = counted.by_state
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
+    trouble = attention_ids(timezone.now())
     attention = (
         flt.replace(attention=False, states=())
-        .queryset(actor)
-        .filter(pk__in=attention_ids(timezone.now()))
+        .queryset(actor, within=trouble)
+        .filter(pk__in=trouble)
         .select_related(None)
         .order_by()
         .values("pk")[: ATTENTION_CAP + 1]

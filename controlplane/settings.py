@@ -202,6 +202,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 30,
     },
     "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
+    # The run list's counts per state (runs.RunTally): fold the triggers' +1/-1 rows.
+    "compact-run-tally": {"task": "runs.tasks.compact_run_tally", "schedule": 30},
 }
 
 # --- audit anchors (README "Security") --------------------------------------------------------------

@@ -17,12 +17,15 @@ Parameters: ``q`` (search box: an id prefix, else goal text or agent name), ``id
 from __future__ import annotations
 
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.utils import timezone
@@ -38,7 +41,7 @@ from core.filters import (
     parse_when,
     prefix_range,
 )
-from runs.models import Approval, Effect, Run
+from runs.models import Agent, Approval, Effect, Run, RunTally
 from runs.selectors import visible_runs
 from runs.states import State
 
@@ -102,6 +105,9 @@ class RunFilter:
     updated_until: str = ""
     sort: str = DEFAULT_SORT
     now: datetime | None = field(default=None, compare=False)  # what "2h" counts back from
+    # Names looked up once per filter (its page, counts and chips each build a queryset): the
+    # agent a search names, the owner's user ids.
+    _ids: dict[tuple[str, str], list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     # --- reading and writing a query string --------------------------------------------------------
 
@@ -182,37 +188,68 @@ class RunFilter:
 
     # --- the runs ------------------------------------------------------------------------------------
 
-    def queryset(self, actor: Actor, *, with_states: bool = True) -> QuerySet[Run]:
+    def queryset(
+        self,
+        actor: Actor,
+        *,
+        with_states: bool = True,
+        counting: bool = False,
+        within: QuerySet | None = None,
+    ) -> QuerySet[Run]:
         """The visible runs this filter selects (unordered). ``with_states=False`` leaves the state
-        chips out (for counting runs per state under the rest of the filter)."""
+        chips out (for counting runs per state under the rest of the filter). ``counting``: the
+        same runs in the shape for counting them all, where no sort index stops the walk early: the
+        effects touched and "needs attention" as sets of run ids read from their indexes, instead
+        of a test per run. ``within``: a (small) set of run ids the caller also filters by; the
+        effects touched are then read for those runs only (the "needs attention" chip count)."""
         qs = visible_runs(actor)
         now = self.now or timezone.now()
         if self.q:
-            qs = qs.filter(_search_q(self.q, qs))
+            qs = qs.filter(_search_q(self.q, qs, self._agent_ids))
         if self.id:
             low, high = prefix_range(self.id)
             qs = qs.filter(pk__gte=low, pk__lte=high)
         if self.agents:
             qs = qs.filter(agent__name__in=self.agents)
         for tool, action in self.touched:
-            effects = Effect.objects.filter(run=OuterRef("pk"), tool=tool)
+            effects = Effect.objects.filter(tool=tool)
             if action and action != "*":
                 effects = effects.filter(action=action)
-            qs = qs.filter(Exists(effects))
+            if within is not None:  # probes of the (tool, action, run) index, one per run
+                qs = qs.filter(pk__in=effects.filter(run_id__in=within).values("run_id"))
+            elif counting:  # the (tool, action, run) index read once, in run order
+                qs = qs.filter(pk__in=effects.values("run_id").distinct())
+            else:  # tested per run while the sort index is walked, stopping at the page's end
+                qs = qs.filter(Exists(effects.filter(run=OuterRef("pk"))))
         if self.owner:
             name = actor.name if self.owner == "me" and actor.kind == "user" else self.owner
-            # By user id (the run's two foreign-key indexes), not by a join on the user's name.
-            users = get_user_model().objects.filter(username=name).values("pk")
+            # By user ids looked up first, so both halves of the OR are conditions on the run's
+            # two foreign-key indexes (a bitmap OR); a subquery there makes PostgreSQL test every
+            # run against a hashed set instead.
+            users = self._user_ids(name)
             qs = qs.filter(Q(assignee_id__in=users) | Q(decision_authority_id__in=users))
         if with_states and self.states:
             qs = qs.filter(state__in=self.states)
         if self.attention:
-            qs = qs.filter(attention_q(now))
+            qs = qs.filter(pk__in=attention_ids(now)) if counting else qs.filter(attention_q(now))
         for name, (column, op) in TIME_PARAMS.items():
             raw = getattr(self, name)
             if raw:
                 qs = qs.filter(**{f"{column}__{op}": parse_when(name, raw, now=now)})
         return qs
+
+    def _agent_ids(self, name: str) -> list[int]:
+        key = ("agent", name)
+        if key not in self._ids:
+            self._ids[key] = list(Agent.objects.filter(name=name).values_list("pk", flat=True))
+        return self._ids[key]
+
+    def _user_ids(self, username: str) -> list[int]:
+        key = ("user", username)
+        if key not in self._ids:
+            users = get_user_model().objects.filter(username=username)
+            self._ids[key] = list(users.values_list("pk", flat=True))
+        return self._ids[key]
 
     @property
     def sort_key(self) -> tuple[str, ...]:
@@ -243,12 +280,17 @@ def attention_q(now: datetime) -> Q:
 def attention_ids(now: datetime) -> QuerySet:
     """The same runs as one union of those index reads: for counting them, where no sort index
     can stop early (``attention_q`` would test every run)."""
+    return Run.objects.filter(state__in=ATTENTION_STATES).values("pk").union(_trouble_ids(now))
+
+
+def _trouble_ids(now: datetime) -> QuerySet:
+    """The runs needing attention for what they hold, whatever their state: effects, approvals,
+    stuck jobs (small sets, each read through its own partial index)."""
     stuck_before = now - STUCK_JOB_GRACE
     return (
-        Run.objects.filter(state__in=ATTENTION_STATES)
-        .values("pk")
+        Effect.objects.filter(status__in=LOOK_AT_EFFECTS)
+        .values("run_id")
         .union(
-            Effect.objects.filter(status__in=LOOK_AT_EFFECTS).values("run_id"),
             Approval.objects.filter(status=Approval.PENDING).values("run_id"),
             Run.objects.filter(
                 jobs__status__in=OPEN_JOB_STATUSES, jobs__due_at__lt=stuck_before
@@ -257,7 +299,7 @@ def attention_ids(now: datetime) -> QuerySet:
     )
 
 
-def _search_q(text: str, runs: QuerySet[Run]) -> Q:
+def _search_q(text: str, runs: QuerySet[Run], agent_ids: Callable[[str], list[int]]) -> Q:
     """The search box. 4+ hex digits are read as an id prefix (ids are what operators paste); when no
     visible run has such an id, as text like any other search: the goal's words or an agent's name."""
     if looks_like_id_prefix(text):
@@ -265,7 +307,12 @@ def _search_q(text: str, runs: QuerySet[Run]) -> Q:
         by_id = Q(pk__gte=low, pk__lte=high)
         if runs.filter(by_id).exists():
             return by_id
-    return Q(goal__icontains=text) | Q(agent__name=text)
+    # The goal's text through the trigram index on UPPER(goal) (migration 0013: pg_trgm), which is
+    # what ``icontains`` compares. The agent is looked up first and matched by id: an OR across a
+    # join (or a subquery) is no index condition, and PostgreSQL would then test every run's goal.
+    by_goal = Q(goal__icontains=text)
+    agents = agent_ids(text.strip())
+    return by_goal | Q(agent_id__in=agents) if agents else by_goal
 
 
 def _state(value: str) -> str:
@@ -406,7 +453,7 @@ def _cursor_value(name: str, raw: Any, param: str) -> Any:
 # --- counts and prefixes --------------------------------------------------------------------------
 
 
-COUNT_CAP = 10_000  # filters no index narrows (effects touched, goal text) count this many runs
+COUNT_CAP = 2_000  # filters no index narrows (effects touched, goal text) count this many runs
 
 
 @dataclass
@@ -420,17 +467,52 @@ class StateCounts:
 
 
 def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
-    """Runs per state under the filter without its state chips (what each chip would show): one
-    GROUP BY over the filtered set. A filter through the effects or the goal's text would make that
-    a join or a scan of every run, so it counts the first COUNT_CAP matches and says so."""
-    qs = flt.queryset(actor, with_states=False).select_related(None).order_by()
+    """Runs per state under the filter without its state chips (what each chip would show), exact
+    unless said otherwise.
+
+    With no filter but agents (the list as it opens), the sum of RunTally, which the database
+    keeps per agent and state as runs change (PostgreSQL); otherwise one GROUP BY over the filtered
+    set. A filter through the effects or the goal's text would make that a join or a scan of every
+    run, so it counts the first COUNT_CAP matches and says so (``complete`` False)."""
+    qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
+    if connection.vendor == "postgresql" and flt.replace(agents=(), states=(), sort="").is_empty:
+        return StateCounts(_tally(actor, flt.agents), complete=True)
+    if flt.attention and not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
+        # Runs in an attention state, counted in the state index, plus the (few) runs in other
+        # states that hold trouble: joining the whole set back to the runs for their state would
+        # read every run.
+        rest = flt.replace(attention=False).queryset(actor, with_states=False, counting=True)
+        rest = rest.select_related(None).order_by()
+        in_states = rest.filter(state__in=ATTENTION_STATES)
+        holding = rest.exclude(state__in=ATTENTION_STATES).filter(
+            pk__in=_trouble_ids(flt.now or timezone.now())
+        )
+        rows = in_states.values_list("state").annotate(n=Count("*"))
+        rows = rows.union(
+            holding.values_list("state").annotate(n=Count("*")).order_by(), all=True
+        ).order_by()
+        return StateCounts({state: n for state, n in rows}, complete=True)
     if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
         rows = qs.values_list("state").annotate(n=Count("*"))
         return StateCounts({state: n for state, n in rows}, complete=True)
-    capped = Run.objects.filter(pk__in=qs.values("pk")[:COUNT_CAP])
-    rows = capped.order_by().values_list("state").annotate(n=Count("*"))
-    counts = {state: n for state, n in rows}
+    # The first COUNT_CAP matches' states, counted here: one read of at most that many rows (a
+    # GROUP BY over them would join them back to every run).
+    counts = dict(Counter(qs.values_list("state", flat=True)[:COUNT_CAP]))
     return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
+
+
+def _tally(actor: Actor, agents: tuple[str, ...]) -> dict[str, int]:
+    """Runs per state from RunTally: a sum over a few rows per agent and state (plus the changes
+    since its last compaction), whatever the number of runs. The agents are the filter's, within
+    what the actor sees (a worker token sees its own agents' runs only)."""
+    names: set[str] | None = set(agents) if agents else None
+    if actor.is_worker and actor.agents:
+        names = set(actor.agents) if names is None else names & set(actor.agents)
+    rows = RunTally.objects.all()
+    if names is not None:
+        rows = rows.filter(agent_id__in=Agent.objects.filter(name__in=names).values("pk"))
+    sums = rows.order_by().values_list("state").annotate(n=Sum("n"))
+    return {state: n for state, n in sums if n}
 
 
 def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:

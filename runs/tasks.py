@@ -4,8 +4,14 @@ from celery import shared_task
 
 from core.actors import system_actor
 from runs import services
+from runs.services.tally import compact_tally
 
 
 @shared_task(acks_late=True)
 def fire_due_timers() -> int:
     return services.fire_due_timers(actor=system_actor("timers"))
+
+
+@shared_task(acks_late=True)
+def compact_run_tally() -> int:
+    return compact_tally()

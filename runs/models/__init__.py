@@ -2,7 +2,7 @@ from .agents import Agent, ApiToken, ApprovalPolicy
 from .freeze import CapabilityFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .ledger import AuthorityGrant, Effect
-from .run import Approval, Attempt, ExecutionLease, Run
+from .run import Approval, Attempt, ExecutionLease, Run, RunTally
 
 __all__ = [
     "Agent",
@@ -18,5 +18,6 @@ __all__ = [
     "ExecutionLease",
     "HistoryEvent",
     "Run",
+    "RunTally",
     "Timer",
 ]

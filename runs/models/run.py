@@ -13,6 +13,13 @@ from django.utils import timezone
 from runs.states import State, state_edges
 
 STATE_CHOICES = [(s.value, s.value) for s in State]
+# The body of the statement-level tally triggers: the inserted or deleted runs, counted per agent
+# and state ({rows} is the statement's transition table).
+TALLY_SQL = (
+    "INSERT INTO runs_runtally (agent_id, state, n)"
+    " SELECT agent_id, state, {sign}COUNT(*) FROM {rows} GROUP BY agent_id, state;"
+    " RETURN NULL;"
+)
 
 
 class Run(models.Model):
@@ -104,11 +111,59 @@ class Run(models.Model):
                 field="state",
                 transitions=state_edges(),
                 condition=pgtrigger.AnyChange("state"),
-            )
+            ),
+            # Runs per (agent, state), kept by the database in RunTally (below): a run inserted,
+            # deleted, or moved to another state or agent writes its +1 / -1 in the same
+            # transaction. Inserts and deletes per statement (a COPY of 100,000 runs writes one row
+            # per agent and state), updates per row and only when the state or agent changed.
+            pgtrigger.Trigger(
+                name="run_tally_insert",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert,
+                referencing=pgtrigger.Referencing(new="new_runs"),
+                func=TALLY_SQL.format(rows="new_runs", sign=""),
+            ),
+            pgtrigger.Trigger(
+                name="run_tally_delete",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Delete,
+                referencing=pgtrigger.Referencing(old="old_runs"),
+                func=TALLY_SQL.format(rows="old_runs", sign="-"),
+            ),
+            pgtrigger.Trigger(
+                name="run_tally_update",
+                level=pgtrigger.Row,
+                when=pgtrigger.After,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(old__state__df=pgtrigger.F("new__state"))
+                | pgtrigger.Q(old__agent_id__df=pgtrigger.F("new__agent_id")),
+                func=(
+                    "INSERT INTO runs_runtally (agent_id, state, n) VALUES"
+                    " (OLD.agent_id, OLD.state, -1), (NEW.agent_id, NEW.state, 1); RETURN NULL;"
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.agent_id}:{str(self.id)[:8]} ({self.state})"
+
+
+class RunTally(models.Model):
+    """Runs per agent and state, as signed counts the database writes (the ``run_tally_*`` triggers
+    on Run): the run list's counts per state are a sum over this small table instead of a count
+    of every run, and exact, since each count commits with the change that made it. Rows pile up
+    (one or two per state change) until ``runs.services.tally.compact_tally`` folds them into one
+    per (agent, state). PostgreSQL only: on SQLite, which installs no triggers, it stays empty and
+    the list counts the runs (runs/search.py ``state_counts``)."""
+
+    agent_id = models.BigIntegerField()
+    state = models.CharField(max_length=20)
+    n = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}:{self.state} {self.n:+d}"
 
 
 class Attempt(models.Model):

@@ -70,3 +70,38 @@ def test_the_tags_are_builtins_every_template_can_use():
         Context({"when": NOW, "id": "abcdef123456", "v": {"a": [1, 2]}})
     )
     assert "<time" in html and "abcdef12" in html and "1, 2" in html
+
+
+def test_a_presented_value_is_drawn_in_one_pass_with_everything_escaped():
+    from console.common import present
+
+    full = "3f2a1b4c-0000-4000-8000-000000000001"
+    node = present(
+        {
+            "who": "<b>x</b>",
+            "ok": False,
+            "none": None,
+            "empty": [],
+            "id": full,
+            "at": "2026-12-01T13:00:00Z",
+            "rows": [{"a": 1, "b": "two"}, {"a": 3}],
+            "items": [1, {"deep": "y"}],
+        }
+    )
+    html = Template("{% include '_value.html' with node=node %}").render(Context({"node": node}))
+    assert html.startswith('<dl class="kv"><dt>who</dt><dd>&lt;b&gt;x&lt;/b&gt;</dd>')
+    assert "<dt>ok</dt><dd>no</dd>" in html
+    assert '<dt>none</dt><dd><span class="muted">—</span></dd>' in html
+    assert '<dt>empty</dt><dd><span class="muted">none</span></dd>' in html
+    assert f'data-copy="{full}"' in html and ">3f2a1b4c</code>" in html
+    assert '<time datetime="2026-12-01T13:00:00Z"' in html
+    assert (
+        '<table class="vals"><thead><tr><th>a</th><th>b</th></tr></thead><tbody>'
+        '<tr><td>1</td><td>two</td></tr><tr><td>3</td><td><span class="muted">—</span></td></tr>'
+        "</tbody></table>"
+    ) in html
+    assert (
+        '<ul class="vals"><li>1</li><li><dl class="kv"><dt>deep</dt><dd>y</dd></dl></li></ul>'
+        in html
+    )
+    assert Template("{% value_tree None %}").render(Context()) == ""

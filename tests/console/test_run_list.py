@@ -185,3 +185,26 @@ def test_the_needs_attention_chip_counts_what_the_view_lists(cast, many_runs):
     )
     listed = row_ids(client.get("/?attention=1").content.decode())
     assert set(listed) == {str(r.pk) for r in [*orphaned, paused]}
+
+
+@pytest.mark.parametrize(
+    "query", ["q=run", "agent=purchasing", "since=1h&sort=state", "owner=vera"]
+)
+def test_every_page_of_a_filter_costs_the_same_queries(cast, many_runs, query):
+    if "owner" in query:  # 70 runs: 35 assigned to vera, 35 she holds the decision authority of
+        pks = list(Run.objects.values_list("pk", flat=True)[:70])
+        Run.objects.filter(pk__in=pks[:35]).update(assignee=cast["vera"][0])
+        Run.objects.filter(pk__in=pks[35:]).update(decision_authority=cast["vera"][0])
+    client = browser(cast)
+    client.get(f"/?{query}")
+    counts, pages = [], 0
+    link: str | None = query
+    while link is not None:
+        reset_queries()
+        with CaptureQueriesContext(connection) as ctx:
+            html = client.get(f"/?{link}").content.decode()
+        counts.append(len(ctx.captured_queries))
+        pages += 1
+        link = next_link(html)
+    assert pages >= 2, (query, counts)
+    assert len(set(counts)) == 1, (query, counts)

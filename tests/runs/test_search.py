@@ -4,6 +4,7 @@ keyset pages that stay stable while runs are inserted, and bad parameters named 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -175,6 +176,10 @@ def test_needs_attention_finds_every_kind_of_trouble(viewer, agents, cast):
     assert select(viewer, attention="1") == {str(r.pk) for r in trouble}
     assert select(viewer, attention="1", state="orphaned") == {str(orphaned.pk)}
     assert select(viewer, attention="0") == ids(Run.objects.all())
+    # the chips of the view: runs in an attention state plus those holding trouble, each once
+    effect(orphaned, "payments", "charge", status="unknown")
+    counts = state_counts(viewer, RunFilter.from_query(QueryDict("attention=1")))
+    assert counts.by_state == dict(Counter(r.state for r in trouble)) and counts.complete
 
 
 def test_to_query_round_trips_and_keeps_relative_times(agents):
