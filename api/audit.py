@@ -11,7 +11,7 @@ from api.responses import ERRORS_READ
 from api.schemas import AuditFilter
 from audit.integrity import verify_for_people
 from audit.models import AuditEvent
-from audit.selectors import audit_events
+from audit.selectors import audit_events, settled_seq
 from core.actors import Actor
 from core.roles import may
 
@@ -41,6 +41,9 @@ def audit_dict(e: AuditEvent) -> dict:
 @router.get("/audit", response={200: out.AuditListOut, **ERRORS_READ})
 def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
     _viewer(request)
+    # Only settled events: one whose seq was taken by a transaction still in flight would otherwise
+    # commit behind a poller's cursor (audit/selectors.py, "the settled horizon").
+    horizon = settled_seq(floor=filters.after_seq)
     qs = audit_events(
         action=filters.action or "",
         actor=filters.actor or "",
@@ -49,6 +52,7 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
         component=filters.component or "",
         run_id=filters.run_id or "",
         after_seq=filters.after_seq,
+        before_seq=None if horizon is None else horizon + 1,
     )
     return {"events": [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]}
 

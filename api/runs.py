@@ -35,7 +35,7 @@ from runs import selectors, services
 from runs.directive_bus import get_bus
 from runs.models import Run
 from runs.search import RunFilter, page_runs
-from runs.selectors import run_summary
+from runs.selectors import run_summary, woken_directive
 from runs.states import directive_for
 
 router = Router(tags=["worker protocol"])
@@ -198,9 +198,19 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
                 # rather than write a beat each time.
                 if directive_for(await sync_to_async(_run_state)(run_id)) == first.directive:
                     continue
-            # Woken (or out of time): beat again, one transaction, so the worker hears of a change as
-            # soon as it committed. A wake-up that changed nothing (a late outcome's notify, say)
-            # keeps waiting; the extra beat only extends the lease, which is what a heartbeat does.
+            if listening and _now() < loop_deadline:
+                # Woken: answer from one read, no transaction (a beat's lock, writes and COMMIT were
+                # most of a wake-up under load). A wake-up that changed nothing (a late outcome's
+                # notify, say) keeps waiting without writing; the first beat holds the lease.
+                woken = await sync_to_async(woken_directive)(
+                    run_id=run_id, lease_id=lease_id, fencing_token=body.fencing_token
+                )
+                if woken is not None:
+                    if woken["directive"] != first.directive:
+                        return woken
+                    continue
+            # Out of time, or only a beat can answer (the lease is no longer ours, timers wait):
+            # beat again, one transaction.
             latest = await beat()
             if latest.directive != first.directive or latest.timers or _now() >= loop_deadline:
                 return latest.as_dict()

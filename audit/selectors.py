@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
+from django.db import connections
 from django.db.models import Q, QuerySet
 
 from core.filters import BadFilter, parse_id_prefix, prefix_range
@@ -58,3 +60,59 @@ def audit_events(
     if before_seq is not None:
         qs = qs.filter(seq__lt=before_seq)
     return qs
+
+
+# -- the settled horizon --------------------------------------------------------------------------
+#
+# ``seq`` comes from a PostgreSQL sequence, taken inside the appending transaction: a transaction that
+# took seq 10 may commit after one that took seq 11. A reader paging by ``after_seq`` that saw 11
+# would move its cursor past 10 and never see it. So readers that page forwards hand out only events
+# at or below the *settled* horizon: a seq no transaction still in flight can hold.
+#
+# Why the horizon below is sound: the append statement (audit/append.py) writes the chain head (which
+# gives the transaction its id) before it calls nextval, so a transaction holding a seq ≤ L, where L
+# is the sequence's last value read at some moment, already had a transaction id at that moment.
+# Once every transaction of this database that had an id then has ended, every seq ≤ L is committed
+# or never will be. Read-only transactions have no id and hold no seq.
+
+SETTLE_WAIT_S = 1.0
+_POLL_S = 0.005
+
+
+def settled_seq(
+    *, floor: int = 0, wait_s: float = SETTLE_WAIT_S, using: str = "default"
+) -> int | None:
+    """The highest ``seq`` at or below which every audit event that will ever exist is visible now,
+    or ``None`` where appends are serialised (not PostgreSQL: no horizon needed).
+
+    Waits up to ``wait_s`` for the transactions in flight to end (decisions take milliseconds); a
+    transaction held open longer holds readers at ``floor`` (their cursor): they get nothing new
+    rather than skip an event, and ask again. Call it outside a repeatable-read snapshot: the page
+    query that follows must see what committed meanwhile."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    deadline = time.monotonic() + wait_s
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM audit_event_order"
+        )
+        (last,) = cursor.fetchone()
+        holders = None
+        while True:
+            if connection.in_atomic_block:
+                # pg_stat_activity is read once per transaction: clear it so a caller's open
+                # transaction still sees the others end.
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT coalesce(array_agg(backend_xid::text), '{}') FROM pg_stat_activity "
+                "WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid() "
+                "AND (%s::text[] IS NULL OR backend_xid::text = ANY(%s::text[]))",
+                [holders, holders],
+            )
+            holders = list(cursor.fetchone()[0])
+            if not holders:
+                return max(int(last), floor)
+            if time.monotonic() >= deadline:
+                return floor
+            time.sleep(_POLL_S)

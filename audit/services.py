@@ -124,10 +124,17 @@ def export_jsonl(stream, since_seq: int = 0) -> int:
     its link needs (the hashed fields, ``prev_hash``, ``hash``) under ``link``-checkable keys, plus
     ``order`` (the global seq)."""
     from .chain import canonical
+    from .selectors import settled_seq
 
+    # Up to the settled horizon: an export resumed from its last ``order`` must not have passed an
+    # event still being committed (selectors.settled_seq).
+    horizon = settled_seq(floor=since_seq)
+    settled = (
+        AuditEvent.objects.all() if horizon is None else AuditEvent.objects.filter(seq__lte=horizon)
+    )
     count, last = 0, since_seq
     while True:
-        rows = list(AuditEvent.objects.filter(seq__gt=last).order_by("seq")[:2000])
+        rows = list(settled.filter(seq__gt=last).order_by("seq")[:2000])
         if not rows:
             return count
         for event in rows:

@@ -38,8 +38,30 @@ TARGET_DECLARE_P99_MS = 25.0
 TARGET_WORKERS = 16
 CALLS = ("create", "claim", "declare", "outcome", "checkpoint", "finish", "heartbeat")
 HEARTBEAT_EVERY_S = 10.0  # leases last 30 s by default; long phases keep theirs alive
-# Per effect: declare, outcome, checkpoint, and a 20th of the run's create, claim and finish.
-CALLS_PER_EFFECT = round((3 * EFFECTS_PER_RUN + 3) / EFFECTS_PER_RUN, 2)
+# BENCH_FOLD: how many calls an effect takes. none: declare, outcome, checkpoint (3); checkpoint:
+# the outcome carries the step's checkpoint (2); next: it also carries the next declaration (1 after
+# the run's first). The default is what the SDK does (fx.checkpoint + fx.then, sdk/README.md).
+FOLDS = {
+    "none": ["declare", "outcome(committed)", "checkpoint"],
+    "checkpoint": ["declare", "outcome(committed, checkpoint)"],
+    "next": ["outcome(committed, checkpoint, next declaration); the run's first declare"],
+}
+DEFAULT_FOLD = "next"
+
+
+def bench_fold() -> str:
+    fold = os.environ.get("BENCH_FOLD", DEFAULT_FOLD)
+    if fold not in FOLDS:
+        raise SystemExit(f"BENCH_FOLD must be one of {', '.join(FOLDS)}, not {fold!r}")
+    return fold
+
+
+def calls_per_effect(fold: str) -> float:
+    """Calls per effect, with a 20th of the run's create, claim and finish."""
+    per_run = {"none": 3 * EFFECTS_PER_RUN, "checkpoint": 2 * EFFECTS_PER_RUN}.get(
+        fold, EFFECTS_PER_RUN + 1
+    )
+    return round((per_run + 3) / EFFECTS_PER_RUN, 2)
 
 
 # --- one worker process ------------------------------------------------------------------------
@@ -96,9 +118,7 @@ def _one_run(
     )
     token, lease_id = claim["lease"]["fencing_token"], claim["lease"]["id"]
     last_beat = time.monotonic()
-    # BENCH_FOLD: none (declare, outcome, checkpoint: 3 calls per effect), checkpoint (the outcome
-    # carries the step's checkpoint: 2 calls), next (it also carries the next declaration: 1 call).
-    fold = os.environ.get("BENCH_FOLD", "none")
+    fold = bench_fold()
 
     def declaration(i: int) -> dict:
         return {
@@ -559,7 +579,8 @@ def build_result(
             "runs_per_phase": {str(w): phase_runs(w, args) for w in args.worker_counts},
             "work_distribution": "each phase's runs are a shared pool the worker processes draw from",
             "effects_per_run": EFFECTS_PER_RUN,
-            "calls_per_effect": ["declare", "outcome(committed)", "checkpoint"],
+            "fold": bench_fold(),
+            "calls_per_effect": FOLDS[bench_fold()],
             "calls_per_run": ["create", "claim", "finish"],
             "servers": args.servers,
             "server": "daphne (controlplane.asgi:application, settings bench.settings = controlplane.settings "
@@ -599,7 +620,7 @@ def build_result(
         "floor": floors,
         "ceiling": floor_bench.ceiling(
             floors["ninja_echo"],
-            CALLS_PER_EFFECT,
+            calls_per_effect(bench_fold()),
             TARGET_EFFECTS_PER_S,
             TARGET_DECLARE_P99_MS,
             facts["machine"].get("cpu_count"),

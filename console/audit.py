@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 
 from audit.integrity import verify_for_people
 from audit.models import AuditEvent
-from audit.selectors import audit_events
+from audit.selectors import audit_events, settled_seq
 from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
@@ -65,6 +65,14 @@ def audit_context(request: ConsoleRequest) -> dict:
     either way two queries at most, whatever the depth."""
     filters = audit_filters(request)
     before, after = _seq_param(request, "before"), _seq_param(request, "after")
+    if before is None:
+        # The newest page and newer pages end at the settled horizon, so the "newer" link's cursor
+        # never passes an event still being committed (audit/selectors.py).
+        horizon = settled_seq(floor=after or 0)
+        before = None if horizon is None else horizon + 1
+        newest = True
+    else:
+        newest = False
     now = timezone.now()
     qs = audit_events(
         action=filters["action"],
@@ -74,11 +82,11 @@ def audit_context(request: ConsoleRequest) -> dict:
         component=filters["component"],
         run_id=filters["run"],
         before_seq=before,
-        after_seq=None if before is not None else after,
+        after_seq=after if newest else None,
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
     )
-    newer_first = before is not None or after is None
+    newer_first = not newest or after is None
     rows = list(qs.order_by("-seq" if newer_first else "seq")[: PAGE + 1])
     more = len(rows) > PAGE
     rows = rows[:PAGE]
@@ -86,13 +94,13 @@ def audit_context(request: ConsoleRequest) -> dict:
         rows.reverse()
     query = urlencode({k: v for k, v in filters.items() if v})
     has_older = more if newer_first else True
-    has_newer = (before is not None) if newer_first else more
+    has_newer = (not newest) if newer_first else more
     return {
         "events": [{"a": a, "context": present(a.context)} for a in rows],
         "filters": filters,
         "next_before": rows[-1].seq if has_older and rows else None,
         "prev_after": rows[0].seq if has_newer and rows else None,
-        "first_page": before is None and after is None,
+        "first_page": newest and after is None,
         "query": query,
         "outcomes": OUTCOMES,
         "may_export": may(request.roles, "audit_export"),

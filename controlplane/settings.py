@@ -228,8 +228,9 @@ if ANCHOR_INTERVAL_S > 0:
 # --- control-plane behaviour -------------------------------------------------------------------
 LEASE_TTL_S = env_int("LEASE_TTL_S", 30)
 HEARTBEAT_MAX_WAIT_S = env_int("HEARTBEAT_MAX_WAIT_S", 25)
-# Sync views running at once per ASGI process (controlplane/handler.py); 0 = unbounded.
-SYNC_VIEW_CONCURRENCY = env_int("SYNC_VIEW_CONCURRENCY", 4)
+# Sync views running at once per ASGI process (controlplane/handler.py); 0 = unbounded. 2, not 4:
+# a woken long-poll's thread hops then wait on fewer GIL holders (README, "long-poll wake-up").
+SYNC_VIEW_CONCURRENCY = env_int("SYNC_VIEW_CONCURRENCY", 2)
 # Modules that register compensators, reconcilers and assumption checkers (the only knowledge the
 # control plane has of external systems).
 CONTROLPLANE_ADAPTERS = env_list("CONTROLPLANE_ADAPTERS", ["world.adapters"])

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.roles import may
-from runs.models import Effect, Run
+from runs.models import Approval, Effect, ExecutionLease, HistoryEvent, Run, Timer
 from runs.services.common import authority_envelope, checkpoint_summary, starting_checkpoint
 from runs.services.effects import effect_dict
 from runs.states import allowed_events, directive_for
@@ -125,3 +128,55 @@ def _new_run_detail(run: Run, grants: list) -> dict[str, Any]:
 
 def ledger(run: Run) -> list[dict]:
     return [effect_dict(e) for e in run.effects.order_by("declared_at")]
+
+
+def woken_directive(*, run_id: Any, lease_id: Any, fencing_token: int) -> dict[str, Any] | None:
+    """What a woken heartbeat long-poll answers, read in one statement and written nowhere: the
+    directive, its reason and the latest approval now, with the lease as its first beat left it
+    (``expires_at`` at least ``LEASE_TTL_S - wait_s`` away). ``None`` when only a heartbeat can
+    answer: the lease is no longer this caller's active, current lease (the beat says ``lease_lost``),
+    or fired timers wait for delivery (the beat delivers them). Same shape as the beat's answer.
+    Plain SQL: the ORM's compiler cost more CPU than the statement (it runs on every wake-up)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_woken_sql(), [Timer.FIRED, str(lease_id), str(run_id)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    status, expires_at, token, state, run_token, reason, approval, timers_waiting = row
+    if (
+        status != ExecutionLease.ACTIVE
+        or not fencing_token == token == run_token
+        or expires_at <= timezone.now()
+        or timers_waiting
+    ):
+        return None
+    return {
+        "directive": directive_for(state),
+        "reason": reason or "",
+        "state": state,
+        "expires_at": expires_at.isoformat(),
+        "lease_status": status,
+        "fencing_token": token,
+        "timers_fired": [],
+        "approval": approval,
+    }
+
+
+@lru_cache(maxsize=1)
+def _woken_sql() -> str:
+    lease, run = ExecutionLease._meta.db_table, Run._meta.db_table
+    history, approval, timer = (
+        HistoryEvent._meta.db_table,
+        Approval._meta.db_table,
+        Timer._meta.db_table,
+    )
+    return (
+        f"SELECT l.status, l.expires_at, l.fencing_token, r.state, r.fencing_token, "
+        f"(SELECT h.data ->> 'reason' FROM {history} h WHERE h.run_id = r.id "
+        f"AND h.kind = 'state_changed' ORDER BY h.seq DESC LIMIT 1), "
+        f"(SELECT json_build_object('id', a.id, 'status', a.status, 'tool', a.tool, "
+        f"'action', a.action, 'digest', a.digest, 'decision_reason', a.decision_reason) "
+        f"FROM {approval} a WHERE a.run_id = r.id ORDER BY a.requested_at DESC LIMIT 1), "
+        f"EXISTS (SELECT 1 FROM {timer} t WHERE t.run_id = r.id AND t.status = %s) "
+        f"FROM {lease} l JOIN {run} r ON r.id = l.run_id WHERE l.id = %s AND l.run_id = %s"
+    )

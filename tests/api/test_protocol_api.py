@@ -158,8 +158,36 @@ def test_long_poll_heartbeat_keeps_waiting_through_a_wake_up_that_changed_nothin
     changer.join(timeout=10)
     assert status == 200 and body["directive"] == "pause", body
     assert 0.9 <= elapsed < 5, elapsed  # not answered at the spurious wake-up (0.3 s)
-    # beats: on arrival, at the spurious wake-up (extends the lease, answers nothing), at the pause
-    assert ExecutionLease.objects.get(pk=c["lease"]["id"]).heartbeats == 3
+    # one beat, on arrival: the wake-ups read the directive (api.runs, selectors.woken_directive)
+    assert ExecutionLease.objects.get(pk=c["lease"]["id"]).heartbeats == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_woken_long_poll_whose_lease_was_fenced_meanwhile_answers_lease_lost(
+    postgres_only, worker, worker_token
+):
+    from django.db import transaction
+
+    from runs.models import Run
+    from runs.services.common import notify_run_changed
+
+    run = start_run(worker)
+    c = claim(worker, run["id"])
+
+    def fence():
+        with transaction.atomic():  # the lease runs out meanwhile (as the expiry scan would see it)
+            ExecutionLease.objects.filter(pk=c["lease"]["id"]).update(
+                expires_at="2000-01-01T00:00:00Z"
+            )
+            notify_run_changed(Run.objects.get(pk=run["id"]))
+
+    changer = _later(0.3, fence)
+    status, body, elapsed = _heartbeat_over_asgi(
+        worker_token, c["lease"]["id"], {"fencing_token": 1, "wait_s": 20}
+    )
+    changer.join(timeout=10)
+    assert status == 409 and body["error"] == "lease_lost", body
+    assert elapsed < 5
 
 
 @pytest.mark.django_db(transaction=True)

@@ -71,7 +71,9 @@ def test_older_and_newer_pages_walk_the_trail_at_the_same_cost(cast, trail):
         reverse=True,
     )
     assert seen == expected and len(counts) == 2
-    assert counts[0] >= 3 and counts[1] == counts[0], counts
+    # the newest page also reads the settled horizon (audit.selectors.settled_seq: two statements,
+    # three inside this test's transaction), the older one does not need it
+    assert counts[1] >= 3 and counts[0] == counts[1] + 3, counts
     back = link(
         client.get(f"/audit/?action=intervention&before={seen[100]}").content.decode(), "prev"
     )

@@ -32,6 +32,7 @@ from .errors import (
     EffectAlreadyFailed,
     EffectDenied,
     EffectUnresolved,
+    InvalidRequest,
     ServerUnreachable,
     error_from_response,
 )
@@ -367,7 +368,39 @@ class Client(OperatorCalls):
         ``attempt_id`` (our own attempt) is our declaration whose response was lost, and is adopted
         (``adopted=True``) instead of raising.
         """
-        body = {
+        body = self.declaration_body(
+            fencing_token,
+            step=step,
+            tool=tool,
+            action=action,
+            idempotency_key=idempotency_key,
+            args=args,
+            compensation=compensation,
+            irreversible=irreversible,
+            approval_id=approval_id,
+        )
+        resp, lost = self._send("POST", f"/runs/{run_id}/effects", body, retry=True)
+        try:
+            d: Any = self._decode_obj(resp)
+        except EffectUnresolved as exc:
+            d = exc
+        return self._decision(run_id, resp.status_code, d, lost, idempotency_key, attempt_id)
+
+    @staticmethod
+    def declaration_body(
+        fencing_token: int,
+        *,
+        step: str,
+        tool: str,
+        action: str,
+        idempotency_key: str,
+        args: JSON | None = None,
+        compensation: JSON | None = None,
+        irreversible: bool = False,
+        approval_id: str | None = None,
+    ) -> JSON:
+        """The body of ``POST /runs/{id}/effects`` (also what an outcome's ``next`` carries)."""
+        body: JSON = {
             "fencing_token": fencing_token,
             "step": step,
             "tool": tool,
@@ -379,25 +412,34 @@ class Client(OperatorCalls):
         }
         if approval_id is not None:
             body["approval_id"] = approval_id
-        resp, lost = self._send("POST", f"/runs/{run_id}/effects", body, retry=True)
+        return body
+
+    def _decision(
+        self,
+        run_id: str,
+        status_code: int,
+        d: JSON | EffectUnresolved,
+        lost: bool,
+        idempotency_key: str,
+        attempt_id: str | None,
+    ) -> EffectDecision:
+        """A declaration's answer (``d``, or the ``EffectUnresolved`` it raised) as a decision, or
+        the exception a declaration raises. ``lost``: a try of the call was lost in transit, so an
+        unresolved effect of our own attempt with this key may be our own declaration."""
         adopted = False
-        try:
-            d = self._decode_obj(resp)
-        except EffectUnresolved as exc:
+        if isinstance(d, EffectUnresolved):
             own = (
-                self._own_in_flight(run_id, idempotency_key, exc.effect_id, attempt_id)
+                self._own_in_flight(run_id, idempotency_key, d.effect_id, attempt_id)
                 if lost
                 else None
             )
             if own is None:
-                raise
+                raise d
             d, adopted = {**own, "decision": "authorized"}, True
-        decision = str(
-            d.get("decision") or ("authorized" if resp.status_code == 201 else "replayed")
-        )
+        decision = str(d.get("decision") or ("authorized" if status_code == 201 else "replayed"))
         status = str(d.get("status") or "in_flight")
         if decision == "denied":
-            raise EffectDenied(resp.status_code, "denied", d.get("detail"), d)
+            raise EffectDenied(status_code, "denied", d.get("detail"), d)
         if decision == "replayed" and status in ("in_flight", "unknown"):
             own = (
                 self._own_in_flight(run_id, idempotency_key, d.get("id"), attempt_id, d)
@@ -406,7 +448,7 @@ class Client(OperatorCalls):
             )
             if own is None:
                 raise EffectUnresolved(
-                    resp.status_code,
+                    status_code,
                     "effect_unresolved",
                     f"effect {d.get('id')} with this key is {status}",
                     {**d, "effect_id": d.get("id")},
@@ -414,7 +456,7 @@ class Client(OperatorCalls):
             decision, adopted = "authorized", True
         if decision == "replayed" and status == "failed":
             raise EffectAlreadyFailed(
-                resp.status_code,
+                status_code,
                 "effect_already_failed",
                 f"effect {d.get('id')} with this key is recorded failed",
                 d,
@@ -484,6 +526,66 @@ class Client(OperatorCalls):
         if next_effect is not None:
             body["next"] = {"fencing_token": fencing_token, "args": {}, **next_effect}
         return self._call("POST", f"/effects/{effect_id}/outcome", body, retry=True)
+
+    def record_outcome_and_declare(
+        self,
+        run_id: str,
+        effect_id: str,
+        fencing_token: int,
+        status: str,
+        next_effect: JSON,
+        *,
+        external_ref: str | None = None,
+        detail: Any = None,
+        checkpoint: tuple[str, JSON] | None = None,
+        attempt_id: str | None = None,
+    ) -> tuple[JSON, EffectDecision | ApiError | None]:
+        """:meth:`record_outcome` carrying ``next_effect`` (a :meth:`declaration_body`): one round trip
+        for this effect's outcome (and checkpoint) and the next declaration on the same run.
+
+        Returns ``(outcome answer, next)``: ``next`` is what :meth:`declare_effect` would have
+        returned (an :class:`EffectDecision`) or raised (the exception, returned, not raised: the
+        outcome is recorded either way), or ``None`` when the server did not decide it (an older
+        server, or one that refused the carried body itself): then declare separately."""
+        if detail is not None and not isinstance(detail, Mapping):
+            detail = {"value": detail}
+        body: JSON = {
+            "fencing_token": fencing_token,
+            "status": status,
+            "external_ref": external_ref or "",
+            "detail": dict(detail or {}),
+        }
+        if checkpoint is not None:
+            body["checkpoint"] = {"step": checkpoint[0], "state": dict(checkpoint[1] or {})}
+        body["next"] = {**next_effect, "fencing_token": fencing_token}
+        path = f"/effects/{effect_id}/outcome"
+        resp, lost = self._send("POST", path, body, retry=True)
+        try:
+            answer = self._decode_obj(resp)
+        except InvalidRequest as err:
+            if not str(err.payload.get("field") or "").startswith("next"):
+                raise
+            # The carried declaration alone was refused (nothing was recorded): the outcome goes
+            # alone, and the separate declaration will raise that refusal where the agent expects it.
+            del body["next"]
+            return self._call("POST", path, body, retry=True), None
+        ride = answer.get("next")
+        if not isinstance(ride, Mapping) or "http_status" not in ride:
+            return answer, None
+        code = int(ride["http_status"])
+        d = {k: v for k, v in ride.items() if k != "http_status"}
+        key = str(next_effect["idempotency_key"])
+        try:
+            if code >= 400:  # exactly what the separate call's error answer raises
+                raise error_from_response(code, d)
+            return answer, self._decision(run_id, code, d, lost, key, attempt_id)
+        except EffectUnresolved as err:
+            try:
+                return answer, self._decision(run_id, code, err, lost, key, attempt_id)
+            except ApiError as still:
+                return answer, still
+        except ApiError as err:
+            return answer, err
 
     # -- history, checkpoints, approvals, finish ------------------------------------------------
 

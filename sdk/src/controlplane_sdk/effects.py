@@ -90,6 +90,8 @@ class EffectScope:
         self._unknown_on = UNKNOWN_ON_DEFAULT + tuple(unknown_on)
         #: the step's checkpoint state, written with this effect's outcome (one round trip)
         self._checkpoint = checkpoint
+        #: the next declaration, carried by this effect's outcome (``then``)
+        self._then: dict[str, Any] | None = None
         self.declaration: EffectDecision | None = None
         #: outcome the agent asked for: (status, external_ref, detail) or None
         self._outcome: tuple[str, str | None, Any] | None = None
@@ -142,6 +144,62 @@ class EffectScope:
         """The outcome is ambiguous (e.g. accepted then timed out); recovery will reconcile."""
         self._set("unknown", None, detail)
 
+    def checkpoint(self, state: dict[str, Any]) -> None:
+        """The step's state once this effect has committed (it may hold the world's answer), written
+        with the outcome in one round trip; like ``checkpoint=`` on :meth:`RunContext.effect`."""
+        self._checkpoint = dict(state)
+
+    def then(
+        self,
+        tool: str,
+        action: str,
+        *,
+        step: str | None = None,
+        key: str | None = None,
+        args: dict[str, Any] | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        approval_id: str | None = None,
+    ) -> EffectScope:
+        """Declare the run's next effect on this one's outcome: one round trip for both.
+
+        Returns that effect's scope, to enter where it is dispatched (``with ctx.step("charge"),
+        charge as fx:``); an equal ``ctx.effect(...)`` (same step, key, tool, action, args,
+        compensation) does the same. Entering it uses the decision the outcome carried instead of
+        declaring again (a refusal is raised there, as its own declaration would have been), and the
+        ``ctx.step`` boundary before it does not heartbeat: the authorization just found the run
+        running under our lease. ``step`` defaults to this effect's, ``key`` to ``ctx.effect``'s
+        default. Carried only on a ``committed`` outcome of a body that did not raise (otherwise,
+        or against an older server, entering it declares as usual). Declared ahead but not
+        dispatched (the agent declares something else, or the attempt ends first), the effect is
+        recorded ``failed`` with ``not_dispatched`` (its key is then spent, as after any failed
+        dispatch)."""
+        nxt = self._ctx.effect(
+            tool,
+            action,
+            key=key,
+            args=args,
+            step=step or self.step,
+            compensate=compensate,
+            irreversible=irreversible,
+            approval_id=approval_id,
+        )
+        self._then = nxt._body()
+        return nxt
+
+    def _body(self) -> dict[str, Any]:
+        return self._ctx.client.declaration_body(
+            self._ctx.fencing_token,
+            step=self.step,
+            tool=self.tool,
+            action=self.action,
+            idempotency_key=self.idempotency_key,
+            args=self.args,
+            compensation=self.compensate,
+            irreversible=self.irreversible,
+            approval_id=self.approval_id,
+        )
+
     def _set(self, status: str, external_ref: str | None, detail: Any) -> None:
         if self.already_done:
             log.warning(
@@ -159,7 +217,7 @@ class EffectScope:
     def __enter__(self) -> EffectScope:
         ctx = self._ctx
         try:
-            self.declaration = ctx.client.declare_effect(
+            self.declaration = ctx._take_ahead(self._body()) or ctx.client.declare_effect(
                 ctx.run_id,
                 ctx.fencing_token,
                 step=self.step,
@@ -202,15 +260,32 @@ class EffectScope:
         checkpoint = (
             (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
         )
+        ctx = self._ctx
+        then = self._then if status == "committed" and exc is None else None
         try:
-            self.outcome_response = self._ctx.client.record_outcome(
-                self.effect_id,
-                self._ctx.fencing_token,
-                status,
-                external_ref=ref,
-                detail=detail,
-                checkpoint=checkpoint,
-            )
+            if then is None:
+                self.outcome_response = ctx.client.record_outcome(
+                    self.effect_id,
+                    ctx.fencing_token,
+                    status,
+                    external_ref=ref,
+                    detail=detail,
+                    checkpoint=checkpoint,
+                )
+            else:
+                self.outcome_response, ahead = ctx.client.record_outcome_and_declare(
+                    ctx.run_id,
+                    self.effect_id,
+                    ctx.fencing_token,
+                    status,
+                    then,
+                    external_ref=ref,
+                    detail=detail,
+                    checkpoint=checkpoint,
+                    attempt_id=ctx.attempt.id,
+                )
+                if ahead is not None:
+                    ctx._hold_ahead(then, ahead)
         except ControlPlaneError as err:
             msg = f"{type(err).__name__}: {err}"
             if exc is None:
@@ -221,7 +296,7 @@ class EffectScope:
             )
             return
         if checkpoint is not None:
-            self._ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
+            ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
 
     def __repr__(self) -> str:
         return (

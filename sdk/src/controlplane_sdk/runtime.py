@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import json
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from ._util import json_default
 from .client import Client
 from .effects import EffectScope
 from .errors import (
@@ -30,10 +32,12 @@ from .errors import (
     StopRequested,
     error_from_response,
 )
-from .models import Approval, Checkpoint, Claim, Directive, Event, HeartbeatReply
+from .models import Approval, Checkpoint, Claim, Directive, EffectDecision, Event, HeartbeatReply
 from .tracing import run_trace
 
 __all__ = ["Worker", "RunContext"]
+
+JSON = dict[str, Any]
 
 log = logging.getLogger("controlplane_sdk")
 
@@ -71,6 +75,9 @@ class RunContext:
         self.last_checkpoint_seq: int | None = claim.checkpoint.seq if claim.checkpoint else None
         self.current_step: str | None = None
         self.finished = False
+        # The next declaration, decided on the previous outcome (``fx.then(...)``): its body and what
+        # the declaration answered (a decision, or the error it would have raised).
+        self._ahead: tuple[JSON, EffectDecision | ApiError] | None = None
         ttl = float(claim.lease.ttl_s or 30.0)
         self.heartbeat_interval = (
             heartbeat_interval if heartbeat_interval is not None else max(ttl / 3.0, 0.05)
@@ -246,8 +253,14 @@ class RunContext:
     def step(self, name: str) -> Iterator[None]:
         """A step boundary: checks the directive, records ``step_started``, runs the body, records
         ``step_completed`` (not recorded if the body raises). Also a decorator: ``@ctx.step("reserve")``
-        makes every call of the function a boundary."""
-        self.check_directive()
+        makes every call of the function a boundary.
+
+        A step whose effect was already authorized on the previous outcome (``fx.then(...)``) does
+        not check the directive: that authorization, a moment ago, found the run running under our
+        lease, and the effect is in flight from then on (a pause lets in-flight work finish). The
+        directive is honoured at the boundary after it."""
+        if not self.declared_ahead:
+            self.check_directive()
         prev, self.current_step = self.current_step, name
         self.event("step_started", {"step": name, "attempt": self.attempt.number})
         try:
@@ -323,6 +336,66 @@ class RunContext:
         self.state = dict(state)
         seq = written.get("seq")
         self.last_checkpoint_seq = int(seq) if seq is not None else self.last_checkpoint_seq
+
+    @property
+    def declared_ahead(self) -> bool:
+        """An effect was authorized on the previous outcome and waits for its ``ctx.effect(...)``."""
+        ahead = self._ahead
+        return (
+            ahead is not None
+            and isinstance(ahead[1], EffectDecision)
+            and ahead[1].decision == "authorized"
+        )
+
+    @staticmethod
+    def _same(body: JSON) -> JSON:
+        """A declaration body as the server sees it (JSON), without the fencing token."""
+        plain: JSON = json.loads(json.dumps(body, default=json_default))
+        plain.pop("fencing_token", None)
+        return plain
+
+    def _hold_ahead(self, body: JSON, answer: EffectDecision | ApiError) -> None:
+        self._settle_ahead("another declaration rode on a later outcome")
+        self._ahead = (self._same(body), answer)
+
+    def _take_ahead(self, body: JSON) -> EffectDecision | None:
+        """The decision the previous outcome carried for exactly this declaration (raised if it was
+        a refusal), or ``None``: declare it now. An ahead declaration for anything else is settled."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0] != self._same(body):
+            self._ahead = ahead
+            self._settle_ahead("the agent declared another effect instead")
+            return None
+        if isinstance(ahead[1], ApiError):
+            raise ahead[1]
+        return ahead[1]
+
+    def _settle_ahead(self, why: str) -> None:
+        """An effect authorized ahead that the agent will not dispatch is recorded ``failed`` with
+        ``not_dispatched``: true (the world never saw its key), so it leaves nothing unresolved."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or not isinstance(ahead[1], EffectDecision):
+            return
+        decision = ahead[1]
+        if decision.decision != "authorized" or self.lease_lost:
+            return
+        log.warning(
+            "run %s: effect %s declared ahead was not dispatched (%s)",
+            self.run_id,
+            decision.idempotency_key,
+            why,
+        )
+        try:
+            self.client.record_outcome(
+                decision.id,
+                self.fencing_token,
+                "failed",
+                detail={"not_dispatched": True, "reason": why},
+            )
+        except ControlPlaneError as err:
+            log.error("run %s: effect %s left in flight: %s", self.run_id, decision.id, err)
 
     def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
         """Append one history event (e.g. ``message``)."""
@@ -423,6 +496,7 @@ class RunContext:
         self, outcome: str = "succeeded", failure_class: str | None = None, error: str | None = None
     ) -> dict[str, Any]:
         """End the attempt (``succeeded`` or ``failed`` + failure class) and stop heartbeating."""
+        self._settle_ahead(f"the attempt ended ({outcome})")
         try:
             return self.client.finish(
                 self.run_id, self.fencing_token, outcome, failure_class=failure_class, error=error
@@ -434,6 +508,7 @@ class RunContext:
     def release(self, reason: str = "") -> bool:
         """Stop heartbeating and hand the lease back: the acknowledgement of a pause or cancel at a
         step boundary. Returns whether the server accepted it (errors are logged, not raised)."""
+        self._settle_ahead("the worker stopped at a boundary")
         self.stop_heartbeat()
         if self.lease_lost:
             return False
