@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -10,6 +11,7 @@ from django.utils import timezone
 from ninja.errors import AuthenticationError
 from ninja.security import APIKeyCookie, HttpBearer
 
+from core import tokens
 from core.actors import Actor
 from core.auth import actor_for_user, request_meta
 from core.rows import select_row
@@ -18,37 +20,56 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 class TokenAuth(HttpBearer):
-    """Bearer tokens; only their SHA-256 is stored. Revoked tokens are refused."""
+    """Bearer tokens; only their SHA-256 is stored. Revoked tokens are refused (a worker token
+    remembered by this process: within API_TOKEN_CACHE_S of its revocation, see core/tokens.py)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> Actor | None:
         from runs.models import ApiToken
 
-        # Every API call looks its token up here: through core.rows, not the query compiler
-        # (token_hash is unique). Worker tokens have no user; an operator token's user is loaded on
-        # first access below.
-        row = select_row(ApiToken, token_hash=ApiToken.hash_secret(token))
-        if row is None or row.revoked_at is not None:
-            return None
-        now = timezone.now()
-        if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-            # Coarse on purpose: a write on every call would add a commit per request and make
-            # every worker sharing a token contend on one row.
-            ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
-        if row.kind == ApiToken.WORKER:
-            actor = Actor(
-                kind="worker",
-                name=row.name,
-                role="worker",
-                token_id=row.pk,
-                agents=tuple(row.agents),
-                component="worker-api",
-                **request_meta(request),
-            )
-        else:
-            if row.user is None or not row.user.is_active:  # operator tokens always have a user
+        token_hash = ApiToken.hash_secret(token)
+        known = tokens.recall(token_hash)
+        if known is None:
+            since = tokens.generation()
+            # Through core.rows, not the query compiler (token_hash is unique). Worker tokens have
+            # no user; an operator token's user is loaded on first access below.
+            row = select_row(ApiToken, token_hash=token_hash)
+            if row is None or row.revoked_at is not None:
                 return None
-            actor = actor_for_user(row.user, request, component="api", token_id=row.pk)
-        return actor
+            if row.kind != ApiToken.WORKER:
+                _touch(row.pk, row.last_used_at)
+                if row.user is None or not row.user.is_active:  # operator tokens have a user
+                    return None
+                return actor_for_user(row.user, request, component="api", token_id=row.pk)
+            known = tokens.KnownToken(
+                pk=row.pk,
+                name=row.name,
+                agents=tuple(row.agents),
+                last_used_at=row.last_used_at,
+                read_at=time.monotonic(),
+            )
+            tokens.remember(token_hash, known, since)
+        known.last_used_at = _touch(known.pk, known.last_used_at)
+        return Actor(
+            kind="worker",
+            name=known.name,
+            role="worker",
+            token_id=known.pk,
+            agents=known.agents,
+            component="worker-api",
+            **request_meta(request),
+        )
+
+
+def _touch(pk: int, last_used_at):
+    """Record the token's use, coarsely: a write on every call would add a commit per request and
+    make every worker sharing a token contend on one row. Returns the recorded time."""
+    from runs.models import ApiToken
+
+    now = timezone.now()
+    if last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=pk).update(last_used_at=now)
+        return now
+    return last_used_at
 
 
 class SessionAuth(APIKeyCookie):

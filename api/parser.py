@@ -61,7 +61,10 @@ class StrictJsonParser(Parser):
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BodyRefused(f"the body is not valid UTF-8 (byte {exc.start})") from None
-        if _depth(raw) > MAX_BODY_DEPTH:
+        # Nesting can be no deeper than the number of opening brackets (a C-speed count): only a body
+        # with more of them than the limit is walked byte by byte.
+        brackets = raw.count(b"{") + raw.count(b"[")
+        if brackets > MAX_BODY_DEPTH and _depth(raw) > MAX_BODY_DEPTH:
             raise BodyRefused(f"the body nests deeper than {MAX_BODY_DEPTH} levels")
         try:
             data = json.loads(text)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -48,24 +50,41 @@ def _worker(request: HttpRequest) -> Actor:
     return actor
 
 
+class _Fixed:
+    """id -> a fact about that row which never changes once the row exists, remembered per server
+    process once found (only found answers: a missing row is asked about again), bounded."""
+
+    def __init__(self, lookup: Callable[[str], Any], limit: int = 10_000) -> None:
+        self.lookup, self.limit = lookup, limit
+        self.known: dict[str, Any] = {}
+
+    def __call__(self, key):
+        key = str(key)
+        value = self.known.get(key)
+        if value is None:
+            value = self.lookup(key)
+            if value is not None:
+                self.remember(key, value)
+        return value
+
+    def remember(self, key, value) -> None:
+        if len(self.known) >= self.limit:
+            self.known.clear()
+        self.known[str(key)] = value
+
+
 # run id -> the name of its agent, for the scope check below. A run's agent is fixed when the run is
-# created and never changes, and agents are registered by name (never renamed; runs PROTECT them), so
-# an answer found once stays true: only runs that were found are remembered, and the map is bounded.
+# created and never changes, and agents are registered by name (never renamed; runs PROTECT them).
 # It saves the check's query on every call but a run's first per server process.
-_RUN_AGENT: dict[str, str] = {}
-_RUN_AGENT_MAX = 10_000
-
-
-def _run_agent(run_id) -> str | None:
-    key = str(run_id)
-    name = _RUN_AGENT.get(key)
-    if name is None:
-        name = Run.objects.filter(pk=run_id).values_list("agent__name", flat=True).first()
-        if name is not None:
-            if len(_RUN_AGENT) >= _RUN_AGENT_MAX:
-                _RUN_AGENT.clear()
-            _RUN_AGENT[key] = name
-    return name
+_run_agent = _Fixed(
+    lambda run_id: Run.objects.filter(pk=run_id).values_list("agent__name", flat=True).first()
+)
+# effect id -> its run's id (an effect never moves to another run), for the outcome's run lock and
+# scope check: learnt from the declaration's own answer, so an outcome sent to the server that
+# declared its effect (the worker's keep-alive connection, and ``next`` on one) needs no query.
+_effect_run = _Fixed(services.effects.effect_run_id)
+# lease id -> its run's id (a lease never moves to another run), for heartbeats and releases.
+_lease_run = _Fixed(services.lifecycle.lease_run_id)
 
 
 def _worker_for_run(request: HttpRequest, run_id) -> Actor:
@@ -160,7 +179,7 @@ def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
 
 
 def _lease_run_id(request: HttpRequest, lease_id: UUID):
-    run_id = services.lifecycle.lease_run_id(lease_id)
+    run_id = _lease_run(lease_id)
     _worker_for_run(request, run_id)
     return str(run_id)
 
@@ -272,6 +291,8 @@ def _declare(actor: Actor, run_id, body: EffectIn) -> tuple[int, dict]:
         approval_id=body.approval_id,
     )
     payload = result.as_dict()
+    if payload.get("id") and payload.get("run_id"):
+        _effect_run.remember(payload["id"], UUID(str(payload["run_id"])))
     if result.decision == "denied":
         return 409, {"error": "denied", **payload}
     return (201 if result.decision == "authorized" else 200), payload
@@ -279,7 +300,7 @@ def _declare(actor: Actor, run_id, body: EffectIn) -> tuple[int, dict]:
 
 @router.post("/effects/{effect_id}/outcome", response={200: out.OutcomeOut, **ERRORS_WRITE})
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
-    run_id = services.effects.effect_run_id(effect_id)
+    run_id = _effect_run(effect_id)
     actor = _worker_for_run(request, run_id)
     if body.checkpoint is not None and body.fencing_token is None:
         raise Invalid("a checkpoint needs the lease's fencing_token", field="fencing_token")

@@ -378,6 +378,13 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
         if p["open_list_pages"]
     ]
     pushes = sum(n for _, n in extra)
+    # Sturdier than effects/s on a machine others load too: the servers' CPU per effect with and
+    # without the pages, and what the pages added per second of wall time (cores).
+    loaded_phases = [p for p in phases if p["open_list_pages"] and p["effects"]]
+    loaded_per_effect = sum(p["servers_cpu_s"] or 0 for p in loaded_phases) / max(
+        sum(p["effects"] for p in loaded_phases), 1
+    )
+    pages_cores = sum(c for c, _ in extra) / max(sum(p["wall_s"] for p in loaded_phases), 1e-9)
     return {
         "fact_to_screen": f2s,
         "throughput": {
@@ -390,5 +397,8 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
             "server_cpu_ms_per_list_push": round(1000 * sum(c for c, _ in extra) / pushes, 1)
             if pushes
             else None,
+            "server_cpu_ms_per_effect_without_pages": round(1000 * per_effect, 1),
+            "server_cpu_ms_per_effect_with_pages": round(1000 * loaded_per_effect, 1),
+            "list_pages_server_cores": round(pages_cores, 3),
         },
     }

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -114,3 +115,11 @@ def visible_run_or_404(actor, run_id: Any) -> Run:
     if run is None:
         raise Http404("no such run")
     return run
+
+
+def off_view_thread(fn: Any) -> Any:
+    """``fn`` in a pool thread of its own rather than the one thread that runs this process's HTTP
+    views (channels' default, thread_sensitive): under protocol load that thread is a queue of API
+    requests, and a push waiting behind them reached its page seconds late. Reads only (session,
+    renders); the database pool gives each thread its connection."""
+    return database_sync_to_async(fn, thread_sensitive=False)

@@ -6,8 +6,10 @@ to "runs" and "run.<id>" after every commit that wrote a fact about a run (facts
 name, redraw everything). A consumer collects the facts for ``coalesce_s`` (a burst, a cascade over a
 tree, a busy run: one push) and sends only the fragments they changed, as htmx out-of-band swaps
 (``hx-swap-oob``) that htmx-ext-ws applies: on the run page the header, the changed sections, each
-changed effect row and the new timeline entries (console/run_page.py); on the run list each changed
-run's row. On every (re)connect the consumer sends a full render at once, so a page that missed hints
+changed effect row and the new timeline entries (console/run_page.py); on the run list the changed
+rows and the counts, from one render per view shared by the process's list sockets
+(console/list_live.py); on a fleet operation's page its progress. On every (re)connect the consumer
+sends a full render at once, so a page that missed hints
 while disconnected is current again; a slow periodic refresh covers hints lost on the way (or sent
 by a process on another channel layer, as Celery workers are under the embedded in-memory layer).
 
@@ -29,10 +31,19 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from console import socket_cap
-from core.live import RUNS_GROUP, bind_loop, run_group, user_group
+from console.common import off_view_thread
+from core.live import (  # note_facts: imported from here by tests
+    RUNS_GROUP,
+    bind_loop,
+    fleet_group,
+    note_facts,
+    run_group,
+    user_group,
+)
 from core.roles import may, roles_of
 
 log = logging.getLogger(__name__)
+
 
 # Close codes (4000-4999 are the application's): at connect the handshake is refused before accept
 # (the client sees HTTP 403); later, a socket whose login ended is closed with 4401/4403.
@@ -54,7 +65,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated or not self.session_key:
             await self.close(code=UNAUTHENTICATED)
             return
-        if not await database_sync_to_async(lambda: may(roles_of(user), "view"))():
+        self.roles: frozenset[str] = await database_sync_to_async(roles_of)(user)
+        if not may(self.roles, "view"):
             await self.close(code=FORBIDDEN)
             return
         self.user = user
@@ -151,14 +163,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return False
         try:
-            code, user = await database_sync_to_async(session_verdict)(
+            code, user, roles = await off_view_thread(session_verdict)(
                 self.session_key, self.user.pk
             )
         except Exception:  # a database hiccup is not a logout; the next check decides
             log.exception("session check failed for %s", self.scope.get("path"))
             return True
         if code is None:
-            self.user = user  # renders see the roles as they are now, not as they were at connect
+            # renders see the roles as they are now, not as they were at connect
+            self.user, self.roles = user, roles
             return True
         if not self.closed:
             self.closed = True
@@ -177,9 +190,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         async with self._rendering:  # one render at a time: the page's push state is not shared
             try:
                 if resync:
-                    html = await database_sync_to_async(self.render)()
+                    html = await off_view_thread(self.render)()
                 else:
-                    html = await database_sync_to_async(self.render_facts)(pending or {}, refresh)
+                    html = await off_view_thread(self.render_facts)(pending or {}, refresh)
             except Exception:  # a failed render must not kill the socket; the next hint retries
                 log.exception("live render failed for %s", self.scope.get("path"))
                 return
@@ -205,23 +218,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return self.render()
 
 
-def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None:
-    """Merge one hint into the pending facts: run id -> {kind: {object ids}}; None = everything."""
-    if facts is None or (run_id in pending and pending[run_id] is None):
-        pending[run_id] = None
-        return
-    kinds = pending.setdefault(run_id, {})
-    for fact in facts:
-        try:
-            kind, object_id = fact
-        except (TypeError, ValueError):
-            continue
-        kinds.setdefault(str(kind), set()).add(str(object_id or ""))
-
-
-def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
-    """(None, user) while the session still logs this user in and the user may view; else the close
-    code.
+def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any, frozenset[str]]:
+    """(None, user, roles) while the session still logs this user in and the user may view; else
+    the close code.
 
     django.contrib.auth.get_user does what an HTTP request would: the session must exist and not be
     expired, name this user, carry the hash of their current password, and the user must be active.
@@ -234,10 +233,11 @@ def session_verdict(session_key: str, user_id: int) -> tuple[int | None, Any]:
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # get_user reads only .session
     if not user.is_authenticated or user.pk != user_id:
-        return UNAUTHENTICATED, None
-    if not may(roles_of(user), "view"):
-        return FORBIDDEN, None
-    return None, user
+        return UNAUTHENTICATED, None, frozenset()
+    roles = roles_of(user)
+    if not may(roles, "view"):
+        return FORBIDDEN, None, frozenset()
+    return None, user, roles
 
 
 class NotFoundConsumer(AsyncWebsocketConsumer):
@@ -249,44 +249,88 @@ class NotFoundConsumer(AsyncWebsocketConsumer):
 
 
 class RunListConsumer(LiveConsumer):
-    """/ws/runs/?state=…&agent=…&owner=… (the run list) or ?view=approvals (the approvals inbox)."""
+    """/ws/runs/?state=…&agent=…&owner=… (the run list) or ?view=approvals (the approvals inbox).
 
-    async def groups_to_join(self) -> list[str]:
-        return [RUNS_GROUP]
+    The list's hints come through its process's ListHub (console/list_live.py): one render per
+    view and window for all the sockets showing it, then row-level patches per socket. Those shared
+    pushes skip the per-push session read; the check every WS_SESSION_CHECK_S and the immediate
+    "session.check" of a logout or an admin change close the socket and refresh its roles (part of
+    the view's key, so a socket only receives what its roles render)."""
 
-    def render(self) -> str:
+    page: Any = None  # console.list_live.ListPage once the first whole render is sent
+    view: Any = None  # console.list_live.View: the socket's filter and page
+
+    def _query(self) -> str:
+        return self.scope.get("query_string", b"").decode("latin-1")
+
+    def _inbox(self) -> bool:
         from django.http import QueryDict
 
-        query = self.scope.get("query_string", b"").decode("latin-1")
-        if QueryDict(query).get("view") == "approvals":
+        return QueryDict(self._query()).get("view") == "approvals"
+
+    async def groups_to_join(self) -> list[str]:
+        if self._inbox():
+            return [RUNS_GROUP]
+        from console.list_live import View
+
+        self.view = View.parse(self._query())
+        return []  # the hub joins "runs" once for every list socket of this process
+
+    async def connect(self) -> None:
+        await super().connect()
+        if getattr(self, "view", None) is not None and hasattr(self, "_resync"):  # accepted
+            from console.list_live import hub_for
+
+            self.hub = hub_for(self.channel_layer)
+            await self.hub.subscribe(self)
+
+    async def disconnect(self, code: int) -> None:
+        hub = getattr(self, "hub", None)
+        if hub is not None:
+            await hub.unsubscribe(self)
+        await super().disconnect(code)
+
+    def view_key(self) -> tuple:
+        from console.list_live import view_key
+
+        assert self.view is not None  # only list sockets with a view subscribe to the hub
+        return view_key(self.view, self.user, self.roles)
+
+    def render(self) -> str:
+        if self._inbox():
             from console.interventions import render_inbox_push
 
             return render_inbox_push(self.user)
-        from console.runs import render_list_push
+        from console.list_live import ListHub, full_render
 
-        return render_list_push(self.user, query)
+        if self.view is None:
+            return ""
+        html, self.page = full_render(self.user, self.view, self.view_key(), ListHub.full_ttl_s)
+        return html
 
     def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
-        """The list: only the rows of the runs that changed (a new run or a state change redraws the
-        table: runs join or leave it, and its counts change). The inbox: redrawn when an
-        approval or a state changed."""
-        from django.http import QueryDict
-
-        query = self.scope.get("query_string", b"").decode("latin-1")
+        """The list: reached only by the periodic resync (its hints go through the hub): whole.
+        The inbox: redrawn when an approval or a state changed."""
         kinds = {k for facts in pending.values() if facts is not None for k in facts}
         everything = refresh or any(facts is None for facts in pending.values())
-        if QueryDict(query).get("view") == "approvals":
-            if everything or any(k.startswith("approval_") or k == "state_changed" for k in kinds):
-                return self.render()
-            return ""
-        # A new run or a new state changes which runs the page lists and its counts per state; a
-        # list sorted by last change reorders on every fact. Everything else changes rows only.
-        reorders = QueryDict(query).get("sort", "").lstrip("-") == "updated"
-        if everything or reorders or kinds & {"run_created", "state_changed"}:
+        if not self._inbox() or everything:
             return self.render()
-        from console.runs import render_list_rows
+        if any(k.startswith("approval_") or k == "state_changed" for k in kinds):
+            return self.render()
+        return ""
 
-        return render_list_rows(self.user, list(pending))
+    async def apply_list_update(self, update: Any) -> None:
+        """The hub's shared update, cut to what this page shows (string work only)."""
+        if self.closed or self.page is None:
+            return
+        async with self._rendering:
+            frames = self.page.frames(update)
+        if frames is None:  # patched past twice its size: redraw it whole
+            await self.push(resync=True)
+            return
+        for frame in frames:
+            if not self.closed:
+                await self.send(text_data=frame)
 
 
 class RunConsumer(LiveConsumer):
@@ -337,3 +381,26 @@ class RunConsumer(LiveConsumer):
             tree_changed = True
         self.page.user = self.user  # the roles as they are now (re-read by the session check)
         return self.page.facts(own, tree_changed)
+
+
+class FleetConsumer(LiveConsumer):
+    """/ws/fleet/<id>/: a fleet operation's progress page. core.live.announce_fleet's hint (a wave
+    closed, a target decided or failed, a halt) redraws the progress section; the page's 1 s poll
+    runs only while this socket is not open."""
+
+    async def groups_to_join(self) -> list[str] | None:
+        from interventions.models import FleetOperation
+
+        self.operation_id = str(self.scope["url_route"]["kwargs"]["operation_id"])
+        exists = await database_sync_to_async(
+            FleetOperation.objects.filter(pk=self.operation_id).exists
+        )()
+        return [fleet_group(self.operation_id)] if exists else None
+
+    async def fleet_changed(self, event: dict[str, Any]) -> None:
+        await self.run_changed({"run_id": None})
+
+    def render(self) -> str:
+        from console.fleet import render_progress_push
+
+        return render_progress_push(self.user, self.roles, self.operation_id)

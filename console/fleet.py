@@ -9,6 +9,7 @@ from uuid import UUID
 
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -151,6 +152,11 @@ def _operation_or_404(operation_id: UUID) -> FleetOperation:
 
 
 def _progress_ctx(request: ConsoleRequest, op: FleetOperation) -> dict[str, Any]:
+    return progress_context(request.user.pk, request.roles, op)
+
+
+def progress_context(user_id: Any, roles: frozenset[str], op: FleetOperation) -> dict[str, Any]:
+    """The progress section's context (the page, its htmx poll and its live push alike)."""
     data = operation_dict(op)
     return {
         "nav": "fleet",
@@ -160,10 +166,7 @@ def _progress_ctx(request: ConsoleRequest, op: FleetOperation) -> dict[str, Any]
         "running": op.state == FleetOperation.RUNNING,
         "held": op.state == FleetOperation.PREVIEWED,
         "may_halt": op.state in (FleetOperation.RUNNING, FleetOperation.PREVIEWED)
-        and (
-            op.created_by_id == request.user.pk
-            or any(k == op.kind for k, _ in _kinds(request.roles))
-        ),
+        and (op.created_by_id == user_id or any(k == op.kind for k, _ in _kinds(roles))),
         "percent": round(100 * (data["total"] - data["pending"]) / data["total"])
         if data["total"]
         else 100,
@@ -208,3 +211,13 @@ def fleet_confirm(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
 def fleet_cancel(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
     reason = request.POST.get("reason", "").strip()
     return _decide(request, operation_id, cancel_fleet_operation, reason=reason)
+
+
+def render_progress_push(user, roles: frozenset[str], operation_id: Any) -> str:
+    """The progress section as an out-of-band swap, for the operation's live socket
+    (console/consumers.py FleetConsumer); "" once the operation is gone."""
+    op = FleetOperation.objects.filter(pk=operation_id).first()
+    if op is None:
+        return ""
+    ctx = progress_context(user.pk, roles, op) | {"oob": True}
+    return render_to_string("fleet/operation.html#progress", ctx)

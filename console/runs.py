@@ -2,8 +2,8 @@
 
 One template serves the full page, its htmx swap and its WebSocket push (Django 6 template
 partials). Views read through the selectors and never write; console/interventions.py calls the
-services. Pushes are hints: ``render_list_push`` / ``render_detail_push`` re-render from the database,
-and console/consumers.py sends them on every (re)connect and on every "run.changed".
+services. Pushes are hints, rendered from the database: the live list's shared row-level updates are
+console/list_live.py's, the run page's fragments console/run_page.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
-from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -25,7 +24,6 @@ from console.common import (
     console_view,
     is_fragment,
 )
-from core.auth import actor_for_user
 from core.filters import BadFilter, check_text
 from runs.models import Agent, Run
 from runs.search import (
@@ -34,9 +32,8 @@ from runs.search import (
     page_runs,
     runs_by_prefix,
     state_counts,
-    with_unresolved,
 )
-from runs.selectors import run_summary, visible_runs
+from runs.selectors import run_summary
 from runs.states import State
 
 # --- run list -------------------------------------------------------------------------------------
@@ -76,57 +73,24 @@ def _when(moment: datetime, now: datetime) -> dict[str, str]:
     return {"ago": ago, "iso": moment.isoformat(), "abs": f"{moment:%Y-%m-%d %H:%M:%S} UTC"}
 
 
-def row_context(actor, run_ids: list[Any]) -> list[dict[str, Any]]:
-    """Rows for the given runs (one query), for pushing changed rows with ``runs/list.html#run-row``."""
-    runs = with_unresolved(visible_runs(actor).filter(pk__in=run_ids))
-    now = timezone.now()
-    return [run_row(r, now) for r in runs]
-
-
 def list_context(
     actor, flt: RunFilter, *, after: str = "", before: str = "", limit: int = PAGE_SIZE
 ) -> dict[str, Any]:
     """One page of the list plus its chips: a constant number of queries whatever the page (the
     page, one GROUP BY for the state counts, one capped count for "needs attention")."""
     page = page_runs(actor, flt, after=after, before=before, limit=limit)
-    counted = state_counts(actor, flt)
-    counts = counted.by_state
-    total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
-    trouble = attention_ids(timezone.now())
-    attention = (
-        flt.replace(attention=False, states=())
-        .queryset(actor, within=trouble)
-        .filter(pk__in=trouble)
-        .select_related(None)
-        .order_by()
-        .values("pk")[: ATTENTION_CAP + 1]
-        .count()
-    )
     base = flt.to_query()
     cursor = {"after": after} if after else {"before": before} if before else {}
     now = timezone.now()
-    return {
+    return counts_context(actor, flt) | {
         "runs": [run_row(r, now) for r in page.runs],
-        "total": total,
-        "counts_complete": counted.complete,
-        "filter": flt,
+        # each row's place in the order (a live page places joining runs by it: list_live.py)
+        "row_keys": [tuple(getattr(r, name) for name in flt.sort_key) for r in page.runs],
         "query": flt.to_query(**cursor),
         "base_query": base,
         "next_query": flt.to_query(after=page.next_cursor) if page.next_cursor else None,
         "prev_query": flt.to_query(before=page.prev_cursor) if page.prev_cursor else None,
         "first_page": not (after or before),
-        "chips": [
-            {
-                "state": s.value,
-                "n": counts.get(s.value, 0),
-                "on": s.value in flt.states,
-            }
-            for s in State
-            if counts.get(s.value) or s.value in flt.states
-        ],
-        "attention_n": attention,
-        "attention_more": attention > ATTENTION_CAP,
-        "attention_cap": ATTENTION_CAP,
         "sorts": [
             {
                 "name": name,
@@ -142,6 +106,37 @@ def list_context(
         ],
         "nav": "runs",
         "limit": limit,
+    }
+
+
+def counts_context(actor, flt: RunFilter) -> dict[str, Any]:
+    """The chips and the total (the ``run-counts`` partial): one GROUP BY for the state counts, one
+    capped count for "needs attention". A live list patches them in place (console/list_live.py)."""
+    counted = state_counts(actor, flt)
+    counts = counted.by_state
+    total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
+    trouble = attention_ids(timezone.now())
+    attention = (
+        flt.replace(attention=False, states=())
+        .queryset(actor, within=trouble)
+        .filter(pk__in=trouble)
+        .select_related(None)
+        .order_by()
+        .values("pk")[: ATTENTION_CAP + 1]
+        .count()
+    )
+    return {
+        "total": total,
+        "counts_complete": counted.complete,
+        "filter": flt,
+        "chips": [
+            {"state": s.value, "n": counts.get(s.value, 0), "on": s.value in flt.states}
+            for s in State
+            if counts.get(s.value) or s.value in flt.states
+        ],
+        "attention_n": attention,
+        "attention_more": attention > ATTENTION_CAP,
+        "attention_cap": ATTENTION_CAP,
     }
 
 
@@ -174,28 +169,6 @@ def run_list(request: ConsoleRequest) -> HttpResponse:
         "states": [s.value for s in State],
     }
     return render(request, "runs/list.html", ctx)
-
-
-def render_list_rows(user, run_ids: list[str]) -> str:
-    """The rows of these runs (``run-row`` of runs/list.html), each an out-of-band swap: a live list
-    redraws only the runs that changed (console/consumers.py). A row not on the page is ignored."""
-    actor = actor_for_user(user, None, component="console")
-    return "".join(
-        render_to_string("runs/list.html#run-row", {"r": row, "oob": True})
-        for row in row_context(actor, run_ids)
-    )
-
-
-def render_list_push(user, query_string: str) -> str:
-    """The run table, as an out-of-band swap, for the "runs" group (filter and page from the socket's
-    URL). A bad filter there pushes nothing: the page itself answered it with a 400."""
-    actor = actor_for_user(user, None, component="console")
-    try:
-        flt, after, before = _filter_or_400(QueryDict(query_string))
-        ctx = list_context(actor, flt, after=after, before=before)
-    except (BadRequest, BadFilter):
-        return ""
-    return render_to_string("runs/list.html#run-table", ctx | {"oob": True})
 
 
 @console_view

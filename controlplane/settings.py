@@ -231,6 +231,9 @@ HEARTBEAT_MAX_WAIT_S = env_int("HEARTBEAT_MAX_WAIT_S", 25)
 # Sync views running at once per ASGI process (controlplane/handler.py); 0 = unbounded. 2, not 4:
 # a woken long-poll's thread hops then wait on fewer GIL holders (README, "long-poll wake-up").
 SYNC_VIEW_CONCURRENCY = env_int("SYNC_VIEW_CONCURRENCY", 2)
+# Seconds a process trusts a worker token it has read (core/tokens.py): its bound on refusing a token
+# another process revoked (the revoking process forgets it at once). 0 = read the token on every call.
+API_TOKEN_CACHE_S = env_int("API_TOKEN_CACHE_S", 2)
 # Modules that register compensators, reconcilers and assumption checkers (the only knowledge the
 # control plane has of external systems).
 CONTROLPLANE_ADAPTERS = env_list("CONTROLPLANE_ADAPTERS", ["world.adapters"])

@@ -42,6 +42,20 @@ def run_group(run_id: Any) -> str:
     return f"run.{run_id}"
 
 
+# A fleet operation's progress travels the same way, keyed apart from runs (a run id is a bare UUID):
+# announce_fleet's hint goes to the operation's group only, as {"type": "fleet.changed"}.
+FLEET_PREFIX = "fleet."
+
+
+def fleet_group(operation_id: Any) -> str:
+    return f"{FLEET_PREFIX}{operation_id}"
+
+
+def announce_fleet(operation_id: Any) -> None:
+    """A fleet operation's waves or targets changed: its progress page redraws after COMMIT."""
+    announce(fleet_group(operation_id), "fleet")
+
+
 Facts = dict[str, list[tuple[str, str]] | None]
 
 
@@ -78,6 +92,20 @@ def announce(run_id: Any, kind: str, object_id: Any = None) -> None:
         facts[key] = None
     elif fact not in listed:
         listed.append(fact)
+
+
+def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None:
+    """Merge one hint into the pending facts: run id -> {kind: {object ids}}; None = everything."""
+    if facts is None or (run_id in pending and pending[run_id] is None):
+        pending[run_id] = None
+        return
+    kinds = pending.setdefault(run_id, {})
+    for fact in facts:
+        try:
+            kind, object_id = fact
+        except (TypeError, ValueError):
+            continue
+        kinds.setdefault(str(kind), set()).add(str(object_id or ""))
 
 
 def _merge(into: Facts, run_id: str, listed: list[tuple[str, str]] | None) -> None:
@@ -196,6 +224,9 @@ def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None
 
         async def send_all() -> None:
             for run_id, listed in facts.items():
+                if run_id.startswith(FLEET_PREFIX):
+                    await layer.group_send(run_id, {"type": "fleet.changed"})
+                    continue
                 message = {
                     "type": "run.changed",
                     "run_id": run_id,

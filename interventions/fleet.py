@@ -24,6 +24,7 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Forbidden, Invalid, NotFound
+from core.live import announce_fleet
 from core.roles import may
 from interventions import jobs
 from interventions.base import Request, get_contract, user_for
@@ -256,6 +257,7 @@ def confirm_fleet_operation(*, actor: Actor, operation_id: Any) -> FleetOperatio
         now = timezone.now()
         op.state, op.started_at, op.next_wave_at = FleetOperation.RUNNING, now, now
         op.save(update_fields=["state", "started_at", "next_wave_at"])
+        announce_fleet(op.pk)
         record_audit(
             actor=actor,
             action="fleet.started",
@@ -325,6 +327,7 @@ def halt(
     op.halted_reason, op.halted_by, op.halted_automatically = reason, actor.label, automatic
     op.finished_at, op.next_wave_at = now, None
     op.save()
+    announce_fleet(op.pk)
     record_audit(
         actor=actor,
         action=f"fleet.{to}",

@@ -29,6 +29,7 @@ from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.auth import actor_for_user
 from core.errors import Conflict, DomainError
+from core.live import announce_fleet
 from interventions import jobs
 from interventions.base import Request, issue
 from interventions.fleet import FLEET_KINDS, halt, operation_facts, wave_key, wave_timeout_s
@@ -67,6 +68,7 @@ class _Target:
             status=FleetTarget.SUCCEEDED, intervention=intervention, finished_at=timezone.now()
         )
         FleetOperation.objects.filter(pk=self.operation_id).update(succeeded=F("succeeded") + 1)
+        announce_fleet(self.operation_id)
 
 
 @shared_task(acks_late=True)
@@ -143,6 +145,7 @@ def _failed(op_id: Any, target_id: int, code: str, detail: str, *, audited: bool
         target.save(update_fields=["status", "error", "detail", "finished_at"])
         op.failed += 1
         op.save(update_fields=["failed"])
+        announce_fleet(op.pk)
         if not audited:  # a refusal is audited by the decision; an exception is not, so here
             record_audit(
                 actor=fleet,
@@ -180,6 +183,7 @@ def _close_wave(op_id: Any, wave: int) -> dict[str, Any]:
             .first()
         )
         now = timezone.now()
+        announce_fleet(op.pk)
         if following is None:
             op.state, op.finished_at, op.next_wave_at = FleetOperation.COMPLETED, now, None
             op.save(update_fields=["state", "finished_at", "next_wave_at"])

@@ -22,6 +22,7 @@ from audit.services import record_audit
 from core.actors import Actor
 from core.errors import DomainError, Invalid, NotFound
 from core.roles import ROLES
+from core.tokens import forget_revoked
 from runs.models import Agent, ApiToken
 
 
@@ -97,6 +98,7 @@ def revoke_token(*, actor: Actor, prefix: str = "", token_id: int | None = None)
         now = timezone.now()
         for token in tokens:
             ApiToken.objects.filter(pk=token.pk).update(revoked_at=now)
+            forget_revoked(token.token_hash)  # this process's memory of it (core/tokens.py)
             _audit(actor, "token.revoked", "token", token.prefix, kind=token.kind, name=token.name)
     return len(tokens)
 
@@ -108,6 +110,7 @@ def delete_token(*, actor: Actor, token_id: int) -> None:
         if token is None:
             raise NotFound(f"no token {token_id}", object="token")
         token.delete()
+        forget_revoked(token.token_hash)
         _audit(actor, "token.deleted", "token", token.prefix, kind=token.kind, name=token.name)
 
 

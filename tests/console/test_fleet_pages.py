@@ -5,10 +5,15 @@ from __future__ import annotations
 import re
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
 
 from interventions.fleet_waves import run_fleet_wave
 from interventions.models import FleetOperation
 from tests.console.test_dialogs import browser
+from tests.console.test_live_list import IN_MEMORY_LAYER, headers_of
 from tests.interventions.helpers import running_run
 
 pytestmark = pytest.mark.django_db
@@ -39,12 +44,14 @@ def test_operator_previews_confirms_follows_and_halts(cast, worker):
     assert progress.status_code == 200
     text = progress.content.decode()
     assert "Wave 2 of 2: 1 done, 0 failed, 1 to go" in text
-    assert 'hx-trigger="every 1s"' in text and "<html" not in text  # the polled fragment
+    # the polled fragment: polled only while the page's socket is not open (the fallback)
+    assert "hx-trigger=\"every 1s [!document.querySelector('#fleet-live.ws-open')]\"" in text
+    assert "<html" not in text
     assert str(op.targets.get(position=0).intervention_id) in text  # the run's receipt, linked
     halted = otto.post(f"/fleet/{op.pk}/halt/", {"reason": "enough"}, HTTP_HX_REQUEST="true")
     assert halted.status_code == 200
     assert "Halted: enough" in halted.content.decode()
-    assert 'hx-trigger="every 1s"' not in halted.content.decode()  # no more polling once over
+    assert "every 1s" not in halted.content.decode()  # no more polling once over
 
 
 def test_bad_input_and_refusals_are_shown_with_their_status(cast, worker):
@@ -82,3 +89,45 @@ def test_a_held_operation_is_started_or_cancelled_from_its_page(cast, worker):
     assert started.status_code == 200 and "Wave 1 of 1" in started.content.decode()
     again = otto.post(f"/fleet/{held.pk}/cancel/", {"reason": "no"}, HTTP_HX_REQUEST="true")
     assert again.status_code == 409 and "only a held one is cancelled" in again.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(CHANNEL_LAYERS=IN_MEMORY_LAYER)
+def test_the_progress_page_is_pushed_as_waves_are_decided(cast, worker):
+    from controlplane.asgi import application
+    from core import live
+    from core.auth import actor_for_user
+    from interventions.fleet import FleetParams, halt_fleet_operation, start_fleet_operation
+
+    ids = [running_run(worker)[0]["id"] for _ in range(2)]
+    otto = actor_for_user(cast["otto"][0])
+    op = start_fleet_operation(
+        actor=otto,
+        kind="pause",
+        run_filter="&".join(f"id={i}" for i in ids),
+        reason="incident 9",
+        params=FleetParams(wave_size=1, pause_s=60),
+    )
+    assert live.flush()
+    headers = headers_of(cast, "vera")  # a viewer follows it: no Halt button for her
+
+    async def scenario():
+        sock = WebsocketCommunicator(application, f"/ws/fleet/{op.pk}/", headers=headers)
+        assert (await sock.connect(timeout=5))[0]
+        first = await sock.receive_from(timeout=5)
+        assert '<section id="fleet-progress" class="panel" hx-swap-oob="true"' in first
+        assert "Wave 1 of 2: 0 done" in first and "Halt" not in first
+        await database_sync_to_async(run_fleet_wave)(f"{op.pk}:1")
+        pushed = await sock.receive_from(timeout=5)  # no poll: the wave's commit pushed it
+        assert "Wave 2 of 2: 1 done, 0 failed, 1 to go" in pushed
+        await database_sync_to_async(halt_fleet_operation)(
+            actor=otto, operation_id=op.pk, reason="enough"
+        )
+        assert "Halted: enough" in await sock.receive_from(timeout=5)
+        await sock.disconnect()
+        lost = WebsocketCommunicator(
+            application, "/ws/fleet/00000000-0000-0000-0000-000000000000/", headers=headers
+        )
+        assert not (await lost.connect(timeout=5))[0]
+
+    async_to_sync(scenario)()

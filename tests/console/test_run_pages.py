@@ -248,8 +248,11 @@ def test_websocket_pushes_fresh_partials_on_connect_and_after_a_transition(cast,
             and 'id="run-ledger"' not in pushed
             and "hx-swap-oob" in pushed
         )
-        row = await listing.receive_from(timeout=5)  # the run entered the filter: the table
-        assert run["id"][:8] in row and 'id="run-table" hx-swap-oob="true"' in row
+        # the run entered the filter: its row is placed (the "no runs" line goes), not the table
+        assert 'id="run-rows-empty" hx-swap-oob="delete"' in await listing.receive_from(timeout=5)
+        row = await listing.receive_from(timeout=5)
+        assert f'<tbody hx-swap-oob="beforeend:#run-rows"><tr id="run-row-{run["id"]}"' in row
+        assert 'id="run-table"' not in row
         assert await page.receive_nothing(timeout=0.5)  # coalesced: one render per burst
         inbox = WebsocketCommunicator(application, "/ws/runs/?view=approvals", headers=headers)
         assert (await inbox.connect(timeout=5))[0]

@@ -110,3 +110,96 @@ def test_sync_views_run_at_most_sync_view_concurrency_at_once(
     responses = async_to_sync(six)()
     assert [r["status"] for r in responses] == [200] * 6
     assert peak[0] == expected_peak
+
+
+def test_sync_requests_reuse_the_request_threads_and_signal_once_each(settings):
+    """No thread per request (Django's ThreadSensitiveContext starts and joins one per request): the
+    request threads are reused; request_started and request_finished still fire once per request,
+    and request_finished (connections back to the pool) before the response leaves."""
+    import threading
+
+    from django.core import signals
+
+    settings.SYNC_VIEW_CONCURRENCY = 2
+    threads, started, finished = set(), [], []
+
+    def on_started(**kwargs):
+        threads.add(threading.get_ident())
+        started.append(kwargs.get("scope", {}).get("path"))
+
+    def on_finished(**kwargs):
+        assert threading.get_ident() in threads  # on the thread that served the view
+        finished.append(1)
+
+    signals.request_started.connect(on_started)
+    signals.request_finished.connect(on_finished)
+    try:
+        for _ in range(5):
+            assert _get("/accounts/login/")["status"] == 200
+    finally:
+        signals.request_started.disconnect(on_started)
+        signals.request_finished.disconnect(on_finished)
+    assert started == ["/accounts/login/"] * 5 and len(finished) == 5
+    assert len(threads) == 1  # one request at a time: the same thread each time
+    assert threading.main_thread().ident not in threads
+
+
+def _stream_view(request):
+    from django.http import StreamingHttpResponse
+
+    return StreamingHttpResponse(iter([b"a" * 10, b"b" * 10]), content_type="text/plain")
+
+
+urlpatterns = [__import__("django.urls").urls.path("stream/", _stream_view)]
+
+
+@pytest.mark.urls(__name__)
+def test_a_streaming_response_is_sent_whole_and_closed_after():
+    from django.core import signals
+
+    finished = []
+
+    def on_finished(**kwargs):
+        finished.append(1)
+
+    sent = []
+
+    async def call():
+        messages = iter([{"type": "http.request", "body": b""}])
+
+        async def receive():
+            return next(messages, {"type": "http.disconnect"})
+
+        async def send(message):
+            sent.append((message, len(finished)))
+
+        scope = {"type": "http", "method": "GET", "path": "/stream/", "query_string": b""}
+        await django_asgi_app(scope | {"headers": [(b"host", b"localhost")]}, receive, send)
+
+    signals.request_finished.connect(on_finished)
+    try:
+        async_to_sync(call)()
+    finally:
+        signals.request_finished.disconnect(on_finished)
+    assert sent[0][0]["status"] == 200
+    assert b"".join(m.get("body", b"") for m, _ in sent[1:]) == b"a" * 10 + b"b" * 10
+    # closed (request_finished) once, after the last byte went out, as under Django's handler
+    assert [n for _, n in sent] == [0] * len(sent) and finished == [1]
+
+
+def test_a_sync_request_resolves_its_url_once(monkeypatch):
+    """The match made to choose the chain is the one the view gets; no second resolve."""
+    from django.urls import get_resolver
+    from django.urls.resolvers import URLResolver
+
+    root, calls = get_resolver(), []
+    real = URLResolver.resolve
+
+    def spy(self, path):
+        if self is root:
+            calls.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(URLResolver, "resolve", spy)
+    assert _get("/accounts/login/")["status"] == 200
+    assert calls == ["/accounts/login/"]

@@ -141,5 +141,16 @@ def test_operator_pauses_a_run_and_sees_the_badge_change_live(cast, worker_token
         expect(badge).to_have_attribute("data-state", "paused", timeout=10_000)
         expect(row).to_have_attribute("data-state", "paused", timeout=10_000)
         assert page.evaluate("window.__noReload") == "still here"
+
+        # A new run joins the open list above the first row (a row patch, not a table redraw),
+        # and the counts are patched beside it.
+        listing.evaluate("window.__listStays = document.querySelector('#run-table')")
+        newer = api.post(
+            "/runs", json={"agent": "purchasing", "goal": "buy 3 of sku-2", "input": {}}
+        ).json()
+        first = listing.locator("#run-rows > tr").first
+        expect(first).to_have_attribute("id", f"run-row-{newer['id']}", timeout=10_000)
+        expect(listing.locator("#run-counts .chip", has_text="queued")).to_have_count(1)
+        assert listing.evaluate("window.__listStays === document.querySelector('#run-table')")
         expect(page.locator(f"#effect-{effect['id']} .st-committed")).to_have_count(1)
         browser.close()
