@@ -22,6 +22,8 @@ from typing import Any
 
 from django.db import connections, router
 
+from core.rows import Extra, hot_cursor
+
 from .chain import GENESIS, canonical, link_hash
 from .models import SYSTEM, AuditChain, AuditEvent
 
@@ -45,7 +47,9 @@ def split_payload(fields: dict[str, Any]) -> tuple[str, str]:
 
 
 @lru_cache(maxsize=4)
-def _statement(alias: str) -> tuple[str, tuple[str, ...]]:
+def _pieces(alias: str) -> tuple[str, str, tuple[str, ...]]:
+    """The head's upsert and the event's INSERT (which reads the upsert's RETURNING from the CTE
+    named ``{head}``), and the event columns the INSERT's parameters fill, in order."""
     qn = connections[alias].ops.quote_name
     meta = AuditEvent._meta
     fields = [f for f in meta.concrete_fields if f.attname not in _DERIVED]
@@ -56,19 +60,61 @@ def _statement(alias: str) -> tuple[str, tuple[str, ...]]:
     new_hash = (
         "encode(sha256(convert_to({prev} || E'\\n' || %s || ({seq})::text || %s, 'UTF8')), 'hex')"
     )
-    sql = (
-        f"WITH head AS ("
+    upsert = (
         f"INSERT INTO {head} AS h (key, seq, hash, prev_hash, updated_at, xid) "
         f"VALUES (%s, 1, {new_hash.format(prev='%s', seq='1')}, %s, %s, pg_current_xact_id()) "
         f"ON CONFLICT (key) DO UPDATE SET seq = h.seq + 1, prev_hash = h.hash, "
         f"hash = {new_hash.format(prev='h.hash', seq='h.seq + 1')}, "
         f"updated_at = EXCLUDED.updated_at, xid = EXCLUDED.xid "
-        f"RETURNING h.seq, h.prev_hash, h.hash) "
-        f"INSERT INTO {qn(meta.db_table)} (seq, chain_seq, prev_hash, hash, {cols}) "
-        f"SELECT nextval('audit_event_order'), head.seq, head.prev_hash, head.hash, {values} "
-        f"FROM head RETURNING id, seq, chain_seq, prev_hash, hash"
+        f"RETURNING h.seq, h.prev_hash, h.hash"
     )
-    return sql, columns
+    insert = (
+        f"INSERT INTO {qn(meta.db_table)} (seq, chain_seq, prev_hash, hash, {cols}) "
+        f"SELECT nextval('audit_event_order'), {{head}}.seq, {{head}}.prev_hash, {{head}}.hash, "
+        f"{values} FROM {{head}} RETURNING id, seq, chain_seq, prev_hash, hash"
+    )
+    return upsert, insert, columns
+
+
+@lru_cache(maxsize=4)
+def _statement(alias: str) -> tuple[str, tuple[str, ...]]:
+    upsert, insert, columns = _pieces(alias)
+    return f"WITH head AS ({upsert}) {insert.format(head='head')}", columns
+
+
+def _params(event: AuditEvent, connection, columns: tuple[str, ...]) -> list[Any]:
+    before, after = split_payload(event.hashed_fields() | {"seq": 0})
+    fields = {f.attname: f for f in AuditEvent._meta.concrete_fields}
+    values = [fields[name].get_db_prep_save(getattr(event, name), connection) for name in columns]
+    return [event.chain, GENESIS, before, after, GENESIS, event.created_at, before, after, *values]
+
+
+def _filled(event: AuditEvent, using: str, found: Any) -> AuditEvent:
+    event.pk, event.seq, event.chain_seq, event.prev_hash, event.hash = found
+    event._state.adding, event._state.db = False, using
+    return event
+
+
+def appending(event: AuditEvent) -> Extra:
+    """``append(event)`` as part of a decision's one write statement (``core.rows.write_rows``): the
+    head's upsert and the event's INSERT become two more CTEs of it, on PostgreSQL; elsewhere (and
+    alone) it is ``append``."""
+    using = router.db_for_write(AuditEvent, instance=event)
+
+    def parts(prefix: str) -> tuple[list[str], list[Any], list[str], list[Any]]:
+        upsert, insert, columns = _pieces(using)
+        ctes = [f"{prefix}h AS ({upsert})", f"{prefix} AS ({insert.format(head=prefix + 'h')})"]
+        returned = ("id", "seq", "chain_seq", "prev_hash", "hash")
+        selects = [f"(SELECT {col} FROM {prefix})" for col in returned]
+        return ctes, _params(event, connections[using], columns), selects, []
+
+    def done(found: list[Any]) -> None:
+        _filled(event, using, found)
+
+    def fallback() -> None:
+        append(event)
+
+    return Extra(parts=parts, done=done, fallback=fallback)
 
 
 def append(event: AuditEvent) -> AuditEvent:
@@ -79,25 +125,9 @@ def append(event: AuditEvent) -> AuditEvent:
     if connection.vendor != "postgresql":
         return _append_orm(event, using)
     sql, columns = _statement(using)
-    before, after = split_payload(event.hashed_fields() | {"seq": 0})
-    fields = {f.attname: f for f in AuditEvent._meta.concrete_fields}
-    values = [fields[name].get_db_prep_save(getattr(event, name), connection) for name in columns]
-    params = [
-        event.chain,
-        GENESIS,
-        before,
-        after,
-        GENESIS,
-        event.created_at,
-        before,
-        after,
-        *values,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        event.pk, event.seq, event.chain_seq, event.prev_hash, event.hash = cursor.fetchone()
-    event._state.adding, event._state.db = False, using
-    return event
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, _params(event, connection, columns))
+        return _filled(event, using, cursor.fetchone())
 
 
 def _append_orm(event: AuditEvent, using: str) -> AuditEvent:

@@ -43,7 +43,36 @@ def record_audit(
                 run_id=run_id,
                 context=context,
             )
-    event = AuditEvent(
+    # One statement: the INSERT and the move of this chain's head (audit/append.py). The head row's
+    # lock is that chain's alone: no global serialisation point.
+    return append(
+        audit_event(
+            actor=actor,
+            action=action,
+            object_type=object_type,
+            object_id=object_id,
+            outcome=outcome,
+            reason=reason,
+            run_id=run_id,
+            context=context,
+        )
+    )
+
+
+def audit_event(
+    *,
+    actor: Actor,
+    action: str,
+    object_type: str,
+    object_id: Any,
+    outcome: str = AuditEvent.ALLOWED,
+    reason: str = "",
+    run_id: Any = None,
+    context: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """The event ``record_audit`` appends, not yet written: for a decision that writes it in the same
+    statement as its other rows (``audit.append.appending`` in ``core.rows.write_rows``)."""
+    return AuditEvent(
         chain=chain_for(run_id),
         event_id=uuid.uuid4(),
         created_at=timezone.now(),
@@ -63,9 +92,6 @@ def record_audit(
         request_id=actor.request_id[:64],
         context=normalise(context or {}),
     )
-    # One statement: the INSERT and the move of this chain's head (audit/append.py). The head row's
-    # lock is that chain's alone: no global serialisation point.
-    return append(event)
 
 
 @contextmanager

@@ -15,6 +15,8 @@ Only for equality filters on concrete columns; anything richer stays with the OR
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -23,6 +25,37 @@ from django.db import connections, models, router
 from django.db.models.fields.related import RelatedField
 
 M = TypeVar("M", bound=models.Model)
+
+
+def hot_cursor(conn: Any) -> Any:
+    """``conn.cursor()`` for the hot path's statements. On PostgreSQL: a server-binding cursor that
+    prepares each statement on its first execution on this connection (psycopg's ``prepare=True``),
+    so PostgreSQL parses and plans each of them once per connection instead of on every call (Django
+    binds client-side and prepares nothing by default). Still wrapped by Django (execute wrappers,
+    query logging, error translation). Prepared statements live in the server session: put no
+    transaction-mode pooler (PgBouncer) between the app and PostgreSQL."""
+    if conn.vendor != "postgresql":
+        return conn.cursor()
+    conn.ensure_connection()
+    raw = conn.connection
+    if raw.prepare_threshold is None:  # Django's "never": only prepare=True statements, then
+        raw.prepare_threshold = _ONLY_WHEN_ASKED  # (its own cursors bind client-side: never)
+    with conn.wrap_database_errors:
+        return conn._prepare_cursor(_prepared_cursor_class()(raw))
+
+
+_ONLY_WHEN_ASKED = 2**31 - 1
+
+
+@lru_cache(maxsize=1)
+def _prepared_cursor_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class PreparedCursor(ServerBindingCursor):
+        def execute(self, query, params=None, *, prepare=None, binary=None):
+            return super().execute(query, params, prepare=True, binary=binary)
+
+    return PreparedCursor
 
 
 def _column(field: models.Field | models.ForeignObjectRel) -> str:
@@ -112,7 +145,7 @@ def select_rows[M: models.Model](
             return []
     sql = _statement(model, names, tuple(order_by), limit, lock, alias)
     _, attnames, converters = _shape(model, alias)
-    with conn.cursor() as cursor:
+    with hot_cursor(conn) as cursor:
         cursor.execute(sql, params)
         fetched = cursor.fetchall()
     found = []
@@ -166,18 +199,35 @@ def _insert_shape(model: type[models.Model], alias: str) -> tuple[str, tuple, mo
     return sql, fields, auto
 
 
+@dataclass
+class Extra:
+    """More of a decision's write in ``write_rows``' one statement: CTEs of its own (``parts(prefix)``
+    gives their text, their parameters, and SELECT expressions with their parameters, named under
+    ``prefix`` so several extras never collide), ``done`` takes the selected values; ``fallback`` does
+    the same work on its own, whatever the database: what runs where there are no data-modifying CTEs
+    (the SQLite demo) or nothing else to write."""
+
+    parts: Callable[[str], tuple[list[str], list[Any], list[str], list[Any]]]
+    done: Callable[[list[Any]], None]
+    fallback: Callable[[], None]
+
+
 def write_rows(
     inserts: list[models.Model],
     updates: list[tuple[type[models.Model], Any, dict[str, Any]]] = (),  # type: ignore[assignment]
+    extras: list[Extra] = (),  # type: ignore[assignment]
 ) -> None:
     """``obj.save(force_insert=True)`` for each of ``inserts`` and
     ``Model.objects.filter(pk=pk).update(**values)`` for each of ``updates``, in ONE statement on
     PostgreSQL (a data-modifying CTE: one round trip for a decision's whole write). Values are prepared
     by each field's ``get_db_prep_save``, as the ORM does; auto primary keys are set on the instances.
-    Every UPDATE must hit exactly one row (the caller holds its lock), else RuntimeError. Elsewhere
-    (the SQLite demo) the ORM calls run one by one. No signals are sent (none are connected to these
-    models). Only plain values: no expressions."""
+    Every UPDATE must hit exactly one row (the caller holds its lock), else RuntimeError. ``extras``
+    join the same statement (an audit append, a NOTIFY: see ``Extra``). Elsewhere (the SQLite demo)
+    the ORM calls run one by one, then each extra's fallback. No signals are sent (none are connected
+    to these models). Only plain values: no expressions."""
     if not inserts and not updates:
+        for extra in extras:
+            extra.fallback()
         return
     model = type(inserts[0]) if inserts else updates[0][0]
     alias = router.db_for_write(model)
@@ -188,6 +238,8 @@ def write_rows(
         for update_model, pk, values in updates:
             if update_model._base_manager.using(alias).filter(pk=pk).update(**values) != 1:
                 raise RuntimeError(f"{update_model.__name__} {pk} was not updated")
+        for extra in extras:
+            extra.fallback()
         return
     qn = conn.ops.quote_name
     parts: list[str] = []
@@ -221,11 +273,26 @@ def write_rows(
         )
         params.append(meta.pk.get_db_prep_value(pk, conn))
         selects.append(f"(SELECT count(*) FROM u{j})")
+    select_params: list[Any] = []
+    spans = []
+    for k, extra in enumerate(extras):
+        ctes, cte_params, extra_selects, extra_select_params = extra.parts(f"x{k}")
+        parts.extend(ctes)
+        params.extend(cte_params)
+        spans.append(len(extra_selects))
+        selects.extend(extra_selects)
+        select_params.extend(extra_select_params)
     statement = f"WITH {', '.join(parts)} SELECT {', '.join(selects)}"
-    with conn.cursor() as cursor:
-        cursor.execute(statement, params)
+    with hot_cursor(conn) as cursor:
+        cursor.execute(statement, params + select_params)
         row = cursor.fetchone()
     found = list(row)
+    if extras:
+        tail = found[len(found) - sum(spans) :]
+        del found[len(found) - sum(spans) :]
+        for extra, span in zip(extras, spans, strict=True):
+            extra.done(tail[:span])
+            del tail[:span]
     for obj in inserts:
         value = found.pop(0)
         auto = obj._meta.auto_field

@@ -54,6 +54,8 @@ def run_summary(run: Run, unresolved: int | None = None) -> dict[str, Any]:
 
 
 def run_detail(run: Run) -> dict[str, Any]:
+    if run.new_grants is not None and run.history_seq == 1:  # as create_run left it
+        return _new_run_detail(run, run.new_grants)
     leases = run.leases.order_by("-granted_at")
     return run_summary(run) | {
         "input": run.input,
@@ -102,6 +104,25 @@ def run_detail(run: Run) -> dict[str, Any]:
             for a in run.approvals.all()
         ],
         "unresolved_effects": Effect.objects.filter(run=run).unresolved().count(),
+    }
+
+
+def _new_run_detail(run: Run, grants: list) -> dict[str, Any]:
+    """``run_detail`` of the run ``create_run`` just wrote, from memory: it has its grants and its
+    first history link, nothing else yet (no children, attempts, leases, checkpoints, approvals or
+    effects), so nothing is read back."""
+    return run_summary(run) | {
+        "input": run.input,
+        "versions": run.versions,
+        "retry_policy": run.retry_policy,
+        "allowed_events": [e.value for e in allowed_events(run.state)],
+        "children": [],
+        "attempts": [],
+        "leases": [],
+        "authority": authority_envelope(run, grants),
+        "checkpoint": None,
+        "approvals": [],
+        "unresolved_effects": 0,
     }
 
 

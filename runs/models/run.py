@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pgtrigger
 from django.conf import settings
@@ -23,7 +24,12 @@ TALLY_SQL = (
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    agent = models.ForeignKey("runs.Agent", on_delete=models.PROTECT, related_name="runs")
+    # agent, state, created_at: no single-column index of their own. Each leads a keyset index below,
+    # which answers the same lookups, and every run UPDATE that moves ``updated_at`` (every history
+    # append) writes an entry into each of the run's indexes.
+    agent = models.ForeignKey(
+        "runs.Agent", on_delete=models.PROTECT, related_name="runs", db_index=False
+    )
     goal = models.TextField()
     input = models.JSONField(default=dict, blank=True)
     parent = models.ForeignKey(
@@ -33,9 +39,7 @@ class Run(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     versions = models.JSONField(default=dict, blank=True)  # code, model, tools{}, config_hash
-    state = models.CharField(
-        max_length=20, choices=STATE_CHOICES, default=State.QUEUED, db_index=True
-    )
+    state = models.CharField(max_length=20, choices=STATE_CHOICES, default=State.QUEUED)
     state_changed_at = models.DateTimeField(default=timezone.now)
     # Monotonic per run: every claim increments it; a write carrying an older token is refused.
     fencing_token = models.BigIntegerField(default=0)
@@ -69,11 +73,15 @@ class Run(models.Model):
     )  # transfer: only this worker may claim next
     deadline = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     history_head = models.CharField(max_length=64, blank=True)  # hash of the latest history event
     history_seq = models.PositiveIntegerField(default=0)
     checkpoint_seq = models.PositiveIntegerField(default=0)
+
+    # Not a column: set by runs.services.create_run on the instance it returns (the grants it wrote
+    # with the run), so runs.selectors.run_detail need not read back what was just written.
+    new_grants: list[Any] | None = None
 
     class Meta:
         ordering = ["-created_at"]
@@ -94,9 +102,16 @@ class Run(models.Model):
         ]
         # The state machine in the database: an UPDATE of ``state`` along no edge of runs/states.py
         # is refused, whoever writes it. Generated from the table; a change to the table shows up as
-        # a pending migration (tests/runs/test_state_trigger.py checks there is none).
+        # a pending migration (tests/runs/test_state_trigger.py checks there is none). Its WHEN clause
+        # keeps PostgreSQL from calling it on the UPDATEs that leave ``state`` alone (every history
+        # append moves the run's head): those were always allowed.
         triggers = [
-            pgtrigger.FSM(name="run_state_transitions", field="state", transitions=state_edges()),
+            pgtrigger.FSM(
+                name="run_state_transitions",
+                field="state",
+                transitions=state_edges(),
+                condition=pgtrigger.AnyChange("state"),
+            ),
             # Runs per (agent, state), kept by the database in RunTally (below): a run inserted,
             # deleted, or moved to another state or agent writes its +1 / -1 in the same
             # transaction. Inserts and deletes per statement (a COPY of 100,000 runs writes one row

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.append import appending
 from audit.chain import GENESIS, link_hash, normalise
 from audit.dbutil import insert_and_update
 from audit.models import AuditEvent
-from audit.services import record_audit
+from audit.services import audit_event, record_audit
 from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
 from core.live import announce
-from core.rows import select_row
+from core.rows import Extra, select_row, write_rows
 from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
 from runs.models import (
@@ -147,9 +149,15 @@ def set_resume_point(run: Run, checkpoint: Checkpoint | None, *, claimable_after
 def end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
     """Release or expire an execution lease: the one writer of a lease's end (claim superseding a
     stale one, release, finish, expiry, a pause with nothing in flight); caller holds the run lock."""
+    ExecutionLease.objects.filter(pk=lease.pk).update(**lease_end(lease, status, why, now))
+
+
+def lease_end(lease: ExecutionLease, status: str, why: str, now) -> dict[str, Any]:
+    """``end_lease`` in memory (and announced): the columns to write, for a caller that writes them
+    with its other rows (``core.rows.write_rows``)."""
     lease.status, lease.ended_at, lease.end_reason = status, now, why
-    ExecutionLease.objects.filter(pk=lease.pk).update(status=status, ended_at=now, end_reason=why)
     announce(lease.run_id, "lease", lease.pk)
+    return {"status": status, "ended_at": now, "end_reason": why}
 
 
 def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
@@ -165,8 +173,14 @@ def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
     }
 
 
-def authority_envelope(run: Run) -> list[dict[str, Any]]:
+def authority_envelope(
+    run: Run, grants: list[AuthorityGrant] | None = None
+) -> list[dict[str, Any]]:
+    """The run's grants as previews, receipts and snapshots show them; ``grants``: already in hand
+    (a run being created), else read in grant order."""
     now = timezone.now()
+    if grants is None:
+        grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
     return [
         {
             "id": str(g.id),
@@ -174,7 +188,7 @@ def authority_envelope(run: Run) -> list[dict[str, Any]]:
             "status": g.effective_status(now),
             "expires_at": g.expires_at.isoformat(),
         }
-        for g in AuthorityGrant.objects.filter(run=run).order_by("granted_at")
+        for g in grants
     ]
 
 
@@ -195,8 +209,21 @@ def unresolved_effects(run: Run) -> list[dict[str, Any]]:
     ]
 
 
-def run_snapshot(run: Run) -> dict[str, Any]:
-    """What was known at a decision: recorded in audit context for run-control events."""
+def run_snapshot(run: Run, new_grants: list[AuthorityGrant] | None = None) -> dict[str, Any]:
+    """What was known at a decision: recorded in audit context for run-control events.
+    ``new_grants``: the run is being created with these grants (nothing else to read yet: no
+    checkpoint, no effects, no people)."""
+    if new_grants is not None:
+        return {
+            "state": run.state,
+            "attempt": None,
+            "fencing_token": run.fencing_token,
+            "checkpoint": None,
+            "authority": authority_envelope(run, new_grants),
+            "unresolved_effects": [],
+            "assignee": None,
+            "decision_authority": None,
+        }
     cp = starting_checkpoint(run)
     return {
         "state": run.state,
@@ -231,10 +258,34 @@ def notify_run_changed(run: Run) -> None:
     """Wake long-polling heartbeats. pg_notify is transactional: delivered only if we commit."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, str(run.pk)])
-            if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
-                cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, work_key(run.agent_id)])
+            cur.execute(
+                "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(_notices(run))),
+                [value for notice in _notices(run) for value in notice],
+            )
     announce(run.pk, "run")  # sent after COMMIT (core.live)
+
+
+def _notices(run: Run) -> list[tuple[str, str]]:
+    notices = [(NOTIFY_CHANNEL, str(run.pk))]
+    if run.state == State.QUEUED:  # claimable: wake the workers long-polling for work
+        notices.append((NOTIFY_CHANNEL, work_key(run.agent_id)))
+    return notices
+
+
+def notifying(run: Run) -> Extra:
+    """``notify_run_changed(run)`` as part of a decision's one write statement (core.rows.write_rows):
+    the NOTIFYs are calls in its final SELECT. Reads ``run.state`` when the statement is built."""
+
+    def parts(prefix: str) -> tuple[list[str], list[Any], list[str], list[Any]]:
+        notices = _notices(run)
+        params = [value for notice in notices for value in notice]
+        return [], [], ["pg_notify(%s, %s)"] * len(notices), params
+
+    return Extra(
+        parts=parts,
+        done=lambda found: announce(run.pk, "run"),
+        fallback=lambda: notify_run_changed(run),
+    )
 
 
 def apply_transition(
@@ -249,7 +300,53 @@ def apply_transition(
     snapshot: Callable[[Run], dict[str, Any]] | None = None,
 ) -> State:
     """Move the locked run along the table, with history and audit in the same transaction.
-    ``snapshot``: what renders the audit's before/after (default ``run_snapshot``)."""
+    ``snapshot``: what renders the audit's before/after (default ``run_snapshot``). The run's UPDATE,
+    the history link, the audit event and the NOTIFY are one statement."""
+    move = transition_rows(
+        run,
+        event,
+        actor=actor,
+        reason=reason,
+        data=data,
+        audit_action=audit_action,
+        audit_context=audit_context,
+        snapshot=snapshot,
+    )
+    write_rows([move.history], [(Run, run.pk, move.run_updates)], move.extras(run))
+    if run.state not in APPROVAL_LIVE_STATES:
+        supersede_pending_approvals(run, actor=actor, why=f"run {event.value}: now {run.state}")
+    return move.target
+
+
+@dataclass
+class Move:
+    """A transition decided but not written: the run's new columns, its history link, its audit."""
+
+    target: State
+    history: HistoryEvent
+    audit: AuditEvent
+    run_updates: dict[str, Any]
+
+    def extras(self, run: Run) -> list[Extra]:
+        """The audit append and the NOTIFY, to write with the rows (core.rows.write_rows)."""
+        return [appending(self.audit), notifying(run)]
+
+
+def transition_rows(
+    run: Run,
+    event: Event,
+    *,
+    actor: Actor,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    audit_action: str | None = None,
+    audit_context: dict[str, Any] | None = None,
+    snapshot: Callable[[Run], dict[str, Any]] | None = None,
+) -> Move:
+    """``apply_transition``'s decision, in memory: the run moves along the table (Conflict if it may
+    not), and the rows that record it are returned for the caller to write with its own (claim and
+    finish write theirs in one statement). Caller holds the run lock; the pending approvals a move out
+    of an approval-live state supersedes are the caller's to supersede after writing."""
     snapshot = snapshot or run_snapshot
     edge = transition(run.state, event)
     if edge is None:
@@ -260,10 +357,8 @@ def apply_transition(
         )
     before = snapshot(run) if audit_context is None else None
     previous = run.state
-    now = timezone.now()
-    run.state, run.state_changed_at = edge.target.value, now
-    Run.objects.filter(pk=run.pk).update(state=run.state, state_changed_at=now, updated_at=now)
-    append_history(
+    run.state, run.state_changed_at = edge.target.value, timezone.now()
+    history = next_history(
         run,
         "state_changed",
         {"from": previous, "to": run.state, "event": event.value, "reason": reason, **(data or {})},
@@ -274,7 +369,7 @@ def apply_transition(
         audit_context if audit_context is not None else {"before": before, "after": snapshot(run)}
     )
     context = {"from_state": previous, "to_state": run.state, "event": event.value, **context}
-    record_audit(
+    audit = audit_event(
         actor=actor,
         action=audit_action or f"run.{event.value}",
         object_type="run",
@@ -283,19 +378,21 @@ def apply_transition(
         reason=reason,
         context=context,
     )
-    if run.state not in APPROVAL_LIVE_STATES:
-        supersede_pending_approvals(run, actor=actor, why=f"run {event.value}: now {run.state}")
-    notify_run_changed(run)
-    return edge.target
+    updates = {"state": run.state, "state_changed_at": run.state_changed_at}
+    return Move(edge.target, history, audit, updates | history_head(run, history))
 
 
-def supersede_pending_approvals(run: Run, *, actor: Actor, why: str) -> list[str]:
+def supersede_pending_approvals(
+    run: Run, *, actor: Actor, why: str, pending: list[Any] | None = None
+) -> list[str]:
     """A run that moved on (cancelled, retried, recovered, a new attempt) no longer waits for the
     decisions it asked for: each pending approval becomes ``superseded`` (history + audit), can no
-    longer be approved and leaves the inbox. Caller holds the run lock."""
-    pending = list(
-        Approval.objects.filter(run=run, status=Approval.PENDING).values_list("pk", flat=True)
-    )
+    longer be approved and leaves the inbox. Caller holds the run lock. ``pending``: the ids of the
+    run's pending approvals (newest first) if the caller read them under the lock already."""
+    if pending is None:
+        pending = list(
+            Approval.objects.filter(run=run, status=Approval.PENDING).values_list("pk", flat=True)
+        )
     if not pending:
         return []
     now = timezone.now()

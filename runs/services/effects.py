@@ -9,9 +9,10 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from audit.append import appending
 from audit.chain import canonical
 from audit.models import AuditEvent
-from audit.services import record_audit
+from audit.services import audit_event, record_audit
 from core.actors import Actor
 from core.errors import (
     Conflict,
@@ -22,7 +23,7 @@ from core.errors import (
     LeaseLost,
     NotFound,
 )
-from core.rows import from_json, select_rows, write_rows
+from core.rows import from_json, hot_cursor, select_rows, write_rows
 from runs.models import (
     Approval,
     ApprovalPolicy,
@@ -37,7 +38,7 @@ from runs.states import EFFECT_STATES, State, denial_reason
 from .approvals import approval_denial
 from .common import decision, history_head, lock_run, next_history
 from .discrepancy import record_discrepancy, reported_again
-from .freeze import capability_frozen
+from .freeze import FREEZE_JSON_SQL, capability_frozen, live_freeze
 from .lifecycle import check_lease
 
 OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
@@ -92,13 +93,14 @@ class Facts:
     """What a declaration decides on, read in ONE statement once the run is locked (a new snapshot in
     READ COMMITTED, so everything committed before the lock was granted is seen): the lease with the
     caller's fencing token, the authorised effect with the key, the run's grants, the agent's approval
-    policies for the tool and the run's latest approval for tool:action."""
+    policies for the tool, the run's latest approval for tool:action and a live freeze covering it."""
 
     lease: ExecutionLease | None
     existing: Effect | None
     grants: list[AuthorityGrant]
     policies: list[ApprovalPolicy]
     latest_approval: Approval | None
+    freeze: tuple[str, str, str] | None  # a live capability freeze covering tool:action (freeze.py)
 
 
 def _facts_sql() -> str:
@@ -115,7 +117,8 @@ def _facts_sql() -> str:
         f"       (SELECT json_agg(p) FROM {t['ApprovalPolicy']} p"
         "         WHERE p.agent_id = %(agent)s AND p.tool = %(tool)s),"
         f"       (SELECT row_to_json(a) FROM {t['Approval']} a WHERE a.run_id = %(run)s"
-        "         AND a.tool = %(tool)s AND a.action = %(action)s ORDER BY a.requested_at DESC LIMIT 1)"
+        "         AND a.tool = %(tool)s AND a.action = %(action)s ORDER BY a.requested_at DESC LIMIT 1),"
+        f"       ({FREEZE_JSON_SQL})"
     )
 
 
@@ -138,6 +141,7 @@ def declaration_facts(
             select_rows(AuthorityGrant, run=run.pk),
             select_rows(ApprovalPolicy, agent=run.agent_id, tool=tool),
             select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",)),
+            live_freeze(run.pk, tool, action),
         )
     if not _FACTS_SQL:
         _FACTS_SQL.append(_facts_sql())
@@ -148,16 +152,19 @@ def declaration_facts(
         "agent": run.agent_id,
         "tool": tool,
         "action": action,
+        "scope": f"{tool}:{action}",
+        "wildcard": f"{tool}:*",
     }
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(_FACTS_SQL[0], params)
-        lease, existing, grants, policies, latest = cursor.fetchone()
+        lease, existing, grants, policies, latest, freeze = cursor.fetchone()
     return Facts(
         from_json(ExecutionLease, lease),
         from_json(Effect, existing),
         [g for g in (from_json(AuthorityGrant, row) for row in grants or ()) if g is not None],
         [p for p in (from_json(ApprovalPolicy, row) for row in policies or ()) if p is not None],
         from_json(Approval, latest),
+        tuple(freeze) if freeze else None,
     )
 
 
@@ -226,7 +233,7 @@ def declare_effect(
         reason = reason or _authority_denial(run, tool, action, now, facts.grants)
         approval, detail = None, ""
         if reason is None:
-            reason, detail = capability_frozen(run.pk, tool, action)
+            reason, detail = capability_frozen(run.pk, tool, action, facts.freeze)
         if reason is None:
             reason, approval, detail = approval_denial(
                 run,
@@ -280,15 +287,14 @@ def declare_effect(
             attempt=run.current_attempt_id,
             actor=actor,
         )
-        # The effect, its history link and the run's new head: one statement.
-        write_rows([effect, event], [(Run, run.pk, history_head(run, event))])
         if approval is not None:  # single use: the compare-and-swap makes a second consumer lose
+            # (the effect it names is written just below: the foreign key is checked at COMMIT)
             used = Approval.objects.filter(pk=approval.pk, consumed_by__isnull=True).update(
                 consumed_by=effect
             )
             if used != 1:
                 raise Conflict("the approval was used by another declaration meanwhile")
-        record_audit(
+        audit = audit_event(
             actor=actor,
             action="effect.declare",
             object_type="effect",
@@ -305,6 +311,8 @@ def declare_effect(
                 "approval": str(approval.pk) if approval else None,
             },
         )
+        # The effect, its history link, the run's new head and the audit event: one statement.
+        write_rows([effect, event], [(Run, run.pk, history_head(run, event))], [appending(audit)])
     return Declaration(effect, "authorized")
 
 
@@ -368,8 +376,7 @@ def _deny(
         attempt=run.current_attempt_id,
         actor=actor,
     )
-    write_rows([effect, event], [(Run, run.pk, history_head(run, event))])
-    record_audit(
+    audit = audit_event(
         actor=actor,
         action="effect.declare",
         object_type="effect",
@@ -388,6 +395,7 @@ def _deny(
             "fencing_token": fencing_token,
         },
     )
+    write_rows([effect, event], [(Run, run.pk, history_head(run, event))], [appending(audit)])
     return Declaration(effect, "denied")
 
 
@@ -403,7 +411,7 @@ def effect_run_id(effect_id: Any) -> Any:
         pk = None
     row = None
     if pk is not None:
-        with connection.cursor() as cursor:
+        with hot_cursor(connection) as cursor:
             cursor.execute(f"SELECT run_id FROM {Effect._meta.db_table} WHERE id = %s", [pk])
             row = cursor.fetchone()
     if row is None:
@@ -467,7 +475,7 @@ def _lock_effect(run: Run, effect_id: Any, fencing_token: Any) -> tuple[Effect |
         f" FROM {Effect._meta.db_table} e WHERE e.id = %(effect)s FOR UPDATE OF e"
     )
     token = int(fencing_token) if fencing_token is not None else None
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(sql, {"run": run.pk, "token": token, "effect": pk})
         row = cursor.fetchone()
     if row is None:
@@ -561,16 +569,7 @@ def record_outcome_with(
                     inserts += [cp, cp_event]
                     run_update = checkpoint_head(run, cp_event)
                     result.checkpoint = cp
-            # The outcome, its history link (and the checkpoint with its link), the run's head: one
-            # statement.
-            write_rows(
-                inserts,
-                [
-                    (Effect, effect.pk, {f: getattr(effect, f) for f in _OUTCOME_FIELDS}),
-                    (Run, run.pk, run_update),
-                ],
-            )
-            record_audit(
+            audit = audit_event(
                 actor=actor,
                 action="effect.outcome",
                 object_type="effect",
@@ -584,6 +583,16 @@ def record_outcome_with(
                     "state": run.state,
                     "fencing_token": fencing_token,
                 },
+            )
+            # The outcome, its history link (and the checkpoint with its link), the run's head, the
+            # audit event: one statement.
+            write_rows(
+                inserts,
+                [
+                    (Effect, effect.pk, {f: getattr(effect, f) for f in _OUTCOME_FIELDS}),
+                    (Run, run.pk, run_update),
+                ],
+                [appending(audit)],
             )
             if effect.late:
                 from .common import notify_run_changed

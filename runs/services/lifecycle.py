@@ -9,7 +9,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import record_audit
+from audit.append import appending
+from audit.services import audit_event
 from core.actors import Actor
 from core.errors import (
     AuthorityNotAllowed,
@@ -21,20 +22,19 @@ from core.errors import (
     NotClaimable,
     NotFound,
 )
-from core.rows import select_row, select_rows
+from core.rows import select_row, select_rows, write_rows
 from core.telemetry import annotate
 from runs.models import (
     Agent,
     Approval,
     Attempt,
     AuthorityGrant,
-    Effect,
     ExecutionLease,
     HistoryEvent,
     Run,
     Timer,
 )
-from runs.states import LEASED_STATES, Event, State, directive_for
+from runs.states import APPROVAL_LIVE_STATES, LEASED_STATES, Event, State, directive_for
 
 from .common import (
     append_history,
@@ -42,13 +42,17 @@ from .common import (
     checkpoint_summary,
     decision,
     end_lease,
+    lease_end,
     lease_ttl,
     lock_run,
-    notify_run_changed,
+    next_history,
+    notifying,
     protocol_snapshot,
     run_snapshot,
-    starting_checkpoint,
+    supersede_pending_approvals,
+    transition_rows,
 )
+from .facts import claim_facts, finish_facts
 
 DEFAULT_GRANT_TTL_S = 3600
 
@@ -95,7 +99,7 @@ def create_run(
                 parent_run_id=str(parent.pk),
             )
         now = timezone.now()
-        run = Run.objects.create(
+        run = Run(
             agent=agent_row,
             goal=goal,
             input=input or {},
@@ -109,15 +113,17 @@ def create_run(
             updated_at=now,
         )
         annotate(run_id=run.pk)
-        for request in authority or []:
-            _grant(run, agent_row, parent, request, actor, now)
-        append_history(
+        grants = [
+            _grant(run, agent_row, parent, request, actor, now) for request in authority or []
+        ]
+        created = next_history(
             run,
             "run_created",
             {"goal": goal, "parent": str(parent.pk) if parent else None, "versions": run.versions},
             actor=actor,
         )
-        record_audit(
+        run.updated_at = created.created_at  # the head the run row is inserted with
+        audit = audit_event(
             actor=actor,
             action="run.create",
             object_type="run",
@@ -126,10 +132,12 @@ def create_run(
             context={
                 "agent": agent,
                 "parent": str(parent.pk) if parent else None,
-                "after": run_snapshot(run),
+                "after": run_snapshot(run, new_grants=grants),
             },
         )
-        notify_run_changed(run)
+        # The run, its grants, its first history link, the audit event and the NOTIFYs: one statement.
+        write_rows([run, *grants, created], [], [appending(audit), notifying(run)])
+        run.new_grants = grants  # what runs.selectors.run_detail needs not read back
     return run
 
 
@@ -158,7 +166,7 @@ def _grant(
                 f"{scope!r} is wider than the parent's {source.scope!r}", scope=scope
             )
         expires = min(expires, source.expires_at)
-    return AuthorityGrant.objects.create(
+    return AuthorityGrant(  # written by the caller, with the run
         run=run,
         scope=scope,
         issuer=actor.label,
@@ -194,10 +202,11 @@ class Claim:
 def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None = None) -> Claim:
     with decision(actor, "run.claim", "run", run_id, run_id):
         run = lock_run(run_id)
-        if actor.is_worker and not actor.may_act_for(run.agent.name):
-            raise Forbidden(f"this worker token may not act for agent {run.agent.name!r}")
+        facts = claim_facts(run)
+        if actor.is_worker and not actor.may_act_for(facts.agent):
+            raise Forbidden(f"this worker token may not act for agent {facts.agent!r}")
         now = timezone.now()
-        live = ExecutionLease.objects.filter(run=run, status=ExecutionLease.ACTIVE).first()
+        live = facts.live_lease
         if live is not None and live.expires_at > now:
             raise LeaseHeld(
                 f"worker {live.worker!r} holds the lease until {live.expires_at.isoformat()}",
@@ -215,16 +224,14 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             raise NotClaimable(
                 f"execution was transferred to worker {run.execution_pin!r}", state=run.state
             )
-        if versions:  # what this agent's workers run now: compared by resume and recovery
-            Agent.objects.filter(pk=run.agent_id).update(current_versions=versions)
         if (
             live is not None
         ):  # defensive: a stale active row must never block the partial unique index
             end_lease(live, ExecutionLease.EXPIRED, "superseded", now)
         run.fencing_token += 1
         run.attempt_count += 1
-        cp = starting_checkpoint(run)
-        attempt = Attempt.objects.create(
+        cp = facts.checkpoint
+        attempt = Attempt(
             run=run,
             number=run.attempt_count,
             worker=worker,
@@ -234,7 +241,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
         )
         annotate(attempt_id=attempt.pk)
         ttl = lease_ttl()
-        lease = ExecutionLease.objects.create(
+        lease = ExecutionLease(
             run=run,
             attempt=attempt,
             worker=worker,
@@ -244,13 +251,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             expires_at=now + timedelta(seconds=ttl),
         )
         run.current_attempt, run.resume_checkpoint = attempt, None
-        Run.objects.filter(pk=run.pk).update(
-            fencing_token=run.fencing_token,
-            attempt_count=run.attempt_count,
-            current_attempt=attempt,
-            resume_checkpoint=None,
-        )
-        append_history(
+        started = next_history(
             run,
             "attempt_started",
             {
@@ -262,7 +263,7 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             attempt=attempt,
             actor=actor,
         )
-        apply_transition(
+        move = transition_rows(
             run,
             Event.CLAIM,
             actor=actor,
@@ -270,7 +271,33 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             data={"fencing_token": run.fencing_token},
             snapshot=protocol_snapshot,
         )
+        updates: list[tuple[type[Any], Any, dict[str, Any]]] = [
+            (
+                Run,
+                run.pk,
+                move.run_updates
+                | {
+                    "fencing_token": run.fencing_token,
+                    "attempt_count": run.attempt_count,
+                    "current_attempt": attempt,
+                    "resume_checkpoint": None,
+                },
+            )
+        ]
+        if versions:  # what this agent's workers run now: compared by resume and recovery
+            updates.append((Agent, run.agent_id, {"current_versions": versions}))
+        # The attempt, the lease, both history links, the run's row, the audit event, the NOTIFY:
+        # one statement.
+        write_rows([attempt, lease, started, move.history], updates, move.extras(run))
+        _supersede(run, actor, Event.CLAIM, facts.pending_approvals)
     return Claim(run, attempt, lease, checkpoint_summary(cp))
+
+
+def _supersede(run: Run, actor: Actor, event: Event, pending: list[Any]) -> None:
+    """``apply_transition``'s last step, with the pending approvals already read."""
+    if pending and run.state not in APPROVAL_LIVE_STATES:
+        why = f"run {event.value}: now {run.state}"
+        supersede_pending_approvals(run, actor=actor, why=why, pending=pending)
 
 
 def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
@@ -455,25 +482,28 @@ def finish_attempt(
     with decision(actor, "run.finish", "run", run_id, run_id):
         run = lock_run(run_id)
         now = timezone.now()
-        lease = check_fencing(run, fencing_token, now)
+        facts = finish_facts(run, fencing_token)
+        lease = check_lease(run, facts.lease, fencing_token, now)
         event = Event.FINISH_SUCCEEDED if outcome == "succeeded" else Event.FINISH_FAILED
         if event == Event.FINISH_SUCCEEDED and run.state in (State.RUNNING, State.PAUSING):
-            pending = Effect.objects.filter(run=run).unresolved()
-            if pending.exists():
+            if facts.unresolved:
                 raise EffectsUnresolved(
                     "cannot succeed with effects in flight or unknown",
-                    effects=[str(e.pk) for e in pending],
+                    effects=facts.unresolved,
                     state=run.state,
                 )
-        end_lease(lease, ExecutionLease.RELEASED, f"finished: {outcome}", now)
-        _end_attempt(
-            run,
-            Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED,
-            now,
-            failure_class,
-            error,
-        )
-        apply_transition(
+        updates: list[tuple[type[Any], Any, dict[str, Any]]] = [
+            (
+                ExecutionLease,
+                lease.pk,
+                lease_end(lease, ExecutionLease.RELEASED, f"finished: {outcome}", now),
+            )
+        ]
+        if facts.attempt_running:  # _end_attempt's compare-and-swap, decided under the run lock
+            ended = Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED
+            values = {"outcome": ended, "ended_at": now, "failure_class": failure_class}
+            updates.append((Attempt, run.current_attempt_id, values | {"error": error}))
+        move = transition_rows(
             run,
             event,
             actor=actor,
@@ -481,6 +511,11 @@ def finish_attempt(
             data={"failure_class": failure_class, "error": error},
             snapshot=protocol_snapshot,
         )
+        updates.append((Run, run.pk, move.run_updates))
+        # The lease's end, the attempt's, the run's row, its history link, the audit event, the
+        # NOTIFY: one statement.
+        write_rows([move.history], updates, move.extras(run))
+        _supersede(run, actor, event, facts.pending_approvals)
     return run
 
 

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from django.core.management import ManagementUtility, call_command
 from django.db import DatabaseError, connection, transaction
 
+from audit.append import appending
 from audit.chain import GENESIS, link_hash
 from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor
 from runs import services
 from runs.models import Attempt, Checkpoint, ExecutionLease, HistoryEvent, Run
-from runs.services import common
+from runs.services import common, lifecycle
 from tests.conftest import claim, declare, start_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("postgres_only")]
@@ -122,16 +124,20 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
     run = start_run(worker)
     written = []
 
-    def audit_then_remember(**kwargs):
-        event = record_audit(**kwargs)
-        written.append(event.pk)
-        return event
+    def audit_then_remember(event):
+        extra = appending(event)  # the claim's audit append, inside its one write statement
 
-    def broken_notify(run):
+        def remember(found):
+            extra.done(found)
+            written.append(event.pk)
+
+        return replace(extra, done=remember)
+
+    def broken_step_after_the_write(*args, **kwargs):
         raise RuntimeError("crash after the audit row was written")
 
-    monkeypatch.setattr(common, "record_audit", audit_then_remember)
-    monkeypatch.setattr(common, "notify_run_changed", broken_notify)
+    monkeypatch.setattr(common, "appending", audit_then_remember)
+    monkeypatch.setattr(lifecycle, "_supersede", broken_step_after_the_write)
     head_before = AuditChain.objects.get(key=f"run:{run['id']}").seq
     with pytest.raises(RuntimeError):
         services.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")

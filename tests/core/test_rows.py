@@ -173,3 +173,30 @@ def test_the_run_lock_does_not_block_a_foreign_key_check_on_the_run(postgres_onl
     finally:
         release.set()
         thread.join(10)
+
+
+def test_extras_join_the_one_write_statement_and_each_gets_its_own_values(postgres_only, worker):
+    run = Run.objects.get(pk=start_run(worker)["id"])
+    got: dict = {}
+
+    def parts(prefix):
+        cte = [f"{prefix} AS (SELECT %s::int AS n)"]
+        return cte, [41], [f"(SELECT n + 1 FROM {prefix})", "%s::text"], ["x"]
+
+    first = rows.Extra(parts=parts, done=lambda found: got.update(first=found), fallback=None)
+    second = rows.Extra(
+        parts=lambda prefix: ([], [], ["%s::int"], [7]),
+        done=lambda found: got.update(second=found),
+        fallback=None,
+    )
+    with transaction.atomic():
+        rows.write_rows([], [(Run, run.pk, {"goal": "changed"})], [first, second])
+    assert got == {"first": [42, "x"], "second": [7]}
+    assert Run.objects.get(pk=run.pk).goal == "changed"
+
+
+def test_extras_alone_run_their_fallback(db):
+    ran = []
+    extra = rows.Extra(parts=None, done=None, fallback=lambda: ran.append("fallback"))
+    rows.write_rows([], [], [extra])
+    assert ran == ["fallback"]
