@@ -123,10 +123,14 @@ def render(s: dict[str, Any]) -> str:
     ]
     audit = s.get("audit_append")
     if audit and "per_run_by_processes" in audit:
+        def by_processes(rates: dict) -> str:
+            return ", ".join(f"{n} → {float(v):,.0f}" for n, v in rates.items())
+
         lines += [
             "",
-            f"Audit appends/s, {audit.get('writers')} concurrent writers, by processes: per-run chains "
-            f"{audit['per_run_by_processes']}, one global lock {audit['global_lock_by_processes']}.",
+            f"Audit appends/s, {audit.get('writers')} concurrent writers, by API processes: per-run "
+            f"chains {by_processes(audit['per_run_by_processes'])}; one global lock "
+            f"{by_processes(audit['global_lock_by_processes'])}.",
         ]
     elif audit:
         lines += ["", f"Audit append: {str(audit.get('error', audit))[:300]}"]
