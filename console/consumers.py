@@ -115,13 +115,31 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """The console sends nothing that matters; actions go through the HTTP views."""
 
     async def run_changed(self, event: dict[str, Any]) -> None:
-        run_id = event.get("run_id")
+        if self._note(event.get("run_id"), event.get("facts")):
+            self._wake()
+
+    async def runs_changed(self, event: dict[str, Any]) -> None:
+        """The "runs" group's batch: many runs' hints in one message (core.live)."""
+        noted = False
+        for item in event.get("runs") or ():
+            try:
+                run_id, facts = item
+            except (TypeError, ValueError):
+                continue
+            noted = self._note(run_id, facts) or noted
+        if noted:
+            self._wake()
+
+    def _note(self, run_id: Any, facts: Any) -> bool:
         if run_id is None:
             self._refresh = True
         elif not self.relevant(run_id):
-            return
+            return False
         else:
-            note_facts(self._pending, str(run_id), event.get("facts"))
+            note_facts(self._pending, str(run_id), facts)
+        return True
+
+    def _wake(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._flush())
 

@@ -350,9 +350,24 @@ class ListHub:
                 log.warning("list hub could not receive; retrying", exc_info=True)
                 await asyncio.sleep(1.0)
                 continue
-            if message.get("type") != "run.changed" or message.get("run_id") is None:
+            kind = message.get("type")
+            if kind == "runs.changed":  # core.live's batch: many runs in one message
+                items = message.get("runs") or ()
+            elif kind == "run.changed":
+                items = [(message.get("run_id"), message.get("facts"))]
+            else:
                 continue
-            note_facts(self.pending, str(message["run_id"]), message.get("facts"))
+            noted = False
+            for item in items:
+                try:
+                    run_id, facts = item
+                except (TypeError, ValueError):
+                    continue
+                if run_id is not None:
+                    note_facts(self.pending, str(run_id), facts)
+                    noted = True
+            if not noted:
+                continue
             if self._flush is None or self._flush.done():
                 self._flush = asyncio.create_task(self.flush())
 

@@ -4,8 +4,9 @@ A service that writes a fact about a run calls :func:`announce` inside its trans
 sent then: the facts of one transaction are collected per run and, after COMMIT, handed to this
 process's sender thread (:func:`send_hints` only merges them into a pending map under a lock). The
 thread sends each run one small message ``{"type": "run.changed", "run_id", "facts": [[kind,
-object_id], ...]}`` on its own group and on the "runs" group, coalescing the hints of every
-transaction that committed while it was busy. A rolled-back decision announces nothing. So the
+object_id], ...]}`` on its own group, and the "runs" group (the run list, the approvals inbox) one
+``{"type": "runs.changed", "runs": [[run_id, facts], ...]}`` for the whole batch, coalescing the
+hints of every transaction that committed while it was busy. A rolled-back decision announces nothing. So the
 protocol's request pays a list append per fact and one dict merge per transaction, never a
 channel-layer round trip (bench/live_push.py measured that at about half a protocol call's CPU).
 The console's consumers turn the facts into per-fact fragments (console/consumers.py).
@@ -26,6 +27,9 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 RUNS_GROUP = "runs"
+# The "runs" group gets one {"type": "runs.changed", "runs": [[run_id, facts], ...]} per batch, in
+# chunks of at most this many runs (a channel-layer message stays small).
+RUNS_PER_MESSAGE = 200
 # Past this many facts in one transaction (a cascade over a tree) a run's hint says "everything":
 # facts=None, and the page re-renders whole instead of fact by fact.
 MAX_FACTS = 50
@@ -223,17 +227,22 @@ def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None
             return
 
         async def send_all() -> None:
+            listed_runs: list[list[Any]] = []
             for run_id, listed in facts.items():
                 if run_id.startswith(FLEET_PREFIX):
                     await layer.group_send(run_id, {"type": "fleet.changed"})
                     continue
-                message = {
-                    "type": "run.changed",
-                    "run_id": run_id,
-                    "facts": None if listed is None else [list(f) for f in listed],
-                }
-                await layer.group_send(run_group(run_id), message)
-                await layer.group_send(RUNS_GROUP, message)
+                wire = None if listed is None else [list(f) for f in listed]
+                await layer.group_send(
+                    run_group(run_id), {"type": "run.changed", "run_id": run_id, "facts": wire}
+                )
+                listed_runs.append([run_id, wire])
+            # The list's group gets the whole batch in one message, not one per run: every list
+            # hub (one per console process) receives each message, and at protocol rates one per
+            # run cost the console processes more than the rows they redraw.
+            for at in range(0, len(listed_runs), RUNS_PER_MESSAGE):
+                chunk = listed_runs[at : at + RUNS_PER_MESSAGE]
+                await layer.group_send(RUNS_GROUP, {"type": "runs.changed", "runs": chunk})
 
         if loop is None:
             from asgiref.sync import async_to_sync

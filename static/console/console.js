@@ -109,6 +109,15 @@
     if (!row || event.target.closest("a, button, input, label, details")) return;
     window.location.assign(row.dataset.href);
   });
+  // htmx wires swapped-in content (its triggers: a dialog option's "change" that re-previews) only
+  // when it settles, ~20 ms after the content shows. Mark each form once it is wired, so that a
+  // test (or anything scripted) can wait for it instead of changing an option nobody listens to yet.
+  document.addEventListener("htmx:load", function (event) {
+    var el = event.target;
+    if (!el || !el.querySelectorAll) return;
+    if (el.matches && el.matches("form")) el.setAttribute("data-wired", "");
+    el.querySelectorAll("form").forEach(function (form) { form.setAttribute("data-wired", ""); });
+  });
   // After an htmx swap of the list, keep the selection on the same position when possible.
   document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });
 })();

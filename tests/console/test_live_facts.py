@@ -147,8 +147,8 @@ def test_a_rolled_back_decision_sends_nothing_to_the_layer(layer):
         live.announce("r-1", "checkpoint", 4)
     assert live.flush(10)
     assert layer.sent == [
-        (group, {"type": "run.changed", "run_id": "r-1", "facts": [["checkpoint", "4"]]})
-        for group in ("run.r-1", "runs")
+        ("run.r-1", {"type": "run.changed", "run_id": "r-1", "facts": [["checkpoint", "4"]]}),
+        ("runs", {"type": "runs.changed", "runs": [["r-1", [["checkpoint", "4"]]]]}),
     ]
 
 
@@ -165,12 +165,32 @@ def test_hints_committed_while_a_send_is_under_way_go_out_coalesced_per_run(laye
             live.announce("r-1", "checkpoint", step)
     layer.gate.set()
     assert live.flush(10)
-    assert [(group, m["facts"]) for group, m in layer.sent] == [
+    # r-0 may still be gathering when r-1's hints arrive: one batch or two, the same messages.
+    assert [(group, m["facts"]) for group, m in layer.sent if group != "runs"] == [
         ("run.r-0", [["run", ""]]),
-        ("runs", [["run", ""]]),
         ("run.r-1", [["checkpoint", "1"], ["checkpoint", "2"], ["checkpoint", "3"]]),
-        ("runs", [["checkpoint", "1"], ["checkpoint", "2"], ["checkpoint", "3"]]),
     ]
+    assert [item for group, m in layer.sent if group == "runs" for item in m["runs"]] == [
+        ["r-0", [["run", ""]]],
+        ["r-1", [["checkpoint", "1"], ["checkpoint", "2"], ["checkpoint", "3"]]],
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_list_group_gets_one_message_per_batch_in_bounded_chunks(layer, monkeypatch):
+    """Every console process's list hub receives each "runs" message: a batch of hints for many
+    runs is one message (chunked), not one per run."""
+    monkeypatch.setattr(live, "RUNS_PER_MESSAGE", 2)
+    layer.gate.set()
+    live.deliver({f"r-{i}": [("run", "")] for i in range(5)}, None)
+    to_list = [m for group, m in layer.sent if group == "runs"]
+    assert [m["type"] for m in to_list] == ["runs.changed"] * 3
+    assert [[run_id for run_id, _ in m["runs"]] for m in to_list] == [
+        ["r-0", "r-1"],
+        ["r-2", "r-3"],
+        ["r-4"],
+    ]
+    assert len([g for g, _ in layer.sent if g.startswith("run.")]) == 5
 
 
 def test_the_consumer_merges_hints_per_run_and_kind():

@@ -12,6 +12,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
+from core import live
 from core.roles import may, roles_of
 from interventions.contracts import CONTRACT_SPECS
 from runs.models import Run
@@ -238,6 +239,12 @@ def test_websocket_pushes_fresh_partials_on_connect_and_after_a_transition(cast,
             and 'data-state="queued"' in first
         )
         assert "No runs match" in await listing.receive_from(timeout=5)
+        # The run's creation hint leaves by the sender thread and may land after the connect
+        # render: let it out and drain what it pushed, so the next push is the claim's.
+        await database_sync_to_async(live.flush)(5)
+        for communicator in (page, listing):
+            while not await communicator.receive_nothing(timeout=0.3):
+                await communicator.receive_from(timeout=1)
         await database_sync_to_async(claim)(
             worker, run["id"]
         )  # committed transition -> run.changed

@@ -181,6 +181,13 @@ class RunPage:
         button.click()
         dialog = Dialog(self.page)
         expect(dialog.root.get_by_role("heading").first).to_be_visible()
+        # Visible is not yet wired: htmx attaches the option's re-preview trigger when the swap
+        # settles (static/console/console.js marks the form then). Changing an option before that
+        # sends no preview and Confirm stays disabled.
+        self.page.wait_for_function(
+            "() => { const f = document.querySelector('#dialog form');"
+            " return !f || f.hasAttribute('data-wired'); }"
+        )
         return dialog
 
     def reconcile_button(self, tool: str, action: str) -> Locator:
