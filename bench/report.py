@@ -123,6 +123,7 @@ def render(s: dict[str, Any]) -> str:
     ]
     audit = s.get("audit_append")
     if audit and "per_run_by_processes" in audit:
+
         def by_processes(rates: dict) -> str:
             return ", ".join(f"{n} → {float(v):,.0f}" for n, v in rates.items())
 

@@ -48,6 +48,9 @@ def test_operator_previews_confirms_follows_and_halts(cast, worker):
     assert "hx-trigger=\"every 1s [!document.querySelector('#fleet-live.ws-open')]\"" in text
     assert "<html" not in text
     assert str(op.targets.get(position=0).intervention_id) in text  # the run's receipt, linked
+    # each push redraws the section: a half-typed halt reason must survive it (htmx keeps an
+    # hx-preserve element with the same id as it is)
+    assert re.search(r'<input id="fleet-halt-reason" name="reason"[^>]*hx-preserve="true"', text)
     halted = otto.post(f"/fleet/{op.pk}/halt/", {"reason": "enough"}, HTTP_HX_REQUEST="true")
     assert halted.status_code == 200
     assert "Halted: enough" in halted.content.decode()
@@ -85,6 +88,7 @@ def test_a_held_operation_is_started_or_cancelled_from_its_page(cast, worker):
     otto = browser("otto")
     page = otto.get(f"/fleet/{held.pk}/").content.decode()
     assert "Recorded, not started" in page and "Start now" in page
+    assert re.search(r'<input id="fleet-cancel-reason" name="reason"[^>]*hx-preserve="true"', page)
     started = otto.post(f"/fleet/{held.pk}/confirm/", HTTP_HX_REQUEST="true")
     assert started.status_code == 200 and "Wave 1 of 1" in started.content.decode()
     again = otto.post(f"/fleet/{held.pk}/cancel/", {"reason": "no"}, HTTP_HX_REQUEST="true")
