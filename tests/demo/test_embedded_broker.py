@@ -78,6 +78,13 @@ def _stop(*procs: subprocess.Popen) -> None:
 
 def test_worker_beat_and_three_publishers_share_the_embedded_broker_without_loss_or_crash(tmp_path):
     env = _env(tmp_path)
+    # As under `make run`, where migrate has made the demo database (in WAL mode) before Celery
+    # starts: a worker and a beat that both create it at the same instant race on the switch to WAL
+    # ("database is locked" from Django's check at beat start-up; seen once in CI).
+    (tmp_path / "var").mkdir(exist_ok=True)
+    db = sqlite3.connect(tmp_path / "var" / "controlplane.sqlite3")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.close()
     worker, worker_log = _celery(tmp_path, env, "worker", "-P", "threads", "-c", "4")
     beat, _ = _celery(tmp_path, env, "beat")
     publishers: list[subprocess.Popen] = []
