@@ -36,6 +36,7 @@ from core.live import (  # note_facts: imported from here by tests
     RUNS_GROUP,
     bind_loop,
     fleet_group,
+    hints,
     note_facts,
     run_group,
     user_group,
@@ -115,17 +116,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """The console sends nothing that matters; actions go through the HTTP views."""
 
     async def run_changed(self, event: dict[str, Any]) -> None:
-        if self._note(event.get("run_id"), event.get("facts")):
-            self._wake()
+        self._take(event)
 
     async def runs_changed(self, event: dict[str, Any]) -> None:
         """The "runs" group's batch: many runs' hints in one message (core.live)."""
+        self._take(event)
+
+    def _take(self, event: dict[str, Any]) -> None:
         noted = False
-        for item in event.get("runs") or ():
-            try:
-                run_id, facts = item
-            except (TypeError, ValueError):
-                continue
+        for run_id, facts in hints(event):
             noted = self._note(run_id, facts) or noted
         if noted:
             self._wake()
@@ -416,7 +415,8 @@ class FleetConsumer(LiveConsumer):
         return [fleet_group(self.operation_id)] if exists else None
 
     async def fleet_changed(self, event: dict[str, Any]) -> None:
-        await self.run_changed({"run_id": None})
+        self._note(None, None)  # no run: redraw the progress section whole
+        self._wake()
 
     def render(self) -> str:
         from console.fleet import render_progress_push

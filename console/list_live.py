@@ -39,7 +39,7 @@ from django.utils.html import format_html
 from console.common import off_view_thread
 from core.auth import actor_for_user
 from core.filters import BadFilter
-from core.live import RUNS_GROUP, note_facts
+from core.live import RUNS_GROUP, hints, note_facts
 from runs.search import RunFilter, with_unresolved
 
 log = logging.getLogger(__name__)
@@ -350,19 +350,8 @@ class ListHub:
                 log.warning("list hub could not receive; retrying", exc_info=True)
                 await asyncio.sleep(1.0)
                 continue
-            kind = message.get("type")
-            if kind == "runs.changed":  # core.live's batch: many runs in one message
-                items = message.get("runs") or ()
-            elif kind == "run.changed":
-                items = [(message.get("run_id"), message.get("facts"))]
-            else:
-                continue
             noted = False
-            for item in items:
-                try:
-                    run_id, facts = item
-                except (TypeError, ValueError):
-                    continue
+            for run_id, facts in hints(message):
                 if run_id is not None:
                     note_facts(self.pending, str(run_id), facts)
                     noted = True

@@ -98,6 +98,24 @@ def announce(run_id: Any, kind: str, object_id: Any = None) -> None:
         listed.append(fact)
 
 
+def hints(message: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The (run id, facts) pairs a channel-layer message carries: one for a run's own group
+    ("run.changed"), the batch for the "runs" group ("runs.changed"); malformed items skipped."""
+    kind = message.get("type")
+    if kind == "run.changed":
+        return [(message.get("run_id"), message.get("facts"))]
+    if kind != "runs.changed":
+        return []
+    pairs = []
+    for item in message.get("runs") or ():
+        try:
+            run_id, facts = item
+        except (TypeError, ValueError):
+            continue
+        pairs.append((run_id, facts))
+    return pairs
+
+
 def note_facts(pending: dict[str, Any], run_id: str, facts: list | None) -> None:
     """Merge one hint into the pending facts: run id -> {kind: {object ids}}; None = everything."""
     if facts is None or (run_id in pending and pending[run_id] is None):
