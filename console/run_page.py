@@ -35,8 +35,8 @@ from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
 from core.roles import may, roles_of
 from interventions.base import descendants
-from interventions.contracts import CONTRACT_SPECS
 from interventions.jobs import attention
+from interventions.plugins import REGISTRY
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
 from runs.models import AuthorityGrant, Effect, Run
@@ -52,7 +52,7 @@ INTERVENTIONS_SHOWN = 50
 
 def offered_interventions(
     run: Run, roles: frozenset[str], data: dict[str, Any]
-) -> list[tuple[str, str]]:
+) -> list[tuple[str, str, bool]]:
     """Buttons: the kinds the state table allows from this state AND the user's role may issue.
     The table and the matrix are read, not restated; the data only hides buttons with nothing to
     act on (no pending approval, no grant to restore). The services check everything again."""
@@ -67,11 +67,11 @@ def offered_interventions(
         "suspend_authority": "active" in grants,
     }
     out = []
-    for kind, spec in CONTRACT_SPECS.items():
-        event = spec["event"]
+    for kind, contract in REGISTRY.items():
+        event = contract.event
         applies = event in allowed if event is not None else run.state != State.CLOSED
         if applies and has.get(kind, True) and may(roles, kind):
-            out.append((kind, kind_label(kind)))
+            out.append((kind, kind_label(kind), contract.console.danger))
     return out
 
 
