@@ -231,7 +231,7 @@ def expire_approvals() -> list[str]:
     return expire_due_approvals(actor=system_actor("approvals-deadline"))
 
 
-# --- on the console: the preview card and the receipt (drawn by console/cards.py) ---
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
 def approval_card(p: Mapping[str, Any]) -> Answers:

@@ -29,7 +29,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     return {"state": run.state, "committed_effects": facts.committed_effects(run)}
 
 
-# --- on the console: the preview card and the receipt (drawn by console/cards.py) ---
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
 def close_card(p: Mapping[str, Any]) -> Answers:

@@ -280,7 +280,7 @@ def start_plan(
     return plan
 
 
-# --- on the console: the preview card and the receipt (drawn by console/cards.py) ---
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
 def compensate_card(p: Mapping[str, Any]) -> Answers:

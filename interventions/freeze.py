@@ -148,7 +148,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-# --- on the console: the preview card and the receipt (drawn by console/cards.py) ---
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
 def freeze_card(p: Mapping[str, Any]) -> Answers:

@@ -145,7 +145,7 @@ def conclude_resume(
     return report
 
 
-# --- on the console: the preview card and the receipt (drawn by console/cards.py) ---
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
 CHECK_LABELS = {
