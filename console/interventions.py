@@ -1,7 +1,7 @@
 """Console intervention dialogs: choose a kind -> preview (interventions.base.preview) -> confirm
 (interventions.base.issue) -> receipt; the reconcile form; the approvals inbox; the contracts page.
 
-The edge parses the form into a :class:`base.Request` and maps domain errors to the dialog with their
+The edge parses the form into a :class:`Request` and maps domain errors to the dialog with their
 HTTP status. The services decide and enforce everything again (role, decision authority, state table).
 """
 
@@ -39,7 +39,7 @@ from interventions import base
 from interventions.approvals import SATISFIES
 from interventions.contracts import contracts_document, permission_rows
 from interventions.models import Intervention
-from interventions.plugins import REGISTRY, owner_bound
+from interventions.plugins import REGISTRY, Request, owner_bound
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
@@ -63,7 +63,7 @@ def _fields(kind: str) -> tuple[str, ...]:
     return contract.console.fields if contract else ()
 
 
-def request_from(kind: str, data: QueryDict) -> base.Request:
+def request_from(kind: str, data: QueryDict) -> Request:
     """The form (or the query string) as a service Request. Bad input is a 422 here, at the edge."""
     options: dict[str, Any] = {}
     for name in _fields(kind):
@@ -87,7 +87,7 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
     scope = data.get("scope", "run") or "run"
     if scope not in ("run", "tree"):
         raise Invalid("scope must be 'run' or 'tree'", field="scope")
-    return base.Request(
+    return Request(
         kind=kind,
         reason=data.get("reason", "").strip(),
         scope=scope,
@@ -147,7 +147,7 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
 
 
 def dialog_context(
-    request: ConsoleRequest, run: Run, req: base.Request, form: QueryDict
+    request: ConsoleRequest, run: Run, req: Request, form: QueryDict
 ) -> dict[str, Any]:
     roles, owner = request.roles, run.decision_authority
     not_owner = owner_bound(req.kind) and owner is not None and owner.pk != request.user.pk
@@ -192,7 +192,7 @@ def dialog_context(
 
 
 def with_preview(
-    request: ConsoleRequest, run: Run, req: base.Request, ctx: dict[str, Any], seen: str = ""
+    request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any], seen: str = ""
 ) -> int:
     """Adds the preview card (or the domain error it raised) to ctx; returns the HTTP status: 204 if
     the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
@@ -315,11 +315,11 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
 
 
-def _safe_request(kind: str, data: QueryDict) -> base.Request:
+def _safe_request(kind: str, data: QueryDict) -> Request:
     try:
         return request_from(kind, data)
     except DomainError:
-        return base.Request(kind=kind, reason="")
+        return Request(kind=kind, reason="")
 
 
 def receipt_response(

@@ -26,9 +26,9 @@ from core.actors import Actor, system_actor
 from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
 from interventions import cards
-from interventions.base import Request, user_for
+from interventions.base import user_for
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import redact
 from runs.models import Approval, Run
 from runs.services.common import append_history, apply_transition, lock_run

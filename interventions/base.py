@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
@@ -24,23 +23,10 @@ from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority, Prev
 from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
-from interventions.plugins import Contract, get_contract, owner_bound
+from interventions.plugins import Contract, Request, get_contract, owner_bound
 from runs.models import Approval, Run
 from runs.services.common import decision, lock_run, run_snapshot
 from runs.states import Event, transition
-
-
-@dataclass
-class Request:
-    kind: str
-    reason: str
-    scope: str = "run"
-    options: dict[str, Any] = field(default_factory=dict)
-    override_reason: str = ""
-
-    @property
-    def override(self) -> bool:
-        return bool(self.override_reason)
 
 
 def descendants(run: Run) -> list[Run]:

@@ -12,9 +12,9 @@ from django.utils import timezone
 from core.actors import Actor
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
-from interventions.base import Request, children_in_scope, descendants
+from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
 from runs.services.common import apply_transition, lock_run
 from runs.services.lifecycle import end_live_leases

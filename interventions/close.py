@@ -8,9 +8,8 @@ from typing import Any
 from core.actors import Actor
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
-from interventions.base import Request
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
 from runs.services.common import apply_transition
 from runs.states import Event

@@ -39,9 +39,9 @@ from core.actors import Actor, system_actor
 from core.errors import EffectsUnresolved, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER
 from interventions import cards, facts, jobs
-from interventions.base import Request, finish_job
+from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
 from runs.models import Effect, Run
 from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed

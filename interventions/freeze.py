@@ -21,9 +21,8 @@ from core.actors import Actor
 from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
 from interventions import cards
-from interventions.base import Request
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import CapabilityFreeze, Effect, Run
 from runs.services.common import append_history, notify_run_changed
 from runs.states import State

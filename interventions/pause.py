@@ -13,9 +13,9 @@ from django.utils import timezone
 from core.actors import Actor
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR, SECURITY_RESPONDER
 from interventions import cards, facts
-from interventions.base import Request, children_in_scope, descendants
+from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
 from runs.services.common import append_history, apply_transition, end_lease, lock_run
 from runs.states import Event, State, transition

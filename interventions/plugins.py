@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.errors import Invalid
@@ -23,7 +23,6 @@ from runs.states import Event
 
 if TYPE_CHECKING:
     from core.actors import Actor
-    from interventions.base import Request
     from interventions.models import Intervention
     from runs.models import Run
 
@@ -38,6 +37,21 @@ def no_answers(_: Mapping[str, Any]) -> Answers:
 
 def no_problems(_: Mapping[str, Any]) -> list[str]:
     return []
+
+
+@dataclass
+class Request:
+    """What an operator (or a policy) asks of a contract: its kind, reason, scope and options."""
+
+    kind: str
+    reason: str
+    scope: str = "run"
+    options: dict[str, Any] = field(default_factory=dict)
+    override_reason: str = ""
+
+    @property
+    def override(self) -> bool:
+        return bool(self.override_reason)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from core.roles import (
     may,
 )
 from interventions import cards, facts, jobs
-from interventions.base import Request, authorize
+from interventions.base import authorize
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import (
     ReconcileResult,
     get_commit_window,

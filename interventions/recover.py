@@ -32,15 +32,10 @@ from core.actors import Actor, system_actor
 from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts, jobs
-from interventions.base import (
-    Request,
-    finish_job,
-    issue,
-    lock_pending_job,
-)
+from interventions.base import finish_job, issue, lock_pending_job
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run

@@ -14,9 +14,9 @@ from django.utils import timezone
 from core.actors import Actor, system_actor
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts, jobs
-from interventions.base import Request, finish_job, lock_pending_job
+from interventions.base import finish_job, lock_pending_job
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
 from runs.services.common import (

@@ -14,9 +14,8 @@ from core.actors import Actor
 from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
-from interventions.base import Request
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Attempt, Checkpoint, Run
 from runs.services.common import apply_transition, latest_checkpoint, set_resume_point
 from runs.states import Event

@@ -33,9 +33,9 @@ from core.roles import (
     roles_of,
 )
 from interventions import cards, facts
-from interventions.base import Request, pending_approvals
+from interventions.base import pending_approvals
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import ExecutionLease, Run
 from runs.services.common import append_history, notify_run_changed
 from runs.states import State

@@ -27,7 +27,7 @@ from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.live import announce_fleet
 from core.roles import may
 from interventions import jobs
-from interventions.base import Request, user_for
+from interventions.base import user_for
 from interventions.fleet.selection import (
     FLEET_KINDS,
     select,
@@ -35,7 +35,7 @@ from interventions.fleet.selection import (
 )
 from interventions.freeze import scope_of
 from interventions.models import FleetOperation, FleetTarget
-from interventions.plugins import get_contract
+from interventions.plugins import Request, get_contract
 from runs.models import Effect, Run
 from runs.services.common import decision
 from runs.states import transition
