@@ -151,12 +151,11 @@ def dialog_context(
 ) -> dict[str, Any]:
     roles, owner = request.roles, run.decision_authority
     not_owner = owner_bound(req.kind) and owner is not None and owner.pk != request.user.pk
-    show_override = (
-        (not_owner and may(roles, "override"))
-        or (req.kind == "resume" and may(roles, "override_revalidation"))
-        or (req.kind == "retry" and may(roles, "override"))
-    )
     contract = REGISTRY.get(req.kind)
+    guard_note = contract.console.guard_note if contract else ""
+    show_override = (not_owner and may(roles, "override")) or bool(
+        contract and guard_note and may(roles, contract.guard_right)
+    )
     ctx: dict[str, Any] = {
         "run": run,
         "kind": req.kind,
@@ -167,6 +166,7 @@ def dialog_context(
         "form": form,
         "facets_checked": form.getlist("facets"),
         "show_override": show_override,
+        "guard_note": guard_note,
         "not_owner": not_owner,
         "owner": owner,
         "may_override": may(roles, "override"),

@@ -95,7 +95,7 @@ def authorize(actor: Actor, run: Run, req: Request) -> dict[str, Any]:
     if req.override:
         # An override of a guard (failing revalidation, a non-retryable failure class) is a decision
         # only some roles may take; it is recorded as an override like any other.
-        right = "override_revalidation" if req.kind == "resume" else "override"
+        right = get_contract(req.kind).guard_right
         if not may(actor.roles, right):
             raise Forbidden(
                 f"role(s) {sorted(actor.roles)} may not override ({right})", kind=req.kind

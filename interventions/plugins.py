@@ -89,7 +89,9 @@ class Console:
     mapping that remembers which keys it read, so the folded rest shows only the others);
     ``blocking``: what confirm would refuse, as the preview already knows it (Confirm is disabled);
     ``more``: folded extras under the preview card; ``fields``: the dialog's form fields, read into
-    the request's options; ``danger``: its button is drawn as a dangerous one."""
+    the request's options; ``danger``: its button is drawn as a dangerous one; ``guard_note``: when
+    set, the dialog offers an override of the contract's guard (to roles holding its
+    ``guard_right``) and says what it overrides."""
 
     card: Builder
     receipt: Builder
@@ -97,6 +99,7 @@ class Console:
     more: Builder = no_answers
     fields: tuple[str, ...] = ()
     danger: bool = False
+    guard_note: str = ""
 
 
 @dataclass
@@ -113,6 +116,9 @@ class Contract:
     # Acting on the run's course honours its decision authority; an emergency pause and the
     # security responder's authority changes do not wait for the owner (recorded all the same).
     owner_bound: bool = False
+    # The right an override of this contract's own guard takes (a failing revalidation, a
+    # non-retryable failure class): recorded as an override like any other.
+    guard_right: str = "override"
 
 
 REGISTRY: dict[str, Contract] = {}

@@ -268,9 +268,13 @@ CONTRACTS = (
         ),
         may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
         console=Console(
-            card=resume_card, receipt=resume_receipt, fields=("reobserve_assumptions",)
+            card=resume_card,
+            receipt=resume_receipt,
+            fields=("reobserve_assumptions",),
+            guard_note="overrides a failing revalidation",
         ),
         order=20,
+        guard_right="override_revalidation",
         owner_bound=True,
     ),
 )

@@ -260,6 +260,7 @@ CONTRACTS = (
             blocking=retry_blocking,
             more=retry_more,
             fields=("checkpoint_seq",),
+            guard_note="overrides the retry policy's failure class check",
         ),
         order=40,
         owner_bound=True,

@@ -43,6 +43,7 @@ def test_it_gives_every_kind_a_permission_row(kind):
     assert contract.may_issue <= set(ROLES), kind
     assert PERMISSIONS[kind] == contract.may_issue, f"{kind}: core.roles does not hold its row"
     assert "viewer" not in contract.may_issue, f"{kind}: a viewer never intervenes"
+    assert contract.guard_right in PERMISSIONS, f"{kind}: its guard override is no known right"
 
 
 @pytest.mark.parametrize("kind", KINDS)
