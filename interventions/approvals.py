@@ -300,6 +300,14 @@ def approval_blocking(p: Mapping[str, Any]) -> list[str]:
     return [f"the approval is already {p.get('approval_status')}"]
 
 
+# The kinds of this module share their console pieces.
+APPROVAL_CONSOLE = Console(
+    card=approval_card,
+    receipt=approval_receipt,
+    blocking=approval_blocking,
+    fields=("approval_id",),
+)
+
 CONTRACTS = (
     Contract(
         kind="approve",
@@ -322,12 +330,7 @@ CONTRACTS = (
             ),
         ),
         may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
-        console=Console(
-            card=approval_card,
-            receipt=approval_receipt,
-            blocking=approval_blocking,
-            fields=("approval_id",),
-        ),
+        console=APPROVAL_CONSOLE,
         order=90,
     ),
     Contract(
@@ -344,12 +347,7 @@ CONTRACTS = (
             claims=("four_eyes",),
         ),
         may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
-        console=Console(
-            card=approval_card,
-            receipt=approval_receipt,
-            blocking=approval_blocking,
-            fields=("approval_id",),
-        ),
+        console=APPROVAL_CONSOLE,
         order=100,
     ),
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from django.utils import timezone
@@ -344,6 +345,14 @@ def authority_blocking(p: Mapping[str, Any]) -> list[str]:
     return out
 
 
+# The kinds of this module share their console pieces.
+AUTHORITY_CONSOLE = Console(
+    card=authority_card,
+    receipt=authority_receipt,
+    blocking=authority_blocking,
+    fields=("grant_id", "grant_scope"),
+)
+
 CONTRACTS = (
     Contract(
         kind="revoke_authority",
@@ -359,13 +368,7 @@ CONTRACTS = (
             claims=("denied_after_commit", "cascades_to_delegations"),
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-        console=Console(
-            card=authority_card,
-            receipt=authority_receipt,
-            blocking=authority_blocking,
-            fields=("grant_id", "grant_scope"),
-            danger=True,
-        ),
+        console=replace(AUTHORITY_CONSOLE, danger=True),
         order=110,
     ),
     Contract(
@@ -381,12 +384,7 @@ CONTRACTS = (
             authority="suspended",
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-        console=Console(
-            card=authority_card,
-            receipt=authority_receipt,
-            blocking=authority_blocking,
-            fields=("grant_id", "grant_scope"),
-        ),
+        console=AUTHORITY_CONSOLE,
         order=120,
     ),
     Contract(
@@ -402,12 +400,7 @@ CONTRACTS = (
             authority="active again (never a revoked grant)",
         ),
         may_issue=frozenset({SECURITY_RESPONDER, ADMIN}),
-        console=Console(
-            card=authority_card,
-            receipt=authority_receipt,
-            blocking=authority_blocking,
-            fields=("grant_id", "grant_scope"),
-        ),
+        console=AUTHORITY_CONSOLE,
         order=130,
     ),
 )

@@ -283,6 +283,17 @@ def start_plan(
 # --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
+def _irreversible(irreversible: list[dict[str, Any]], outcome: str) -> dict[str, Any]:
+    named = ", ".join(f"{c['tool']}:{c['action']} ({c['idempotency_key']})" for c in irreversible)
+    return cards.answer(
+        "irreversible",
+        "Irreversible",
+        f"{named} — {outcome}" if irreversible else "",
+        empty="none",
+        tone="bad" if irreversible else "",
+    )
+
+
 def compensate_card(p: Mapping[str, Any]) -> Answers:
     plan = p.get("plan") or {}
     steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
@@ -330,16 +341,7 @@ def compensate_card(p: Mapping[str, Any]) -> Answers:
             cards.table(["#", "effect", "idempotency key", "undo with", "args / why not"], rows),
             empty="nothing committed to compensate",
         ),
-        cards.answer(
-            "irreversible",
-            "Irreversible",
-            ", ".join(f"{c['tool']}:{c['action']} ({c['idempotency_key']})" for c in irreversible)
-            + " — stays committed; nothing can undo it"
-            if irreversible
-            else "",
-            empty="none",
-            tone="bad" if irreversible else "",
-        ),
+        _irreversible(irreversible, "stays committed; nothing can undo it"),
         cards.answer(
             "skipped",
             "Already compensated",
@@ -372,16 +374,7 @@ def compensate_receipt(r: Mapping[str, Any]) -> Answers:
             else "",
             empty="nothing to compensate",
         ),
-        cards.answer(
-            "irreversible",
-            "Irreversible",
-            ", ".join(f"{c['tool']}:{c['action']} ({c['idempotency_key']})" for c in irreversible)
-            + " — stays committed"
-            if irreversible
-            else "",
-            empty="none",
-            tone="bad" if irreversible else "",
-        ),
+        _irreversible(irreversible, "stays committed"),
     ]
 
 

@@ -184,6 +184,9 @@ def freeze_receipt(r: Mapping[str, Any]) -> Answers:
     ]
 
 
+# The kinds of this module share their console pieces.
+FREEZE_CONSOLE = Console(card=freeze_card, receipt=freeze_receipt, fields=("capability",))
+
 CONTRACTS = (
     Contract(
         kind="freeze_capability",
@@ -203,7 +206,7 @@ CONTRACTS = (
             claims=("denied_after_commit",),
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-        console=Console(card=freeze_card, receipt=freeze_receipt, fields=("capability",)),
+        console=FREEZE_CONSOLE,
         order=140,
     ),
     Contract(
@@ -219,7 +222,7 @@ CONTRACTS = (
             authority="unchanged",
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-        console=Console(card=freeze_card, receipt=freeze_receipt, fields=("capability",)),
+        console=FREEZE_CONSOLE,
         order=150,
     ),
 )

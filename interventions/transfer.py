@@ -280,6 +280,18 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
 # --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
+def _approvals_table(approvals: list[dict[str, Any]]) -> dict[str, Any]:
+    return cards.table(
+        ["approval", "action", "status"],
+        [
+            cards.row(
+                cards.cell("id", a["id"]), cards.effect_cell(a), cards.cell("status", a["status"])
+            )
+            for a in approvals
+        ],
+    )
+
+
 def transfer_card(p: Mapping[str, Any]) -> Answers:
     current, proposed = p.get("current") or {}, p.get("proposed") or {}
     facets = p.get("facets") or []
@@ -317,17 +329,7 @@ def transfer_card(p: Mapping[str, Any]) -> Answers:
             "approvals",
             "Pending decisions",
             "",
-            cards.table(
-                ["approval", "action", "status"],
-                [
-                    cards.row(
-                        cards.cell("id", a["id"]),
-                        cards.effect_cell(a),
-                        cards.cell("status", a["status"]),
-                    )
-                    for a in approvals
-                ],
-            ),
+            _approvals_table(approvals),
             empty="no pending approval",
         ),
         cards.answer(
@@ -386,17 +388,7 @@ def transfer_receipt(r: Mapping[str, Any]) -> Answers:
             "approvals",
             "Pending decisions at handoff",
             "",
-            cards.table(
-                ["approval", "action", "status"],
-                [
-                    cards.row(
-                        cards.cell("id", a["id"]),
-                        cards.effect_cell(a),
-                        cards.cell("status", a["status"]),
-                    )
-                    for a in r.get("pending_approvals") or []
-                ],
-            ),
+            _approvals_table(r.get("pending_approvals") or []),
             empty="no pending approval",
         ),
         cards.answer("execution", "Execution", r.get("execution_note", "")),
