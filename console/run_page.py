@@ -54,23 +54,14 @@ def offered_interventions(
     run: Run, roles: frozenset[str], data: dict[str, Any]
 ) -> list[tuple[str, str, bool]]:
     """Buttons: the kinds the state table allows from this state AND the user's role may issue.
-    The table and the matrix are read, not restated; the data only hides buttons with nothing to
-    act on (no pending approval, no grant to restore). The services check everything again."""
+    The table and the matrix are read, not restated; each contract's ``offered`` only hides a button
+    with nothing to act on (no pending approval, no grant to restore). The services check again."""
     allowed = set(allowed_events(run.state))
-    grants = {g["status"] for g in data["authority"]}
-    has = {
-        "approve": data["pending_approvals"],
-        "reject": data["pending_approvals"],
-        "reconcile": data["unresolved_effects"],
-        "restore_authority": "suspended" in grants,
-        "revoke_authority": bool(grants & {"active", "suspended"}),
-        "suspend_authority": "active" in grants,
-    }
     out = []
     for kind, contract in REGISTRY.items():
         event = contract.event
         applies = event in allowed if event is not None else run.state != State.CLOSED
-        if applies and has.get(kind, True) and may(roles, kind):
+        if applies and contract.console.offered(data) and may(roles, kind):
             out.append((kind, kind_label(kind), contract.console.danger))
     return out
 

@@ -302,6 +302,7 @@ def approval_blocking(p: Mapping[str, Any]) -> list[str]:
 
 # The kinds of this module share their console pieces.
 APPROVAL_CONSOLE = Console(
+    offered=lambda data: bool(data["pending_approvals"]),
     card=approval_card,
     receipt=approval_receipt,
     blocking=approval_blocking,

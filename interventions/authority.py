@@ -345,6 +345,11 @@ def authority_blocking(p: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _grants(data: Mapping[str, Any]) -> set[str]:
+    """The statuses among the run's grants (the run page's facts): what a button has to act on."""
+    return {g["status"] for g in data["authority"]}
+
+
 # The kinds of this module share their console pieces.
 AUTHORITY_CONSOLE = Console(
     card=authority_card,
@@ -368,7 +373,11 @@ CONTRACTS = (
             claims=("denied_after_commit", "cascades_to_delegations"),
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-        console=replace(AUTHORITY_CONSOLE, danger=True),
+        console=replace(
+            AUTHORITY_CONSOLE,
+            danger=True,
+            offered=lambda d: bool(_grants(d) & {"active", "suspended"}),
+        ),
         order=110,
     ),
     Contract(
@@ -384,7 +393,7 @@ CONTRACTS = (
             authority="suspended",
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-        console=AUTHORITY_CONSOLE,
+        console=replace(AUTHORITY_CONSOLE, offered=lambda d: "active" in _grants(d)),
         order=120,
     ),
     Contract(
@@ -400,7 +409,7 @@ CONTRACTS = (
             authority="active again (never a revoked grant)",
         ),
         may_issue=frozenset({SECURITY_RESPONDER, ADMIN}),
-        console=AUTHORITY_CONSOLE,
+        console=replace(AUTHORITY_CONSOLE, offered=lambda d: "suspended" in _grants(d)),
         order=130,
     ),
 )

@@ -39,6 +39,10 @@ def no_problems(_: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def always(_: Mapping[str, Any]) -> bool:
+    return True
+
+
 @dataclass
 class Request:
     """What an operator (or a policy) asks of a contract: its kind, reason, scope and options."""
@@ -91,7 +95,7 @@ class Console:
     ``more``: folded extras under the preview card; ``fields``: the dialog's form fields, read into
     the request's options; ``danger``: its button is drawn as a dangerous one; ``guard_note``: when
     set, the dialog offers an override of the contract's guard (to roles holding its
-    ``guard_right``) and says what it overrides."""
+    ``guard_right``) and says what it overrides; ``offered``: whether the run page offers its button."""
 
     card: Builder
     receipt: Builder
@@ -100,6 +104,9 @@ class Console:
     fields: tuple[str, ...] = ()
     danger: bool = False
     guard_note: str = ""
+    # Given the run page's facts (runs.selectors.run_detail), whether there is anything to act on:
+    # hides the button otherwise (no pending approval, no grant to restore). Services check again.
+    offered: Callable[[Mapping[str, Any]], bool] = always
 
 
 @dataclass

@@ -352,7 +352,11 @@ CONTRACTS = (
             ),
         ),
         may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-        console=Console(card=reconcile_card, receipt=reconcile_receipt),
+        console=Console(
+            offered=lambda data: bool(data["unresolved_effects"]),
+            card=reconcile_card,
+            receipt=reconcile_receipt,
+        ),
         order=50,
         owner_bound=True,
     ),

@@ -70,10 +70,19 @@ def test_it_gives_every_kind_a_card_and_a_receipt(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_it_declares_each_kind_in_one_module(kind):
-    """The contract, its preview, its apply, its card and its receipt live in the same module."""
+    """The contract, its preview, its apply and its console pieces live in the same module."""
     contract: Contract = REGISTRY[kind]
     home = contract.preview.__module__
-    parts = [contract.apply, contract.console.card, contract.console.receipt]
+    pieces = contract.console
+    parts = [
+        contract.apply,
+        pieces.card,
+        pieces.receipt,
+        pieces.blocking,
+        pieces.more,
+        pieces.offered,
+    ]
+    parts = [fn for fn in parts if fn.__module__ != "interventions.plugins"]  # the no-op defaults
     assert all(fn.__module__ == home for fn in parts), (kind, [fn.__module__ for fn in parts])
     assert contract in importlib.import_module(home).CONTRACTS
 
