@@ -1,4 +1,4 @@
-"""The audit chain (DESIGN §6): written with the change, append-only in the database, verified link by
+"""The audit chain (docs/concepts/audit.md): written with the change, append-only in the database, verified link by
 link, exported as JSON Lines. Tampering is done the way an attacker with database access would: with
 the append-only trigger switched off for the session."""
 
