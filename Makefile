@@ -52,6 +52,8 @@ walk: venv browser  ## the seven run-control scenarios walked through the consol
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
 	$(PY) -m pytest tests/acceptance/test_scenarios_walk.py $(PYTEST_ARGS)
 	mkdir -p docs/img && cp reports/scenario-*.png docs/img/
+	@# Debian's pngquant, if installed, shrinks them to a third (the committed ones were shrunk so)
+	@command -v pngquant >/dev/null && pngquant --skip-if-larger --force --ext .png --quality 70-95 docs/img/scenario-*.png || true
 
 BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
 
