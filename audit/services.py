@@ -13,10 +13,10 @@ from django.utils import timezone
 
 from core.actors import Actor
 
-from .append import append, chain_for
-from .chain import normalise
+from .chain.append import append, chain_for
+from .chain.hashing import normalise
+from .chain.verify import ChainReport, verify_chains
 from .models import AuditEvent
-from .verify import ChainReport, verify_chains
 
 
 def record_audit(
@@ -71,7 +71,7 @@ def audit_event(
     context: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """The event ``record_audit`` appends, not yet written: for a decision that writes it in the same
-    statement as its other rows (``audit.append.appending`` in ``core.rows.write_rows``)."""
+    statement as its other rows (``audit.chain.append.appending`` in ``core.rows.write_rows``)."""
     return AuditEvent(
         chain=chain_for(run_id),
         event_id=uuid.uuid4(),
@@ -123,7 +123,7 @@ def export_jsonl(stream, since_seq: int = 0) -> int:
     """One line per event in reading order (global ``seq`` after ``since_seq``). Each line carries what
     its link needs (the hashed fields, ``prev_hash``, ``hash``) under ``link``-checkable keys, plus
     ``order`` (the global seq)."""
-    from .chain import canonical
+    from .chain.hashing import canonical
     from .selectors import settled_seq
 
     # Up to the settled horizon: an export resumed from its last ``order`` must not have passed an

@@ -210,7 +210,7 @@ CELERY_BEAT_SCHEDULE = {
 # The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
 # (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
 ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
-ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.DirectorySink")
+ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.sink.DirectorySink")
 ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
 # Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
 ANCHOR_SIGNING_KEY = env_str("ANCHOR_SIGNING_KEY", "")

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.chain import canonical, normalise
+from audit.chain.hashing import canonical, normalise
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Invalid

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from audit.chain import canonical
+from audit.chain.hashing import canonical
 from core.roles import approver_rank
 from core.rows import select_row, select_rows
 from runs.conditions import ConditionError, parse_condition

@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.append import appending
-from audit.chain import GENESIS, link_hash, normalise
+from audit.chain.append import appending
+from audit.chain.hashing import GENESIS, link_hash, normalise
 from audit.dbutil import insert_and_update
 from audit.models import AuditEvent
 from audit.services import audit_event, record_audit

@@ -9,8 +9,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from audit.append import appending
-from audit.chain import canonical
+from audit.chain.append import appending
+from audit.chain.hashing import canonical
 from audit.models import AuditEvent
 from audit.services import audit_event, record_audit
 from core.actors import Actor

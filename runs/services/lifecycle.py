@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.append import appending
+from audit.chain.append import appending
 from audit.services import audit_event
 from core.actors import Actor
 from core.errors import (

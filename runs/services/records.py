@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from audit.chain import canonical
+from audit.chain.hashing import canonical
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
 from audit.grants import grant_statements
-from audit.integrity import append_only_tables
+from audit.registry import append_only_tables
 
 
 class Command(BaseCommand):

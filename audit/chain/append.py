@@ -22,10 +22,10 @@ from typing import Any
 
 from django.db import connections, router
 
+from audit.models import SYSTEM, AuditChain, AuditEvent
 from core.rows import Extra, hot_cursor
 
-from .chain import GENESIS, canonical, link_hash
-from .models import SYSTEM, AuditChain, AuditEvent
+from .hashing import GENESIS, canonical, link_hash
 
 # Set by the append statement, not by the caller.
 _DERIVED = ("id", "seq", "chain_seq", "prev_hash", "hash")

@@ -9,9 +9,10 @@ from typing import Any
 from django.db import connection
 from django.db.models import Max
 
-from .chain import GENESIS
+from audit.chain.hashing import GENESIS
+from audit.models import LEGACY, AuditChain, AuditEvent
+
 from .merkle import Leaf, merkle_root
-from .models import LEGACY, AuditChain, AuditEvent
 
 MAX_REPORTED = 20
 

@@ -10,7 +10,7 @@ from axes.signals import user_locked_out
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 
-from . import accounts
+from . import events as accounts
 
 
 @receiver(user_logged_in, dispatch_uid="audit.login")

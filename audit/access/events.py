@@ -13,12 +13,11 @@ from typing import Any
 from django.db import transaction
 from django.http import HttpRequest
 
+from audit.models import AuditEvent
+from audit.services import record_audit
 from core.actors import Actor
 from core.auth import actor_for_user, request_meta
 from core.live import push_session_check
-
-from .models import AuditEvent
-from .services import record_audit
 
 LOGIN, LOGOUT, LOGIN_FAILED, LOGIN_LOCKED_OUT = (
     "login",

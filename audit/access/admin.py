@@ -10,7 +10,7 @@ from django.db import transaction
 
 from core.auth import actor_for_user
 
-from . import accounts
+from . import events as accounts
 
 _BEFORE = "_audit_before"  # the object's snapshot taken in save_model, read in save_related
 
