@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db import connections
 from django.db.models import Q, QuerySet
 
+from core import pg
 from core.filters import BadFilter, parse_id_prefix, prefix_range
 
 from .models import AuditEvent
@@ -90,7 +91,7 @@ def settled_seq(
     rather than skip an event, and ask again. Call it outside a repeatable-read snapshot: the page
     query that follows must see what committed meanwhile."""
     connection = connections[using]
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         return None
     deadline = time.monotonic() + wait_s
     with connection.cursor() as cursor:

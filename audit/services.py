@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from core import pg
 from core.actors import Actor
 
 from .chain.append import append, chain_for
@@ -71,7 +72,7 @@ def audit_event(
     context: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """The event ``record_audit`` appends, not yet written: for a decision that writes it in the same
-    statement as its other rows (``audit.chain.append.appending`` in ``core.rows.write_rows``)."""
+    statement as its other rows (``audit.chain.append.appending`` in ``core.pg.rows.write_rows``)."""
     return AuditEvent(
         chain=chain_for(run_id),
         event_id=uuid.uuid4(),
@@ -104,7 +105,7 @@ def snapshot() -> Iterator[None]:
     the caller's) or on SQLite (whose transactions are serialised anyway) it reads as it is.
     """
     conn = transaction.get_connection()
-    if conn.in_atomic_block or conn.vendor != "postgresql":
+    if conn.in_atomic_block or not pg.enabled(conn):
         yield
         return
     with transaction.atomic():

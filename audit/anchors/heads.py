@@ -11,6 +11,7 @@ from django.db.models import Max
 
 from audit.chain.hashing import GENESIS
 from audit.models import LEGACY, AuditChain, AuditEvent
+from core import pg
 
 from .merkle import Leaf, merkle_root
 
@@ -24,7 +25,7 @@ def read_heads(previous: str | None) -> tuple[list[Leaf], list[Leaf], str | None
     """(every head, the heads that moved since the snapshot ``previous``, this snapshot). Inside the
     anchor's snapshot. On PostgreSQL a head moved if the transaction of its last append (``xid``) had
     not committed in ``previous``; elsewhere (SQLite) every head counts as moved."""
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         leaves = [
             tuple(r) for r in AuditChain.objects.order_by("key").values_list("key", "seq", "hash")
         ]
@@ -70,7 +71,7 @@ def _event_hashes(keys: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
     stored: dict[tuple[str, int], str] = {}
     for i in range(0, len(keys), 1000):
         chunk = keys[i : i + 1000]
-        if connection.vendor == "postgresql":
+        if pg.enabled(connection):
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT e.chain, e.chain_seq, e.hash FROM unnest(%s::text[], %s::bigint[]) "

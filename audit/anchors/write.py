@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from audit.registry import anchor_parts
 from audit.services import snapshot
+from core import pg
 
 from . import heads
 from .merkle import merkle_root
@@ -89,11 +90,11 @@ class _anchor_lock:
     newer than the anchor written before it) and held until the line is appended."""
 
     def __enter__(self) -> None:
-        if connection.vendor == "postgresql":
+        if pg.enabled(connection):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_lock(%s)", [ANCHOR_LOCK])
 
     def __exit__(self, *exc: object) -> None:
-        if connection.vendor == "postgresql":
+        if pg.enabled(connection):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [ANCHOR_LOCK])
