@@ -197,11 +197,6 @@ CELERY_BEAT_SCHEDULE = {
         "task": "interventions.approvals.expire_approvals",
         "schedule": RECOVERY_SCAN_INTERVAL_S,
     },
-    "sweep-compensation-plans": {
-        "task": "interventions.compensate.sweep_compensation_plans",
-        "schedule": 30,
-    },
-    "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
     # The run list's counts per state (runs.RunTally): fold the triggers' +1/-1 rows.
     "compact-run-tally": {"task": "runs.tasks.compact_run_tally", "schedule": 30},
 }
