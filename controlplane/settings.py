@@ -141,7 +141,7 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
-    # so an early redelivery is harmless; the beat sweeps cover a lost message too).
+    # so an early redelivery is harmless; the job sweep covers a lost message too).
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
     }

@@ -24,7 +24,7 @@ from runs.search import RunFilter, state_counts
 from runs.services.common import verify_history
 from runs.services.effects import declaration_facts
 from runs.services.facts import claim_facts, finish_facts
-from tests.conftest import claim, declare, start_run
+from tests.conftest import claim, committed_with_next, declare, start_run
 
 pytestmark = pytest.mark.usefixtures("postgres_only")
 
@@ -37,19 +37,7 @@ def _protocol(worker) -> dict[str, Any]:
     token = claim(worker, run["id"])["lease"]["fencing_token"]
     first = declare(worker, run["id"], token, key="k-0")
     refused = declare(worker, run["id"], token, key="k-x", tool="shipping", action="ship")
-    body = {
-        "fencing_token": token,
-        "status": "committed",
-        "checkpoint": {"step": "s0", "state": {"i": 0}},
-        "next": {
-            "fencing_token": token,
-            "step": "charge",
-            "tool": "payments",
-            "action": "charge",
-            "idempotency_key": "k-1",
-            "args": {"amount": 101},
-        },
-    }
+    body = committed_with_next(token, "k-1")
     outcome = worker.post(f"/effects/{first.json()['id']}/outcome", body)
     nxt = outcome.json()["next"]
     done = worker.post(
