@@ -70,7 +70,7 @@ def audit_events(
 # would move its cursor past 10 and never see it. So readers that page forwards hand out only events
 # at or below the *settled* horizon: a seq no transaction still in flight can hold.
 #
-# Why the horizon below is sound: the append statement (audit/append.py) writes the chain head (which
+# Why the horizon below is sound: the append statement (audit/chain/append.py) writes the chain head (which
 # gives the transaction its id) before it calls nextval, so a transaction holding a seq ≤ L, where L
 # is the sequence's last value read at some moment, already had a transaction id at that moment.
 # Once every transaction of this database that had an id then has ended, every seq ≤ L is committed

@@ -44,7 +44,7 @@ def record_audit(
                 run_id=run_id,
                 context=context,
             )
-    # One statement: the INSERT and the move of this chain's head (audit/append.py). The head row's
+    # One statement: the INSERT and the move of this chain's head (audit/chain/append.py). The head row's
     # lock is that chain's alone: no global serialisation point.
     return append(
         audit_event(
@@ -115,7 +115,7 @@ def snapshot() -> Iterator[None]:
 
 
 def verify_chain(batch: int = 2000) -> ChainReport:
-    """Walk every chain in one snapshot and name the first broken link (audit/verify.py)."""
+    """Walk every chain in one snapshot and name the first broken link (audit/chain/verify.py)."""
     with snapshot():
         return verify_chains(batch)
 

@@ -1,5 +1,5 @@
 """The admin's user and role (group) pages, audited: every save and delete records the access fields
-before and after (audit/accounts.py), in the admin view's own transaction."""
+before and after (audit/access/events.py), in the admin view's own transaction."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Audited account events: logins, logouts, failed logins, lockouts, and changes to users and roles
 (Django groups) made through the admin.
 
-The edges (auth signal receivers in audit/signals.py, the admin classes in audit/admin_accounts.py)
+The edges (auth signal receivers in audit/access/receivers.py, the admin classes in audit/access/admin.py)
 only call these. A change's audit row is written inside the transaction of the change (the admin's
 change and delete views are atomic), so a change whose audit write fails does not happen.
 """

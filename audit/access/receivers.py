@@ -1,7 +1,7 @@
 """Thin edges: Django's and django-axes' authentication signals call the account audit services.
 
 Signals are the only hook Django's login/logout views and django-axes offer; nothing is decided
-here, every receiver calls one service in audit/accounts.py.
+here, every receiver calls one service in audit/access/events.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The database side of anchors: reading the chain heads to sign, and holding the chains to every head
-the anchors signed (audit/anchors.py parses and checks the signatures)."""
+the anchors signed (audit/anchors/verify.py checks the signatures)."""
 
 from __future__ import annotations
 
