@@ -141,7 +141,7 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
-    # so an early redelivery is harmless; the beat sweeps cover a lost message too).
+    # so an early redelivery is harmless; the job sweep covers a lost message too).
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
     }
@@ -197,11 +197,6 @@ CELERY_BEAT_SCHEDULE = {
         "task": "interventions.approvals.expire_approvals",
         "schedule": RECOVERY_SCAN_INTERVAL_S,
     },
-    "sweep-compensation-plans": {
-        "task": "interventions.compensate.sweep_compensation_plans",
-        "schedule": 30,
-    },
-    "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
     # The run list's counts per state (runs.RunTally): fold the triggers' +1/-1 rows.
     "compact-run-tally": {"task": "runs.tasks.compact_run_tally", "schedule": 30},
 }
@@ -210,7 +205,7 @@ CELERY_BEAT_SCHEDULE = {
 # The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
 # (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
 ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
-ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.DirectorySink")
+ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.sink.DirectorySink")
 ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
 # Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
 ANCHOR_SIGNING_KEY = env_str("ANCHOR_SIGNING_KEY", "")
