@@ -1,4 +1,5 @@
-"""Worker protocol endpoints (DESIGN §5). Thin: parse, authorise the caller kind, call one service."""
+"""Worker protocol endpoints (docs/concepts/worker-protocol.md). Thin: parse, authorise the caller kind,
+call one service."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db import connections
 from django.db.models import Q, QuerySet
 
+from core import pg
 from core.filters import BadFilter, parse_id_prefix, prefix_range
 
 from .models import AuditEvent
@@ -69,7 +70,7 @@ def audit_events(
 # would move its cursor past 10 and never see it. So readers that page forwards hand out only events
 # at or below the *settled* horizon: a seq no transaction still in flight can hold.
 #
-# Why the horizon below is sound: the append statement (audit/append.py) writes the chain head (which
+# Why the horizon below is sound: the append statement (audit/chain/append.py) writes the chain head (which
 # gives the transaction its id) before it calls nextval, so a transaction holding a seq ≤ L, where L
 # is the sequence's last value read at some moment, already had a transaction id at that moment.
 # Once every transaction of this database that had an id then has ended, every seq ≤ L is committed
@@ -90,7 +91,7 @@ def settled_seq(
     rather than skip an event, and ask again. Call it outside a repeatable-read snapshot: the page
     query that follows must see what committed meanwhile."""
     connection = connections[using]
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         return None
     deadline = time.monotonic() + wait_s
     with connection.cursor() as cursor:

@@ -8,7 +8,7 @@ from core.live import push_session_check
 
 
 class LogoutView(auth_views.LogoutView):
-    """``user_logged_out`` (audited in audit/signals.py) fires before the session is flushed, so the
+    """``user_logged_out`` (audited in audit/access/receivers.py) fires before the session is flushed, so the
     sockets are told only here, after it is gone: they then find no session and close with 4401."""
 
     def post(self, request, *args, **kwargs):

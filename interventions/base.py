@@ -299,7 +299,7 @@ def pending_approvals(run: Run) -> list[dict[str, Any]]:
 
 
 def _jsonable(value: Any) -> Any:
-    from audit.chain import normalise
+    from audit.chain.hashing import normalise
 
     return normalise(value)
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from django.db import connection
 
+from core import pg
 from runs.services.common import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class RunChangeBus:
 
     @property
     def uses_notify(self) -> bool:
-        return connection.vendor == "postgresql"
+        return pg.enabled(connection)
 
     def subscribe(self, run_id: str) -> asyncio.Event:
         event = asyncio.Event()

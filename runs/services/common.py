@@ -11,15 +11,16 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.append import appending
-from audit.chain import GENESIS, link_hash, normalise
-from audit.dbutil import insert_and_update
+from audit.chain.append import appending
+from audit.chain.hashing import GENESIS, link_hash, normalise
 from audit.models import AuditEvent
 from audit.services import audit_event, record_audit
+from core import pg
 from core.actors import Actor
 from core.errors import Conflict, DomainError, NotFound
 from core.live import announce
-from core.rows import Extra, select_row, write_rows
+from core.pg.append import insert_and_update
+from core.pg.rows import Extra, select_row, write_rows
 from core.telemetry import annotate
 from runs.integrity import history_fields, walk_history
 from runs.models import (
@@ -256,7 +257,7 @@ def protocol_snapshot(run: Run) -> dict[str, Any]:
 
 def notify_run_changed(run: Run) -> None:
     """Wake long-polling heartbeats. pg_notify is transactional: delivered only if we commit."""
-    if connection.vendor == "postgresql":
+    if pg.enabled(connection):
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(_notices(run))),

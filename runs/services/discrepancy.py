@@ -1,4 +1,4 @@
-"""A late outcome that contradicts a reconciliation: an outcome is always recorded (DESIGN §5).
+"""A late outcome that contradicts a reconciliation: an outcome is always recorded (docs/concepts/worker-protocol.md).
 
 The reconciler (or an operator) concluded ``committed`` or ``failed`` from the evidence it had; the
 worker then reports the opposite. Neither fact is thrown away: the reconciliation stays on the

@@ -9,10 +9,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from audit.append import appending
-from audit.chain import canonical
+from audit.chain.append import appending
+from audit.chain.hashing import canonical
 from audit.models import AuditEvent
 from audit.services import audit_event, record_audit
+from core import pg
 from core.actors import Actor
 from core.errors import (
     Conflict,
@@ -23,7 +24,7 @@ from core.errors import (
     LeaseLost,
     NotFound,
 )
-from core.rows import from_json, hot_cursor, select_rows, write_rows
+from core.pg.rows import from_json, hot_cursor, select_rows, write_rows
 from runs.models import (
     Approval,
     ApprovalPolicy,
@@ -130,8 +131,8 @@ def declaration_facts(
 ) -> Facts:
     from django.db import connection
 
-    if connection.vendor != "postgresql":  # the SQLite demo: the same reads, one by one
-        from core.rows import select_row
+    if not pg.enabled(connection):  # the SQLite demo: the same reads, one by one
+        from core.pg.rows import select_row
 
         return Facts(
             select_row(ExecutionLease, run=run.pk, fencing_token=int(fencing_token)),
@@ -458,8 +459,8 @@ def _lock_effect(run: Run, effect_id: Any, fencing_token: Any) -> tuple[Effect |
     statement, read after the run lock (every lease writer takes it first)."""
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        from core.rows import select_row
+    if not pg.enabled(connection):
+        from core.pg.rows import select_row
 
         lease = None
         if fencing_token is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.append import appending
+from audit.chain.append import appending
 from audit.services import audit_event
 from core.actors import Actor
 from core.errors import (
@@ -22,7 +22,7 @@ from core.errors import (
     NotClaimable,
     NotFound,
 )
-from core.rows import select_row, select_rows, write_rows
+from core.pg.rows import select_row, select_rows, write_rows
 from core.telemetry import annotate
 from runs.models import (
     Agent,
@@ -302,7 +302,7 @@ def _supersede(run: Run, actor: Actor, event: Event, pending: list[Any]) -> None
 
 def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
     """``ExecutionLease.objects.filter(run=run, fencing_token=fencing_token).first()`` (at most one row:
-    (run, fencing_token) is unique) through core.rows: every worker write checks its fencing
+    (run, fencing_token) is unique) through core.pg.rows: every worker write checks its fencing
     token here."""
     if fencing_token is None:  # the ORM would look for IS NULL; the column is NOT NULL, so: none
         return None

@@ -10,11 +10,11 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from audit.chain import canonical
+from audit.chain.hashing import canonical
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
-from core.rows import write_rows
+from core.pg.rows import write_rows
 from runs.models import Approval, Assumption, Checkpoint, HistoryEvent, Run, Timer
 from runs.states import Event
 

@@ -1,4 +1,4 @@
-"""The audit chain (DESIGN §6): written with the change, append-only in the database, verified link by
+"""The audit chain (docs/concepts/audit.md): written with the change, append-only in the database, verified link by
 link, exported as JSON Lines. Tampering is done the way an attacker with database access would: with
 the append-only trigger switched off for the session."""
 
@@ -12,8 +12,8 @@ import pytest
 from django.core.management import ManagementUtility, call_command
 from django.db import DatabaseError, connection, transaction
 
-from audit.append import appending
-from audit.chain import GENESIS, link_hash
+from audit.chain.append import appending
+from audit.chain.hashing import GENESIS, link_hash
 from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor

@@ -1,4 +1,4 @@
-"""core.rows: the hot path's hand-written equality lookups answer exactly what the ORM answers,
+"""core.pg.rows: the hot path's hand-written equality lookups answer exactly what the ORM answers,
 and ``lock=True`` really takes the row lock (PostgreSQL)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from core import rows
+from core.pg import rows
 from runs.models import Approval, AuthorityGrant, Effect, ExecutionLease, Run
 from tests.conftest import claim, declare, start_run
 

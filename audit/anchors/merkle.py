@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from .chain import canonical
+from audit.chain.hashing import canonical
 
 Leaf = tuple[str, int, str]  # (chain key, seq, hash of the event at seq)
 

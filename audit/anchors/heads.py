@@ -1,5 +1,5 @@
 """The database side of anchors: reading the chain heads to sign, and holding the chains to every head
-the anchors signed (audit/anchors.py parses and checks the signatures)."""
+the anchors signed (audit/anchors/verify.py checks the signatures)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 from django.db import connection
 from django.db.models import Max
 
-from .chain import GENESIS
+from audit.chain.hashing import GENESIS
+from audit.models import LEGACY, AuditChain, AuditEvent
+from core import pg
+
 from .merkle import Leaf, merkle_root
-from .models import LEGACY, AuditChain, AuditEvent
 
 MAX_REPORTED = 20
 
@@ -23,7 +25,7 @@ def read_heads(previous: str | None) -> tuple[list[Leaf], list[Leaf], str | None
     """(every head, the heads that moved since the snapshot ``previous``, this snapshot). Inside the
     anchor's snapshot. On PostgreSQL a head moved if the transaction of its last append (``xid``) had
     not committed in ``previous``; elsewhere (SQLite) every head counts as moved."""
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         leaves = [
             tuple(r) for r in AuditChain.objects.order_by("key").values_list("key", "seq", "hash")
         ]
@@ -69,7 +71,7 @@ def _event_hashes(keys: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
     stored: dict[tuple[str, int], str] = {}
     for i in range(0, len(keys), 1000):
         chunk = keys[i : i + 1000]
-        if connection.vendor == "postgresql":
+        if pg.enabled(connection):
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT e.chain, e.chain_seq, e.hash FROM unnest(%s::text[], %s::bigint[]) "

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from .chain import GENESIS, link_hash
-from .models import AuditChain, AuditEvent
+from audit.models import AuditChain, AuditEvent
+
+from .hashing import GENESIS, link_hash
 
 MAX_REPORTED = 20
 

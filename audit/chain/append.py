@@ -22,10 +22,11 @@ from typing import Any
 
 from django.db import connections, router
 
-from core.rows import Extra, hot_cursor
+from audit.models import SYSTEM, AuditChain, AuditEvent
+from core import pg
+from core.pg.rows import Extra, hot_cursor
 
-from .chain import GENESIS, canonical, link_hash
-from .models import SYSTEM, AuditChain, AuditEvent
+from .hashing import GENESIS, canonical, link_hash
 
 # Set by the append statement, not by the caller.
 _DERIVED = ("id", "seq", "chain_seq", "prev_hash", "hash")
@@ -96,7 +97,7 @@ def _filled(event: AuditEvent, using: str, found: Any) -> AuditEvent:
 
 
 def appending(event: AuditEvent) -> Extra:
-    """``append(event)`` as part of a decision's one write statement (``core.rows.write_rows``): the
+    """``append(event)`` as part of a decision's one write statement (``core.pg.rows.write_rows``): the
     head's upsert and the event's INSERT become two more CTEs of it, on PostgreSQL; elsewhere (and
     alone) it is ``append``."""
     using = router.db_for_write(AuditEvent, instance=event)
@@ -122,7 +123,7 @@ def append(event: AuditEvent) -> AuditEvent:
     and fill those in. Inside the caller's transaction."""
     using = router.db_for_write(AuditEvent, instance=event)
     connection = connections[using]
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         return _append_orm(event, using)
     sql, columns = _statement(using)
     with hot_cursor(connection) as cursor:

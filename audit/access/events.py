@@ -1,7 +1,7 @@
 """Audited account events: logins, logouts, failed logins, lockouts, and changes to users and roles
 (Django groups) made through the admin.
 
-The edges (auth signal receivers in audit/signals.py, the admin classes in audit/admin_accounts.py)
+The edges (auth signal receivers in audit/access/receivers.py, the admin classes in audit/access/admin.py)
 only call these. A change's audit row is written inside the transaction of the change (the admin's
 change and delete views are atomic), so a change whose audit write fails does not happen.
 """
@@ -13,12 +13,11 @@ from typing import Any
 from django.db import transaction
 from django.http import HttpRequest
 
+from audit.models import AuditEvent
+from audit.services import record_audit
 from core.actors import Actor
 from core.auth import actor_for_user, request_meta
 from core.live import push_session_check
-
-from .models import AuditEvent
-from .services import record_audit
 
 LOGIN, LOGOUT, LOGIN_FAILED, LOGIN_LOCKED_OUT = (
     "login",
