@@ -44,8 +44,7 @@ from interventions.registry import redact
 from interventions.revalidation import build_report
 from interventions.transfer import FACETS
 from runs.models import Approval, AuthorityGrant, Effect, Run
-from runs.selectors import visible_runs
-from runs.services.effects import effect_dict
+from runs.selectors import effect_dict, visible_runs
 from runs.states import State, as_table
 
 # Form fields -> options, per kind. Anything not listed for a kind is ignored.

@@ -40,8 +40,7 @@ from interventions.jobs import attention
 from interventions.selectors import receipt_dict
 from interventions.transfer import holders
 from runs.models import AuthorityGrant, Effect, Run
-from runs.selectors import run_detail, visible_runs
-from runs.services.effects import effect_dict
+from runs.selectors import effect_dict, run_detail, visible_runs
 from runs.states import State, allowed_events
 
 EFFECTS_PAGE = 50  # a screenful; older effects are a click away ("older", keyset on declared_at)

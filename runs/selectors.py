@@ -1,4 +1,6 @@
-"""Read models: the JSON shapes of runs, attempts, leases and grants (selectors read, services write)."""
+"""Read models: the JSON shapes of runs, attempts, leases, grants, checkpoints and effects, and the
+snapshots decisions record in their audit context (selectors read, services write; a selector never
+imports a service: pyproject.toml's import-linter contracts)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,17 @@ from django.utils import timezone
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.roles import may
-from runs.models import Approval, Effect, ExecutionLease, HistoryEvent, Run, Timer
-from runs.services.common import authority_envelope, checkpoint_summary, starting_checkpoint
-from runs.services.effects import effect_dict
+from runs.integrity import walk_history
+from runs.models import (
+    Approval,
+    AuthorityGrant,
+    Checkpoint,
+    Effect,
+    ExecutionLease,
+    HistoryEvent,
+    Run,
+    Timer,
+)
 from runs.states import allowed_events, directive_for
 
 
@@ -180,3 +190,144 @@ def _woken_sql() -> str:
         f"EXISTS (SELECT 1 FROM {timer} t WHERE t.run_id = r.id AND t.status = %s) "
         f"FROM {lease} l JOIN {run} r ON r.id = l.run_id WHERE l.id = %s AND l.run_id = %s"
     )
+
+
+def verify_history(run: Run) -> dict[str, Any]:
+    """Walk a run's history chain against its head; name the first broken link (runs.integrity)."""
+    return walk_history(
+        HistoryEvent.objects.filter(run=run).order_by("seq"), run.history_seq, run.history_head
+    )
+
+
+def latest_checkpoint(run: Run) -> Checkpoint | None:
+    return Checkpoint.objects.filter(run=run).order_by("-seq").first()
+
+
+def starting_checkpoint(run: Run) -> Checkpoint | None:
+    """The checkpoint the next attempt starts from: the named one if set, else the latest."""
+    return run.resume_checkpoint or latest_checkpoint(run)
+
+
+def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
+    if cp is None:
+        return None
+    return {
+        "id": cp.id,
+        "seq": cp.seq,
+        "step": cp.step,
+        "state": cp.state,
+        "hash": cp.hash,
+        "created_at": cp.created_at.isoformat(),
+    }
+
+
+def authority_envelope(
+    run: Run, grants: list[AuthorityGrant] | None = None
+) -> list[dict[str, Any]]:
+    """The run's grants as previews, receipts and snapshots show them; ``grants``: already in hand
+    (a run being created), else read in grant order."""
+    now = timezone.now()
+    if grants is None:
+        grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
+    return [
+        {
+            "id": str(g.id),
+            "scope": g.scope,
+            "status": g.effective_status(now),
+            "expires_at": g.expires_at.isoformat(),
+        }
+        for g in grants
+    ]
+
+
+def unresolved_effects(run: Run) -> list[dict[str, Any]]:
+    """The run's unresolved effects (``Effect.objects.unresolved()``), as previews, receipts, audit
+    context and guards name them."""
+    rows = Effect.objects.filter(run=run).unresolved()
+    return [
+        {
+            "id": str(e.id),
+            "step": e.step,
+            "tool": e.tool,
+            "action": e.action,
+            "idempotency_key": e.idempotency_key,
+            "status": e.status,
+        }
+        for e in rows.order_by("declared_at")
+    ]
+
+
+def run_snapshot(run: Run, new_grants: list[AuthorityGrant] | None = None) -> dict[str, Any]:
+    """What was known at a decision: recorded in audit context for run-control events.
+    ``new_grants``: the run is being created with these grants (nothing else to read yet: no
+    checkpoint, no effects, no people)."""
+    if new_grants is not None:
+        return {
+            "state": run.state,
+            "attempt": None,
+            "fencing_token": run.fencing_token,
+            "checkpoint": None,
+            "authority": authority_envelope(run, new_grants),
+            "unresolved_effects": [],
+            "assignee": None,
+            "decision_authority": None,
+        }
+    cp = starting_checkpoint(run)
+    return {
+        "state": run.state,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
+        "fencing_token": run.fencing_token,
+        "checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
+        "authority": authority_envelope(run),
+        "unresolved_effects": unresolved_effects(run),
+        "assignee": run.assignee.username if run.assignee else None,
+        "decision_authority": run.decision_authority.username if run.decision_authority else None,
+    }
+
+
+def protocol_snapshot(run: Run) -> dict[str, Any]:
+    """What a worker-protocol transition (claim, finish) decided on, from the locked run row alone:
+    the audit context of the worker's own moves, without ``run_snapshot``'s five queries inside the
+    write. The operator's moves keep the full snapshot (authority, unresolved effects, assignee)."""
+    return {
+        "state": run.state,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
+        "fencing_token": run.fencing_token,
+        "checkpoint_seq": run.checkpoint_seq,
+        "history_seq": run.history_seq,
+    }
+
+
+def effect_dict(e: Effect) -> dict[str, Any]:
+    return {
+        "id": str(e.id),
+        "run_id": str(e.run_id),
+        "attempt_id": str(e.attempt_id) if e.attempt_id else None,
+        "kind": e.kind,
+        "step": e.step,
+        "tool": e.tool,
+        "action": e.action,
+        "idempotency_key": e.idempotency_key,
+        "fingerprint": e.fingerprint,
+        "args": e.args,
+        "decision": e.decision,
+        "reason": e.denial_reason or None,
+        "status": e.status,
+        "compensation": e.compensation,
+        "irreversible": e.irreversible,
+        "compensation_status": e.compensation_status or None,
+        "external_ref": e.external_ref,
+        "outcome_detail": e.outcome_detail,
+        "declared_at": e.declared_at.isoformat(),
+        "outcome_at": e.outcome_at.isoformat() if e.outcome_at else None,
+        "late": e.late,
+        "stale_lease": e.stale_lease,
+        "reconciled": e.reconciled,
+        "reconciliation": e.reconciliation,
+        "discrepancy": e.discrepancy,
+        "compensates": str(e.compensates_id) if e.compensates_id else None,
+    }

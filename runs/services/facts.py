@@ -51,7 +51,7 @@ class ClaimFacts:
 
 def claim_facts(run: Run) -> ClaimFacts:
     if connection.vendor != "postgresql":
-        from .common import starting_checkpoint
+        from runs.selectors import starting_checkpoint
 
         return ClaimFacts(
             run.agent.name,

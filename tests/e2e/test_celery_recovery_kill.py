@@ -14,7 +14,7 @@ from core.actors import system_actor
 from interventions.models import Intervention
 from interventions.recover import on_orphaned, sweep_recoveries
 from runs.models import Effect, ExecutionLease, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import declare, start_run
 from tests.e2e.test_celery_worker import Process, broker, start_celery, start_world  # noqa: F401 (broker: fixture)
 from tests.live import wait_for
