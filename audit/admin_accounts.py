@@ -1,5 +1,5 @@
 """The admin's user and role (group) pages, audited: every save and delete records the access fields
-before and after (audit/accounts.py), in the admin view's own transaction."""
+before and after (audit/account_events.py), in the admin view's own transaction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.db import transaction
 
 from core.auth import actor_for_user
 
-from . import accounts
+from . import account_events as accounts
 
 _BEFORE = "_audit_before"  # the object's snapshot taken in save_model, read in save_related
 

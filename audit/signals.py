@@ -1,7 +1,7 @@
 """Thin edges: Django's and django-axes' authentication signals call the account audit services.
 
 Signals are the only hook Django's login/logout views and django-axes offer; nothing is decided
-here, every receiver calls one service in audit/accounts.py.
+here, every receiver calls one service in audit/account_events.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from axes.signals import user_locked_out
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 
-from . import accounts
+from . import account_events as accounts
 
 
 @receiver(user_logged_in, dispatch_uid="audit.login")

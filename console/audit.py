@@ -114,12 +114,12 @@ def audit_context(request: ConsoleRequest) -> dict:
 def audit_page(request: ConsoleRequest) -> HttpResponse:
     ctx = audit_context(request)
     if is_fragment(request):
-        return render(request, "audit/list.html#events", ctx)
+        return render(request, "console/audit_list.html#events", ctx)
     ctx["object_types"] = (
         AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
     )
     ctx["components"] = AuditEvent.objects.order_by().values_list("component", flat=True).distinct()
-    return render(request, "audit/list.html", ctx)
+    return render(request, "console/audit_list.html", ctx)
 
 
 @console_view
@@ -139,7 +139,7 @@ def audit_verify(request: ConsoleRequest) -> HttpResponse:
     anchored_at = result["anchored_at"]
     return render(
         request,
-        "audit/list.html#verify",
+        "console/audit_list.html#verify",
         {
             "result": result,
             "broken": broken,

@@ -29,7 +29,7 @@ from console.common import (
 )
 from console.receipts import receipt_context
 from console.reports import report_for
-from console.runs import detail_context
+from console.run_page import detail_context
 from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
@@ -252,14 +252,14 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             "label": kind_label(kind),
             "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}")),
         }
-        return render(request, "interventions/dialog.html#dialog", ctx, status=403)
+        return render(request, "console/intervention_dialog.html#dialog", ctx, status=403)
     form = _defaults(run, kind, request.GET)
     req = _safe_request(kind, form)
     ctx = dialog_context(request, run, req, form)
     with_preview(
         request, run, req, ctx
     )  # a preview refusal is shown in the dialog, which itself opened fine
-    return render(request, "interventions/dialog.html#dialog", ctx)
+    return render(request, "console/intervention_dialog.html#dialog", ctx)
 
 
 @console_view
@@ -273,7 +273,7 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         req = request_from(kind, request.POST)
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#preview", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
     refresh = bool(request.POST.get("refresh"))
     status = with_preview(
         request, run, req, ctx, seen=request.POST.get("preview_digest", "") if refresh else ""
@@ -284,7 +284,7 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         ctx["changed"] = changed_sections(
             request.POST.get("preview_sections", ""), ctx["section_digests"]
         )
-    return render(request, "interventions/dialog.html#preview", ctx, status=status)
+    return render(request, "console/intervention_dialog.html#preview", ctx, status=status)
 
 
 @console_view
@@ -318,7 +318,7 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
                     request.POST.get("preview_sections", ""), ctx["section_digests"]
                 )
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#dialog", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#dialog", ctx, status=err.status)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
 
 
@@ -336,7 +336,7 @@ def receipt_response(
         pk=intervention.run_id
     )
     ctx = job_context(intervention) | receipt_context(intervention) | {"run": run}
-    html: str = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
+    html: str = render_to_string("console/intervention_dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.
     html += out_of_band(request, run, origin)
     return HttpResponse(html)
@@ -345,10 +345,10 @@ def receipt_response(
 def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
     if origin == "inbox":
         return render_to_string(
-            "interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
+            "console/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
         )
     return render_to_string(
-        "runs/detail.html#sections",
+        "console/run_detail.html#sections",
         detail_context(run, request.user, request.roles) | {"oob": True},
     )
 
@@ -361,11 +361,11 @@ def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResp
     if intervention is None:
         raise Http404("no such intervention")
     visible_run_or_404(request.actor, intervention.run_id)
-    return render(request, "interventions/dialog.html#job", job_context(intervention))
+    return render(request, "console/intervention_dialog.html#job", job_context(intervention))
 
 
 def job_context(intervention: Intervention) -> dict[str, Any]:
-    """The receipt's follow-up job: its report when the kind has one (templates/interventions/reports.html),
+    """The receipt's follow-up job: its report when the kind has one (console/templates/console/job_reports.html),
     else the generic job record."""
     return {
         "i": intervention,
@@ -393,9 +393,9 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         ctx["error"] = error_dict(
             Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects")
         )
-        return render(request, "interventions/dialog.html#reconcile", ctx, status=403)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=403)
     if request.method == "GET":
-        return render(request, "interventions/dialog.html#reconcile", ctx)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx)
     try:
         if (
             not request.POST.get("evidence", "").strip()
@@ -414,10 +414,10 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         )
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#reconcile", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=err.status)
     ctx |= {"effect": effect_dict(settled), "done": present(settled.reconciliation)}
     html = render_to_string(
-        "interventions/dialog.html#reconciled", ctx, request=request
+        "console/intervention_dialog.html#reconciled", ctx, request=request
     ) + out_of_band(request, run, "run")
     return HttpResponse(html)
 
@@ -461,16 +461,14 @@ def approvals_inbox(request: ConsoleRequest) -> HttpResponse:
     ctx = inbox_context(request.actor) | {"nav": "approvals"}
     return render(
         request,
-        "interventions/approvals.html#inbox"
-        if is_fragment(request)
-        else "interventions/approvals.html",
+        "console/approvals.html#inbox" if is_fragment(request) else "console/approvals.html",
         ctx,
     )
 
 
 def render_inbox_push(user) -> str:
     return render_to_string(
-        "interventions/approvals.html#inbox",
+        "console/approvals.html#inbox",
         inbox_context(actor_for_user(user, None, component="console")) | {"oob": True},
     )
 
@@ -491,7 +489,7 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
     ]
     return render(
         request,
-        "interventions/contracts.html",
+        "console/contracts.html",
         {
             "contracts": [
                 {"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()

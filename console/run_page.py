@@ -1,7 +1,7 @@
 """The run page: its sections, the effects ledger page by page, the timeline, and the fragments a
 live push sends when one fact changes (console/consumers.py).
 
-One template (templates/runs/detail.html) serves the page, each section alone (``?part=NAME``), each
+One template (console/templates/console/run_detail.html) serves the page, each section alone (``?part=NAME``), each
 section as an out-of-band swap, one effect row, and new timeline entries: every fragment a push sends
 is a partial of the template that drew the page. Each section is built from its own context builder,
 so a push that only needs the header does not read the ledger, the reports or the audit trail.
@@ -281,12 +281,12 @@ def run_page(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         parts = None if part == "sections" else [part]
         ctx = detail_context(run, request.user, request.roles, parts, request.GET)
         if part == "ledger" and request.GET.get("effects_before"):
-            return render(request, "runs/detail.html#effect-rows", ctx)  # "older": more rows
+            return render(request, "console/run_detail.html#effect-rows", ctx)  # "older": more rows
         if part == "timeline" and request.GET.get("tl_before"):
-            return render(request, "runs/detail.html#timeline-entries", ctx)
-        return render(request, f"runs/detail.html#{part}", ctx)
+            return render(request, "console/run_detail.html#timeline-entries", ctx)
+        return render(request, f"console/run_detail.html#{part}", ctx)
     ctx = detail_context(run, request.user, request.roles, params=request.GET)
-    return render(request, "runs/detail.html", ctx)
+    return render(request, "console/run_detail.html", ctx)
 
 
 # --- live pushes ------------------------------------------------------------------------------------
@@ -362,7 +362,7 @@ class RunPagePush:
             return ""
         ctx = detail_context(run, self.user, roles_of(self.user), params=self._first_pages())
         self._remember(ctx)
-        return render_to_string("runs/detail.html#sections", ctx | {"oob": True})
+        return render_to_string("console/run_detail.html#sections", ctx | {"oob": True})
 
     def _first_pages(self) -> QueryDict:
         q = self.params.copy()
@@ -395,24 +395,26 @@ class RunPagePush:
         sections.discard("ledger-rows")
         ctx = detail_context(run, self.user, roles, parts=sections, params=self._first_pages())
         ctx["oob"] = True
-        html: list[str] = [render_to_string(f"runs/detail.html#{s}", ctx) for s in sorted(sections)]
+        html: list[str] = [
+            render_to_string(f"console/run_detail.html#{s}", ctx) for s in sorted(sections)
+        ]
         effect_ids = {oid for kind in EFFECT_FACTS for oid in own.get(kind, ()) if oid}
         if rows:
             effect_ids |= self.known_effects  # a compensation step changes the rows' status
         new, changed = self._effect_rows(run, effect_ids) if effect_ids else ([], [])
         if new or changed:
-            html.append(render_to_string("runs/detail.html#effects-count", ctx))
+            html.append(render_to_string("console/run_detail.html#effects-count", ctx))
         if own:
             html.append(self._new_entries(run, own, ctx))
         frames = ["".join(html)]
         if new:
             frames.append(
-                render_to_string("runs/detail.html#effects-new", ctx | {"new_effects": new})
+                render_to_string("console/run_detail.html#effects-new", ctx | {"new_effects": new})
             )
         if changed:
             frames.append(
                 render_to_string(
-                    "runs/detail.html#effects-changed", ctx | {"changed_effects": changed}
+                    "console/run_detail.html#effects-changed", ctx | {"changed_effects": changed}
                 )
             )
         return [f.strip() for f in frames if f.strip()]
@@ -457,7 +459,8 @@ class RunPagePush:
             self.newest_entry = newest
         fresh.sort(key=lambda e: e.at, reverse=True)
         return render_to_string(
-            "runs/detail.html#timeline-push", ctx | {"timeline": {"entries": fresh}, "oob": False}
+            "console/run_detail.html#timeline-push",
+            ctx | {"timeline": {"entries": fresh}, "oob": False},
         )
 
 
