@@ -29,6 +29,7 @@ from interventions.fleet import (
 )
 from interventions.fleet_views import operation_dict, recent_operations
 from interventions.models import FleetOperation
+from interventions.selectors import operation_by_id
 
 FORM_KEYS = frozenset(
     {
@@ -145,7 +146,7 @@ def fleet_start(request: ConsoleRequest) -> HttpResponse:
 
 
 def _operation_or_404(operation_id: UUID) -> FleetOperation:
-    op = FleetOperation.objects.filter(pk=operation_id).first()
+    op = operation_by_id(operation_id)
     if op is None:
         raise Http404("no such fleet operation")
     return op
@@ -220,7 +221,7 @@ def fleet_cancel(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
 def render_progress_push(user, roles: frozenset[str], operation_id: Any) -> str:
     """The progress section as an out-of-band swap, for the operation's live socket
     (console/consumers.py FleetConsumer); "" once the operation is gone."""
-    op = FleetOperation.objects.filter(pk=operation_id).first()
+    op = operation_by_id(operation_id)
     if op is None:
         return ""
     ctx = progress_context(user.pk, roles, op) | {"oob": True}

@@ -42,9 +42,10 @@ from interventions.models import Intervention
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
+from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
-from runs.models import Approval, AuthorityGrant, Effect, Run
-from runs.selectors import effect_dict, visible_runs
+from runs.models import Approval, AuthorityGrant, Run
+from runs.selectors import effect_dict, effect_with_run, visible_runs
 from runs.states import State, as_table
 
 # Form fields -> options, per kind. Anything not listed for a kind is ignored.
@@ -357,7 +358,7 @@ def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
 @require_GET
 def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's job status, re-read after every push (and every few seconds while pending)."""
-    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    intervention = intervention_by_id(intervention_id)
     if intervention is None:
         raise Http404("no such intervention")
     visible_run_or_404(request.actor, intervention.run_id)
@@ -380,7 +381,7 @@ def job_context(intervention: Intervention) -> dict[str, Any]:
 @console_view
 @require_http_methods(["GET", "POST"])
 def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
-    effect = Effect.objects.filter(pk=effect_id).select_related("run").first()
+    effect = effect_with_run(effect_id)
     if effect is None:
         raise Http404("no such effect")
     run = visible_run_or_404(request.actor, effect.run_id)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -25,7 +24,7 @@ from console.common import (
     is_fragment,
 )
 from core.filters import BadFilter, check_text
-from runs.models import Agent, Run
+from runs.models import Run
 from runs.search import (
     RunFilter,
     attention_ids,
@@ -33,7 +32,7 @@ from runs.search import (
     runs_by_prefix,
     state_counts,
 )
-from runs.selectors import run_summary
+from runs.selectors import active_usernames, agent_names, run_summary
 from runs.states import State
 
 # --- run list -------------------------------------------------------------------------------------
@@ -161,11 +160,8 @@ def run_list(request: ConsoleRequest) -> HttpResponse:
     if is_fragment(request):
         return render(request, "console/run_list.html#run-live", ctx)
     ctx |= {
-        "agents": Agent.objects.order_by("name").values_list("name", flat=True),
-        "owners": get_user_model()
-        .objects.filter(is_active=True)
-        .order_by("username")
-        .values_list("username", flat=True),
+        "agents": agent_names(),
+        "owners": active_usernames(),
         "states": [s.value for s in State],
     }
     return render(request, "console/run_list.html", ctx)

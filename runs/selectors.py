@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -16,6 +17,7 @@ from core.errors import Forbidden, NotFound
 from core.roles import may
 from runs.integrity import walk_history
 from runs.models import (
+    Agent,
     Approval,
     AuthorityGrant,
     Checkpoint,
@@ -331,3 +333,23 @@ def effect_dict(e: Effect) -> dict[str, Any]:
         "discrepancy": e.discrepancy,
         "compensates": str(e.compensates_id) if e.compensates_id else None,
     }
+
+
+def agent_names() -> QuerySet:
+    """Registered agents' names, for the run list's agent filter."""
+    return Agent.objects.order_by("name").values_list("name", flat=True)
+
+
+def active_usernames() -> QuerySet:
+    """Active people's usernames, for the run list's owner filter."""
+    return (
+        get_user_model()
+        .objects.filter(is_active=True)
+        .order_by("username")
+        .values_list("username", flat=True)
+    )
+
+
+def effect_with_run(effect_id: Any) -> Effect | None:
+    """One effect with its run (the reconcile dialog), or None."""
+    return Effect.objects.filter(pk=effect_id).select_related("run").first()
