@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 from django.db.models import Q, QuerySet
@@ -131,3 +132,8 @@ def components() -> QuerySet:
 def chain_event(chain: str, chain_seq: int) -> AuditEvent | None:
     """The event at ``chain_seq`` of ``chain`` (the first broken link a verification names)."""
     return AuditEvent.objects.filter(chain=chain, chain_seq=chain_seq).first()
+
+
+def run_audit_events(run_id: Any, limit: int) -> list[AuditEvent]:
+    """A run's newest audit events."""
+    return list(AuditEvent.objects.filter(run_id=run_id).order_by("-seq")[:limit])

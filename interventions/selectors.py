@@ -33,3 +33,8 @@ def intervention_by_id(intervention_id: Any) -> Intervention | None:
 
 def operation_by_id(operation_id: Any) -> FleetOperation | None:
     return FleetOperation.objects.filter(pk=operation_id).first()
+
+
+def recent_interventions(run: Any, limit: int) -> list[Intervention]:
+    """A run's newest interventions, with who asked."""
+    return list(run.interventions.select_related("actor").order_by("-created_at")[:limit])

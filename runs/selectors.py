@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.actors import Actor
@@ -353,3 +353,33 @@ def active_usernames() -> QuerySet:
 def effect_with_run(effect_id: Any) -> Effect | None:
     """One effect with its run (the reconcile dialog), or None."""
     return Effect.objects.filter(pk=effect_id).select_related("run").first()
+
+
+def effects_newest(run: Run, cursor: tuple[Any, Any] | None, limit: int) -> list[Effect]:
+    """The run's newest ``limit`` effects, or those before ``cursor`` (declared_at, pk)."""
+    qs = Effect.objects.filter(run=run)
+    if cursor is not None:
+        at, pk = cursor
+        qs = qs.filter(Q(declared_at__lt=at) | Q(declared_at=at, pk__lt=pk))
+    return list(qs.order_by("-declared_at", "-pk")[:limit])
+
+
+def effects_by_ids(run: Run, ids: list[Any]) -> list[Effect]:
+    return list(Effect.objects.filter(run=run, pk__in=ids))
+
+
+def discrepancies(run: Run) -> list[Effect]:
+    """The run's effects whose reported outcome contradicts the record, oldest first."""
+    return list(Effect.objects.filter(run=run, status=Effect.DISCREPANCY).order_by("declared_at"))
+
+
+def effect_count(run: Run) -> int:
+    return Effect.objects.filter(run=run).count()
+
+
+def run_grants(run: Run) -> list[AuthorityGrant]:
+    return list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
+
+
+def recent_checkpoints(run: Run, limit: int) -> list[Checkpoint]:
+    return list(run.checkpoints.order_by("-seq")[:limit])
