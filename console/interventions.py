@@ -12,7 +12,6 @@ import re
 from typing import Any
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -45,7 +44,16 @@ from interventions.revalidation import build_report
 from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
 from runs.models import Approval, AuthorityGrant, Run
-from runs.selectors import effect_dict, effect_with_run, visible_runs
+from runs.selectors import (
+    checkpoint_choices,
+    effect_dict,
+    effect_with_run,
+    grants_in,
+    pending_approvals,
+    people_with_roles,
+    run_with_people,
+    visible_runs,
+)
 from runs.states import State, as_table
 
 # Form fields -> options, per kind. Anything not listed for a kind is ignored.
@@ -141,12 +149,12 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
     """Sensible first values so the first preview says something: the pending approval, the grant."""
     data = params.copy()
     if kind in ("approve", "reject") and not data.get("approval_id"):
-        first = run.approvals.filter(status=Approval.PENDING).order_by("requested_at").first()
+        first = pending_approvals(run).first()
         if first:
             data["approval_id"] = str(first.pk)
     if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
         wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
-        grant = run.grants.filter(status=wanted).order_by("granted_at").first()
+        grant = grants_in(run, wanted).first()
         if grant:
             data["grant_id"] = str(grant.pk)
     if kind == "transfer" and not data.getlist("facets"):
@@ -181,19 +189,14 @@ def dialog_context(
         "origin": form.get("origin", "run"),
     }
     if "checkpoint_seq" in ctx["fields"]:
-        ctx["checkpoints"] = run.checkpoints.order_by("-seq").values("seq", "step")
+        ctx["checkpoints"] = checkpoint_choices(run)
     if "to" in ctx["fields"]:
-        ctx["users"] = (
-            get_user_model()
-            .objects.filter(is_active=True, groups__name__in=ROLES)
-            .distinct()
-            .order_by("username")
-        )
+        ctx["users"] = people_with_roles(ROLES)
         ctx["all_facets"] = FACETS
     if "approval_id" in ctx["fields"]:
-        ctx["approvals"] = run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
+        ctx["approvals"] = pending_approvals(run)
     if "grant_id" in ctx["fields"]:
-        ctx["grants"] = run.grants.order_by("granted_at")
+        ctx["grants"] = grants_in(run)
     if "prefer" in ctx["fields"]:
         ctx["preferences"] = PREFERENCES
     return ctx
@@ -333,9 +336,7 @@ def _safe_request(kind: str, data: QueryDict) -> base.Request:
 def receipt_response(
     request: ConsoleRequest, intervention: Intervention, origin: str
 ) -> HttpResponse:
-    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(
-        pk=intervention.run_id
-    )
+    run = run_with_people(intervention.run_id)
     ctx = job_context(intervention) | receipt_context(intervention) | {"run": run}
     html: str = render_to_string("console/intervention_dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.

@@ -383,3 +383,34 @@ def run_grants(run: Run) -> list[AuthorityGrant]:
 
 def recent_checkpoints(run: Run, limit: int) -> list[Checkpoint]:
     return list(run.checkpoints.order_by("-seq")[:limit])
+
+
+def pending_approvals(run: Run) -> QuerySet[Approval]:
+    """The run's pending approvals, oldest first."""
+    return run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
+
+
+def grants_in(run: Run, status: str | None = None) -> QuerySet[AuthorityGrant]:
+    """The run's grants in grant order (``status``: only those with that stored status)."""
+    grants = run.grants.order_by("granted_at")
+    return grants if status is None else grants.filter(status=status)
+
+
+def checkpoint_choices(run: Run) -> QuerySet:
+    """The run's checkpoints as (seq, step), newest first: what a resume may name."""
+    return run.checkpoints.order_by("-seq").values("seq", "step")
+
+
+def people_with_roles(roles: Any) -> QuerySet:
+    """Active people holding any of ``roles`` (who a run can be handed to)."""
+    return (
+        get_user_model()
+        .objects.filter(is_active=True, groups__name__in=roles)
+        .distinct()
+        .order_by("username")
+    )
+
+
+def run_with_people(run_id: Any) -> Run:
+    """One run with its agent, assignee and decision authority loaded."""
+    return Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
