@@ -43,8 +43,9 @@ from interventions.registry import redact
 from interventions.revalidation import build_report
 from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
-from runs.models import Approval, AuthorityGrant, Run
+from runs.models import AuthorityGrant, Run
 from runs.selectors import (
+    approvals_to_decide,
     checkpoint_choices,
     effect_dict,
     effect_with_run,
@@ -52,7 +53,6 @@ from runs.selectors import (
     pending_approvals,
     people_with_roles,
     run_with_people,
-    visible_runs,
 )
 from runs.states import State, as_table
 
@@ -434,13 +434,7 @@ def inbox_context(actor) -> dict[str, Any]:
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
     rows, seen = [], set()
     if may(roles, "approve") or may(roles, "reject"):
-        pending = (
-            Approval.objects.filter(
-                status=Approval.PENDING, required_role__in=decidable, run__in=visible_runs(actor)
-            )
-            .select_related("run__agent")
-            .order_by("deadline", "requested_at")
-        )
+        pending = approvals_to_decide(actor, decidable)
         for a in pending:
             if (a.run_id, a.digest) in seen:
                 continue  # the same decision asked twice: it is decided once

@@ -414,3 +414,15 @@ def people_with_roles(roles: Any) -> QuerySet:
 def run_with_people(run_id: Any) -> Run:
     """One run with its agent, assignee and decision authority loaded."""
     return Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
+
+
+def approvals_to_decide(actor: Actor, required_roles: list[str]) -> QuerySet[Approval]:
+    """Pending approvals of the runs ``actor`` sees that ``required_roles`` may decide, soonest
+    deadline first (the approvals inbox)."""
+    return (
+        Approval.objects.filter(
+            status=Approval.PENDING, required_role__in=required_roles, run__in=visible_runs(actor)
+        )
+        .select_related("run__agent")
+        .order_by("deadline", "requested_at")
+    )
