@@ -41,8 +41,9 @@ from interventions.base import Contract, Request, finish_job, register
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.registry import CompensationResult, EffectInfo, get_compensator
 from runs.models import Effect, Run
-from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
+from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
+from runs.services.history import append_history
 from runs.states import Event, State, transition
 
 log = logging.getLogger(__name__)
