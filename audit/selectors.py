@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 from django.db.models import Q, QuerySet
@@ -117,3 +118,23 @@ def settled_seq(
             if time.monotonic() >= deadline:
                 return floor
             time.sleep(_POLL_S)
+
+
+def object_types() -> QuerySet:
+    """Every object type the trail names, for the audit page's filter."""
+    return AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
+
+
+def components() -> QuerySet:
+    """Every component that wrote to the trail, for the audit page's filter."""
+    return AuditEvent.objects.order_by().values_list("component", flat=True).distinct()
+
+
+def chain_event(chain: str, chain_seq: int) -> AuditEvent | None:
+    """The event at ``chain_seq`` of ``chain`` (the first broken link a verification names)."""
+    return AuditEvent.objects.filter(chain=chain, chain_seq=chain_seq).first()
+
+
+def run_audit_events(run_id: Any, limit: int) -> list[AuditEvent]:
+    """A run's newest audit events."""
+    return list(AuditEvent.objects.filter(run_id=run_id).order_by("-seq")[:limit])

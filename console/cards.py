@@ -1,5 +1,5 @@
 """Preview cards: a contract's preview as the answers an operator needs, in the order they need them
-(docs/operator/scenarios.md), drawn by templates/interventions/card.html.
+(docs/operator/scenarios.md), drawn by console/templates/console/intervention_card.html.
 
 Generic: the answer lines, the folded extras and what would block the confirm are the contract's own
 console pieces (interventions/plugins.py ``Console``, declared in interventions/<kind>.py); this

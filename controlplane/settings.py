@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "axes",
     "runs",
     "interventions",
+    "console",
 ]
 
 MIDDLEWARE = [

@@ -25,7 +25,8 @@ from core.roles import may
 from interventions.models import Intervention
 from interventions.plugins import Contract, Request, get_contract, owner_bound
 from runs.models import Approval, Run
-from runs.services.common import decision, lock_run, run_snapshot
+from runs.selectors import run_snapshot
+from runs.services.decisions import decision, lock_run
 from runs.states import Event, transition
 
 

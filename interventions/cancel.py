@@ -16,7 +16,7 @@ from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
-from runs.services.common import apply_transition, lock_run
+from runs.services.decisions import apply_transition, lock_run
 from runs.services.lifecycle import end_live_leases
 from runs.states import Event, State, transition
 

@@ -1,4 +1,4 @@
-"""The pieces a card is made of: plain data that templates/interventions/card.html draws. Each
+"""The pieces a card is made of: plain data that console/templates/console/intervention_card.html draws. Each
 contract builds its preview card and its receipt from them (interventions/<kind>.py, registered in
 interventions/plugins.py); console/cards.py and console/receipts.py only assemble and render.
 

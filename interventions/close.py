@@ -11,7 +11,7 @@ from interventions import cards, facts
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
-from runs.services.common import apply_transition
+from runs.services.decisions import apply_transition
 from runs.states import Event
 
 

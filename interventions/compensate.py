@@ -44,8 +44,9 @@ from interventions.models import CompensationPlan, CompensationStep, Interventio
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
 from runs.models import Effect, Run
-from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
+from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
+from runs.services.history import append_history
 from runs.states import Event, State, transition
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from interventions import cards
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import CapabilityFreeze, Effect, Run
-from runs.services.common import append_history, notify_run_changed
+from runs.services.decisions import notify_run_changed
+from runs.services.history import append_history
 from runs.states import State
 
 

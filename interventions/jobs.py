@@ -39,7 +39,8 @@ from core.live import announce
 from interventions.base import finish_job
 from interventions.models import Intervention, Job
 from runs.models import Run
-from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
+from runs.services.decisions import apply_transition, lock_run, notify_run_changed
+from runs.services.history import append_history
 from runs.states import Event, transition
 
 log = logging.getLogger(__name__)

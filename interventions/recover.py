@@ -39,14 +39,10 @@ from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services.common import (
-    append_history,
-    apply_transition,
-    latest_checkpoint,
-    set_resume_point,
-    verify_history,
-)
-from runs.services.lifecycle import expire_leases
+from runs.selectors import latest_checkpoint, verify_history
+from runs.services.decisions import apply_transition
+from runs.services.history import append_history
+from runs.services.lifecycle import expire_leases, set_resume_point
 from runs.states import Event, State
 
 PREFERENCES = ("redrive", "compensate", "escalate")

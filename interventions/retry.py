@@ -17,7 +17,9 @@ from interventions import cards, facts
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Attempt, Checkpoint, Run
-from runs.services.common import apply_transition, latest_checkpoint, set_resume_point
+from runs.selectors import latest_checkpoint
+from runs.services.decisions import apply_transition
+from runs.services.lifecycle import set_resume_point
 from runs.states import Event
 
 DEFAULT_POLICY = {

@@ -37,7 +37,8 @@ from interventions.base import pending_approvals
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import ExecutionLease, Run
-from runs.services.common import append_history, notify_run_changed
+from runs.services.decisions import notify_run_changed
+from runs.services.history import append_history
 from runs.states import State
 
 FACETS = ("assignment", "decision_authority", "execution_lease")

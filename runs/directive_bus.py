@@ -15,7 +15,7 @@ from collections import defaultdict
 from django.db import connection
 
 from core import pg
-from runs.services.common import NOTIFY_CHANNEL
+from runs.work import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 FALLBACK_POLL_S = 0.25

@@ -25,7 +25,7 @@ rerun them):
 - ``runs/services/tally.py``, ``runs/search.py``: the run list's per-state counts from RunTally, which
   PostgreSQL triggers keep per agent and state (migration ``runs/0014``), instead of a ``COUNT(*) GROUP
   BY`` over every run on every render of the list; the twin counts with that GROUP BY.
-- ``runs/directive_bus.py``, ``runs/services/common.py``: LISTEN/NOTIFY wake long-polling heartbeats;
+- ``runs/directive_bus.py``, ``runs/services/decisions.py``: LISTEN/NOTIFY wake long-polling heartbeats;
   the twin polls.
 - ``audit/services.py`` (one REPEATABLE READ snapshot for verification), ``audit/selectors.py`` (the
   settled horizon of the audit sequence), ``audit/anchors/`` (the anchor writers' advisory lock, the

@@ -14,7 +14,8 @@ from audit.services import record_audit
 from core.actors import Actor
 from runs.models import Effect, Run
 
-from .common import append_history, notify_run_changed
+from .decisions import notify_run_changed
+from .history import append_history
 
 
 def reported_again(effect: Effect, status: str, external_ref: str) -> bool:

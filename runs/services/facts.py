@@ -52,7 +52,7 @@ class ClaimFacts:
 
 def claim_facts(run: Run) -> ClaimFacts:
     if not pg.enabled(connection):
-        from .common import starting_checkpoint
+        from runs.selectors import starting_checkpoint
 
         return ClaimFacts(
             run.agent.name,

@@ -15,7 +15,7 @@ from interventions.jobs import sweep_jobs
 from interventions.models import Intervention, Job
 from interventions.recover import on_orphaned
 from runs.models import Effect, ExecutionLease, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import declare, start_run
 from tests.e2e.test_celery_worker import Process, broker, start_celery, start_world  # noqa: F401 (broker: fixture)
 from tests.live import wait_for

@@ -32,7 +32,7 @@ from audit.services import verify_chain
 from interventions.jobs import sweep_jobs
 from interventions.models import CompensationPlan, CompensationStep, Intervention, Job
 from runs.models import Effect, Run
-from runs.services.common import verify_history
+from runs.selectors import verify_history
 from tests.conftest import claim, declare, start_run
 from tests.live import test_database_url, wait_for
 from world.client import WorldClient

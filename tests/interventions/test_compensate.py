@@ -27,7 +27,7 @@ from interventions.models import CompensationPlan, CompensationStep, Interventio
 from interventions.registry import CompensationResult, EffectInfo
 from runs.integrity import verify_ledger
 from runs.models import Effect, Run
-from runs.services.common import verify_history
+from runs.selectors import verify_history
 from tests.conftest import claim, declare, start_run
 
 pytestmark = pytest.mark.django_db

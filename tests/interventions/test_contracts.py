@@ -12,7 +12,7 @@ from interventions.contracts import contracts_document
 from interventions.plugins import REGISTRY
 from interventions.resume import revalidate_run
 from runs.models import Timer
-from runs.services import fire_due_timers
+from runs.services.records import fire_due_timers
 from runs.states import TRANSITIONS
 from tests.interventions.helpers import intervene, running_run
 

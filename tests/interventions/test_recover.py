@@ -19,7 +19,7 @@ from interventions.models import CompensationPlan, Intervention, Job
 from interventions.recover import on_orphaned, run_recovery, scan_expired_leases
 from interventions.registry import CompensationResult, ReconcileResult
 from runs.models import Agent, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import declare, start_run
 
 pytestmark = pytest.mark.django_db

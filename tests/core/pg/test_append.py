@@ -8,7 +8,8 @@ import pytest
 from core import pg
 from core.actors import system_actor
 from runs.models import HistoryEvent, Run
-from runs.services.common import append_history, verify_history
+from runs.selectors import verify_history
+from runs.services.history import append_history
 from tests.conftest import start_run
 
 pytestmark = pytest.mark.usefixtures("postgres_only")

@@ -21,7 +21,7 @@ from core import pg
 from core.actors import Actor, system_actor
 from runs.models import Effect, HistoryEvent, Run
 from runs.search import RunFilter, state_counts
-from runs.services.common import verify_history
+from runs.selectors import verify_history
 from runs.services.effects import declaration_facts
 from runs.services.facts import claim_facts, finish_facts
 from tests.conftest import claim, committed_with_next, declare, start_run

@@ -1,4 +1,4 @@
-"""Agents, tokens, users and roles change only through runs/services/accounts.py: the management
+"""Agents, tokens, users and roles change only through runs/services/access.py: the management
 commands and the Django admin call it, so every change (and every refused one) leaves an audit event
 in the same transaction; a revoked token stays revoked."""
 

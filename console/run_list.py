@@ -1,4 +1,4 @@
-"""The operator console: run list and run detail (server-rendered, htmx, live over Channels).
+"""The operator console: the run list and the id-prefix page (server-rendered, htmx, live over Channels).
 
 One template serves the full page, its htmx swap and its WebSocket push (Django 6 template
 partials). Views read through the selectors and never write; console/interventions.py calls the
@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -25,7 +24,7 @@ from console.common import (
     is_fragment,
 )
 from core.filters import BadFilter, check_text
-from runs.models import Agent, Run
+from runs.models import Run
 from runs.search import (
     RunFilter,
     attention_ids,
@@ -33,7 +32,7 @@ from runs.search import (
     runs_by_prefix,
     state_counts,
 )
-from runs.selectors import run_summary
+from runs.selectors import active_usernames, agent_names, run_summary
 from runs.states import State
 
 # --- run list -------------------------------------------------------------------------------------
@@ -159,16 +158,13 @@ def run_list(request: ConsoleRequest) -> HttpResponse:
     except BadFilter as exc:  # a cursor that does not decode
         raise BadRequest(exc.detail) from None
     if is_fragment(request):
-        return render(request, "runs/list.html#run-live", ctx)
+        return render(request, "console/run_list.html#run-live", ctx)
     ctx |= {
-        "agents": Agent.objects.order_by("name").values_list("name", flat=True),
-        "owners": get_user_model()
-        .objects.filter(is_active=True)
-        .order_by("username")
-        .values_list("username", flat=True),
+        "agents": agent_names(),
+        "owners": active_usernames(),
         "states": [s.value for s in State],
     }
-    return render(request, "runs/list.html", ctx)
+    return render(request, "console/run_list.html", ctx)
 
 
 @console_view
@@ -189,25 +185,6 @@ def run_by_prefix(request: ConsoleRequest, prefix: str) -> HttpResponse:
         raise Http404(f"no run starts with {prefix}")
     return render(
         request,
-        "runs/prefix.html",
+        "console/run_prefix.html",
         {"prefix": prefix, "runs": [run_row(r) for r in matches], "nav": "runs"},
     )
-
-
-# --- run detail: console/run_page.py (kept importable from here) ----------------------------------
-
-from console.run_page import (  # noqa: E402
-    DETAIL_PARTS,
-    detail_context,
-    offered_interventions,
-    render_detail_push,
-    run_page,
-)
-
-__all__ = [
-    "DETAIL_PARTS",
-    "detail_context",
-    "offered_interventions",
-    "render_detail_push",
-    "run_page",
-]
