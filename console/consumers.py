@@ -33,6 +33,7 @@ from django.conf import settings
 from console import socket_cap
 from console.common import off_view_thread
 from core.live import (  # note_facts: imported from here by tests
+    BEAT_GROUP,
     RUNS_GROUP,
     bind_loop,
     fleet_group,
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 # Close codes (4000-4999 are the application's): at connect the handshake is refused before accept
 # (the client sees HTTP 403); later, a socket whose login ended is closed with 4401/4403.
 UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, TOO_MANY = 4401, 4403, 4404, 4429
+BEAT_FRAME = "<!-- live -->"
 TREE_LIMIT = 200  # groups joined for one run page: the run and its descendants
 
 
@@ -78,7 +80,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not await self._admit():
             await self.close(code=TOO_MANY)
             return
-        self.joined.append(user_group(user.pk))
+        self.joined += [user_group(user.pk), BEAT_GROUP]
         bind_loop(asyncio.get_running_loop())  # an in-memory layer's hints are sent on this loop
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
@@ -117,6 +119,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def run_changed(self, event: dict[str, Any]) -> None:
         self._take(event)
+
+    async def live_beat(self, event: dict[str, Any]) -> None:
+        """The server's heartbeat (core.live): an HTML comment, which htmx swaps nowhere; the page
+        counts it as heard (static/console/liveness.js) and says "not live" when beats stop."""
+        if not self.closed:
+            await self.send(text_data=BEAT_FRAME)
 
     async def runs_changed(self, event: dict[str, Any]) -> None:
         """The "runs" group's batch: many runs' hints in one message (core.live)."""

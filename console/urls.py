@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import audit, fleet, interventions, receipts, run_list, run_page
+from console import audit, fleet, interventions, receipts, run_list, run_page, workers
 
 app_name = "console"
 
@@ -41,6 +41,7 @@ urlpatterns = [
     path("fleet/<uuid:operation_id>/halt/", fleet.fleet_halt, name="fleet-halt"),
     path("fleet/<uuid:operation_id>/confirm/", fleet.fleet_confirm, name="fleet-confirm"),
     path("fleet/<uuid:operation_id>/cancel/", fleet.fleet_cancel, name="fleet-cancel"),
+    path("workers/", workers.workers_page, name="workers"),
     path("audit/", audit.audit_page, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
     path("audit/export.jsonl", audit.audit_export, name="audit-export"),

@@ -171,7 +171,20 @@ else:
     # Passed to sqlalchemy.create_engine: wait for a busy broker file instead of failing at once.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"connect_args": {"timeout": 30}}
     embedded_broker_wal(CELERY_BROKER_PATH)
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # In-memory for this process's sockets, a SQLite file between processes, so what the Celery
+    # worker and beat write reaches the web process's pages (core/live_bus.py). The heartbeat
+    # (core.live.BEAT_GROUP) always takes the file: a page that hears it knows the bus works.
+    LIVE_BUS_PATH = Path(env_str("LIVE_BUS_PATH", str(VAR_DIR / "live-bus.sqlite3")))
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "core.live_bus.SQLiteBusLayer",
+            "CONFIG": {"path": str(LIVE_BUS_PATH), "round_trip_groups": ["live.beat"]},
+        }
+    }
+
+# Seconds between the heartbeats a process with console sockets sends them (core/live.py); a page
+# that hears none for 3 of them says it is not live. 0 turns them off (the in-process tests).
+LIVE_HEARTBEAT_S = float(env_str("LIVE_HEARTBEAT_S", "2"))
 
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

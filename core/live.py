@@ -40,6 +40,12 @@ SEND_TIMEOUT_S = 5.0
 # Once woken, the sender waits this long so that the hints of transactions committing just now join
 # the same batch (one send per run instead of one per transaction); the console adds its own 0.15 s.
 GATHER_S = 0.02
+# A process with console sockets sends its sockets a heartbeat this often, through the same sender
+# thread and channel layer as the hints (on the embedded bus, through the bus file too): a page that
+# has not heard one for a few beats says it is not live (static/console/liveness.js).
+# settings.LIVE_HEARTBEAT_S overrides it (0: no heartbeat, the in-process tests' default).
+HEARTBEAT_S = 2.0
+BEAT_GROUP = "live.beat"
 
 
 def run_group(run_id: Any) -> str:
@@ -161,15 +167,37 @@ class _Sender:
         self.pending: Facts = {}
         self.busy = False
         self.thread: threading.Thread | None = None
+        self.beats = 0.0  # seconds between heartbeats; 0 until this process has console sockets
+        self.beat_at = 0.0
+
+    def start(self) -> None:  # under self.lock
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.run, name="live-hints", daemon=True)
+            self.thread.start()
 
     def put(self, facts: Facts) -> None:
         with self.lock:
             for run_id, listed in facts.items():
                 _merge(self.pending, run_id, listed)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self.run, name="live-hints", daemon=True)
-                self.thread.start()
+            self.start()
             self.changed.notify_all()
+
+    def beat(self) -> None:
+        """From now on this process heartbeats its sockets (called as a socket connects)."""
+        if self.beats:
+            return
+        from django.conf import settings
+
+        every = float(getattr(settings, "LIVE_HEARTBEAT_S", HEARTBEAT_S))
+        with self.lock:
+            if every > 0 and not self.beats:
+                # The first beat one interval from now: the connect's full render is a sign of life.
+                self.beats, self.beat_at = every, time.monotonic()
+                self.start()
+                self.changed.notify_all()
+
+    def _beat_in(self) -> float | None:
+        return None if not self.beats else self.beat_at + self.beats - time.monotonic()
 
     def run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -177,13 +205,17 @@ class _Sender:
             with self.lock:
                 self.busy = False
                 self.changed.notify_all()
-                while not self.pending:
-                    self.changed.wait()
+                while not self.pending and not ((due := self._beat_in()) is not None and due <= 0):
+                    self.changed.wait(due)
                 self.busy = True
-            time.sleep(GATHER_S)
+            if self.pending:
+                time.sleep(GATHER_S)
             with self.lock:
                 batch, self.pending = self.pending, {}
-            deliver(batch, loop)
+                beat = (due := self._beat_in()) is not None and due <= 0
+                if beat:
+                    self.beat_at = time.monotonic()
+            deliver(batch, loop, beat=beat)
 
     def flush(self, timeout: float) -> bool:
         with self.lock:
@@ -224,6 +256,7 @@ def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
     socket has nobody to tell."""
     global _consumer_loop
     _consumer_loop = loop
+    _sender.beat()
 
 
 def _layer() -> Any:
@@ -232,10 +265,13 @@ def _layer() -> Any:
     return get_channel_layer()
 
 
-def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None:
-    """Send one message per run, to the run's group and the list's: on ``loop`` (the sender's),
-    or inline as before the sender existed (``loop`` None). Never raises."""
-    if not facts:
+def deliver(
+    facts: Facts, loop: asyncio.AbstractEventLoop | None = None, beat: bool = False
+) -> None:
+    """Send one message per run, to the run's group and the list's, and the heartbeat if ``beat``:
+    on ``loop`` (the sender's), or inline as before the sender existed (``loop`` None). Never
+    raises."""
+    if not facts and not beat:
         return
     try:
         from channels.layers import InMemoryChannelLayer
@@ -245,6 +281,8 @@ def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None
             return
 
         async def send_all() -> None:
+            if beat:
+                await layer.group_send(BEAT_GROUP, {"type": "live.beat", "at": time.time()})
             listed_runs: list[list[Any]] = []
             for run_id, listed in facts.items():
                 if run_id.startswith(FLEET_PREFIX):
@@ -266,7 +304,7 @@ def deliver(facts: Facts, loop: asyncio.AbstractEventLoop | None = None) -> None
             from asgiref.sync import async_to_sync
 
             async_to_sync(send_all)()
-        elif isinstance(layer, InMemoryChannelLayer):
+        elif isinstance(layer, InMemoryChannelLayer) and not getattr(layer, "thread_safe", False):
             home = _consumer_loop
             if home is not None and not home.is_closed():
                 future = asyncio.run_coroutine_threadsafe(send_all(), home)

@@ -20,6 +20,9 @@ def pytest_configure(config):
     import tempfile
 
     settings.ANCHOR_DIR = tempfile.mkdtemp(prefix="cp-test-anchors-")
+    # No heartbeat frames between the frames an in-process socket test expects (core/live.py;
+    # tests/console/test_live_heartbeat.py turns it on). Servers a test starts keep theirs.
+    settings.LIVE_HEARTBEAT_S = 0
     if os.environ.get("CONTROLPLANE_REQUIRE_POSTGRES") == "1":
         if not settings.IS_POSTGRES:
             raise pytest.UsageError(
