@@ -189,6 +189,9 @@ def child_env() -> dict[str, str]:
     token_file = VAR / "demo-worker-token"
     if token_file.exists():
         env["CONTROLPLANE_TOKEN"] = token_file.read_text().strip()
+    requester = VAR / "demo-requester-token"  # seed_demo's rita: purchases started in person
+    if requester.exists():
+        env["CONTROLPLANE_REQUESTER_TOKEN"] = requester.read_text().strip()
     return env
 
 

@@ -31,9 +31,11 @@ refused, or was never reached) is recorded ``failed``. Either way the agent then
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,29 @@ VERSIONS: dict[str, Any] = {
 for _pair in filter(None, os.environ.get("AGENT_TOOL_VERSIONS", "").split(",")):
     _tool, _, _version = _pair.partition("=")
     VERSIONS["tools"][_tool.strip()] = _version.strip()
+
+
+def follow_deployed_versions(every_s: float = 2.0) -> None:
+    """Keep VERSIONS (the very dict the run loop and the traffic send) in step with the versions
+    ``manage.py demo_bump_tool_version`` deployed (var/demo-tool-versions.json): a daemon thread."""
+    var = os.environ.get("CONTROLPLANE_VAR_DIR") or Path(__file__).resolve().parent.parent / "var"
+    path = Path(var) / "demo-tool-versions.json"
+
+    def follow() -> None:
+        seen = None
+        while True:
+            try:
+                stamp = os.stat(path).st_mtime
+                if stamp != seen:
+                    with open(path) as f:
+                        VERSIONS["tools"].update({str(k): str(v) for k, v in json.load(f).items()})
+                    seen = stamp
+            except (OSError, ValueError):
+                pass  # not deployed (yet), or being written: the next look
+            time.sleep(every_s)
+
+    threading.Thread(target=follow, name="deployed-versions", daemon=True).start()
+
 
 #: set by the worker process on SIGTERM/SIGINT; long waits inside an agent give up when it is set
 SHUTDOWN = threading.Event()

@@ -23,7 +23,10 @@ A fault is not injected again while an identical one is still pending. Stock is 
 demo does not run dry. The generator creates runs with the worker token (``POST /api/v1/runs`` is
 allowed for worker tokens) and talks to the world's admin API for faults and stock.
 
-Environment: ``CONTROLPLANE_URL``, ``CONTROLPLANE_TOKEN``, ``WORLD_URL``, ``TRAFFIC_INTERVAL_S``,
+Half the ``approval`` runs are started with ``CONTROLPLANE_REQUESTER_TOKEN`` (seed_demo's requester,
+rita) when it is set: a person's purchase, which she may not approve herself (four eyes).
+
+Environment: ``CONTROLPLANE_URL``, ``CONTROLPLANE_TOKEN``, ``CONTROLPLANE_REQUESTER_TOKEN``, ``WORLD_URL``, ``TRAFFIC_INTERVAL_S``,
 ``TRAFFIC_MAX_ACTIVE``, ``APPROVAL_THRESHOLD``.
 """
 
@@ -43,7 +46,14 @@ from typing import Any
 from controlplane_sdk import Client, ControlPlaneError
 from world.client import WorldClient, WorldClientError
 
-from .common import VERSIONS, controlplane_token, controlplane_url, env_float, world_url
+from .common import (
+    VERSIONS,
+    controlplane_token,
+    controlplane_url,
+    env_float,
+    follow_deployed_versions,
+    world_url,
+)
 
 log = logging.getLogger("demo_agents.traffic")
 
@@ -94,8 +104,12 @@ class Traffic:
         max_active: int,
         max_approvals: int,
         threshold: float,
+        requester: Client | None = None,
     ):
         self.client, self.world, self.rng = client, world, rng
+        # Four eyes: half the purchases that need an approval are started by a person (seed_demo's
+        # rita, her own token), so the console shows her being refused deciding her own approval.
+        self.requester = requester
         self.max_active, self.max_approvals, self.threshold = max_active, max_approvals, threshold
         self.refunded: set[str] = set()
         self.prices: dict[str, float] = {}
@@ -167,9 +181,12 @@ class Traffic:
             agent = self.rng.choices(FRAMEWORK_AGENTS, FRAMEWORK_WEIGHTS)[0]
             if agent in self.backlogged:
                 agent = "purchasing"
-        return self.client.create_run(
+        creator, by = self.client, ""
+        if kind == "approval" and self.requester is not None and self.rng.random() < 0.5:
+            creator, by = self.requester, " (requested in person)"
+        return creator.create_run(
             agent,
-            f"buy {qty} x {sku} for {name} ({inp['order']})",
+            f"buy {qty} x {sku} for {name} ({inp['order']}){by}",
             inp,
             versions=VERSIONS,
             authority=PURCHASE_AUTHORITY if agent == "purchasing" else FRAMEWORK_AUTHORITY,
@@ -252,10 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     stop = threading.Event()
+    follow_deployed_versions()  # manage.py demo_bump_tool_version
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     client = Client(controlplane_url(), controlplane_token(), timeout=15)
+    requester_token = os.environ.get("CONTROLPLANE_REQUESTER_TOKEN", "")
+    requester = Client(controlplane_url(), requester_token, timeout=15) if requester_token else None
     world = WorldClient(world_url(), timeout=5)
     traffic = Traffic(
         client,
@@ -264,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         max_active=args.max_active,
         max_approvals=args.max_approvals,
         threshold=env_float("APPROVAL_THRESHOLD", 200.0),
+        requester=requester,
     )
     print(
         f"demo_agents.traffic started: a run every {args.interval:g}s, at most {args.max_active} active",
@@ -283,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             stop.wait(args.interval * traffic.rng.uniform(0.6, 1.4))
     finally:
         client.close()
+        if requester is not None:
+            requester.close()
         world.close()
     log.info("traffic stopped after %d runs: %s", created, traffic.made)
     return 0

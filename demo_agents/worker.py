@@ -32,7 +32,14 @@ from typing import Any
 from controlplane_sdk import Client, RunContext, RunSummary, run_agent_loop
 
 from . import address_verifier, purchasing, refunds
-from .common import SHUTDOWN, VERSIONS, WorkerShutdown, controlplane_token, controlplane_url
+from .common import (
+    SHUTDOWN,
+    VERSIONS,
+    WorkerShutdown,
+    controlplane_token,
+    controlplane_url,
+    follow_deployed_versions,
+)
 
 AGENTS: dict[str, Callable[[RunContext], Any] | str] = {
     purchasing.AGENT: purchasing.purchase,
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     controlplane_token()  # fail fast without a token
 
     stop = threading.Event()
+    follow_deployed_versions()  # manage.py demo_bump_tool_version
     signals = {"n": 0}
 
     def on_signal(signum: int, _frame: Any) -> None:

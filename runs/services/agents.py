@@ -111,3 +111,25 @@ def _replace_policies(
 def _fields(p: ApprovalPolicy) -> dict:
     names = ("agent", "tool", "action", "condition", "approver_role", "created_by")
     return {n: getattr(p, n) for n in names}
+
+
+def record_deployed_versions(*, actor: Actor, agent: str, tools: dict[str, str]) -> dict:
+    """A deployment changed tool versions of ``agent``'s workers (the demo's bump command): what
+    "now" means to a resume's or a recovery's version check until a worker reports otherwise at its
+    next claim. One audited transaction (``agent.versions``) with the versions before and after."""
+    with decision(actor, "agent.versions", "agent", agent):
+        row = Agent.objects.select_for_update().filter(name=agent).first()
+        if row is None:
+            raise Invalid(f"no agent named {agent!r}", field="agent")
+        before = dict(row.current_versions or {})
+        after = {**before, "tools": {**(before.get("tools") or {}), **tools}}
+        row.current_versions = after
+        row.save(update_fields=["current_versions"])
+        record_audit(
+            actor=actor,
+            action="agent.versions",
+            object_type="agent",
+            object_id=row.pk,
+            context={"name": agent, "before": before, "after": after},
+        )
+    return after

@@ -1,5 +1,10 @@
 """Seed the demo: role users (logins printed), agents with their scopes, and a worker token for the
-demo agents (written to var/demo-worker-token, mode 600). Idempotent."""
+demo agents (written to var/demo-worker-token, mode 600). Idempotent.
+
+Four eyes: rita, the demo's requester, starts some of the purchases that need an approval in person
+(the traffic uses her token, var/demo-requester-token). She holds the approver role too, so she sees
+her own purchase's approval in the inbox, and the console refuses her deciding it: the identity that
+started the run never decides its approvals (interventions/approvals.py). april decides it."""
 
 from __future__ import annotations
 
@@ -50,6 +55,9 @@ DEMO_USERS = {
     "ian": "incident_commander",
     "sam": "security_responder",
 }
+# People who start runs themselves (docs/operations/demo.md, "Four eyes and versions").
+DEMO_REQUESTERS = {"rita": ["operator", "approver"]}
+REQUESTER_TOKEN_FILE = "demo-requester-token"
 
 
 class Command(BaseCommand):
@@ -72,6 +80,13 @@ class Command(BaseCommand):
             elif not user.groups.filter(name=role).exists():
                 roles = {*user.groups.filter(name__in=ROLES).values_list("name", flat=True), role}
                 set_user_roles(actor=seeder, user=user, roles=roles)
+        for username, roles in DEMO_REQUESTERS.items():
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                create_user(actor=seeder, username=username, password=password, roles=roles)
+            elif set(roles) - set(user.groups.values_list("name", flat=True)):
+                have = user.groups.filter(name__in=ROLES).values_list("name", flat=True)
+                set_user_roles(actor=seeder, user=user, roles={*have, *roles})
         for name, (scopes, description) in DEMO_AGENTS.items():
             register_agent(
                 actor=seeder,
@@ -81,20 +96,40 @@ class Command(BaseCommand):
                 approvals=DEMO_APPROVALS.get(name, []),
             )
         token_file = Path(settings.VAR_DIR) / "demo-worker-token"
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        secret = token_file.read_text().strip() if token_file.exists() else ""
-        if (
-            not secret
-            or not ApiToken.objects.filter(
-                token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
-            ).exists()
-        ):
-            _, secret = issue_token(
+        _kept_token(
+            token_file,
+            lambda: issue_token(
                 actor=seeder, kind=ApiToken.WORKER, name="demo-agents", agents=list(DEMO_AGENTS)
+            ),
+        )
+        for username in DEMO_REQUESTERS:
+            _kept_token(
+                Path(settings.VAR_DIR) / REQUESTER_TOKEN_FILE,
+                lambda username=username: issue_token(
+                    actor=seeder,
+                    kind=ApiToken.OPERATOR,
+                    name=f"{username}-demo-requests",
+                    user=User.objects.get(username=username),
+                ),
             )
-            token_file.write_text(secret + "\n")
-            token_file.chmod(0o600)
         self.stdout.write(f"demo logins (password: {password}):")
         for username, role in DEMO_USERS.items():
             self.stdout.write(f"  {username:6} {role}")
+        for username, roles in DEMO_REQUESTERS.items():
+            self.stdout.write(
+                f"  {username:6} {', '.join(roles)}: starts purchases herself; may not approve them"
+            )
         self.stdout.write(f"demo worker token in {token_file}")
+
+
+def _kept_token(path: Path, issue) -> None:
+    """The token in ``path`` if it still works, else a new one written there (mode 600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = path.read_text().strip() if path.exists() else ""
+    if secret and ApiToken.objects.filter(
+        token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
+    ).exists():
+        return
+    _, secret = issue()
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
