@@ -59,7 +59,7 @@ for _pair in filter(None, os.environ.get("AGENT_TOOL_VERSIONS", "").split(",")):
     VERSIONS["tools"][_tool.strip()] = _version.strip()
 
 
-def follow_deployed_versions(every_s: float = 2.0) -> None:
+def follow_deployed_versions(every_s: float = 2.0, stop: threading.Event | None = None) -> None:
     """Keep VERSIONS (the very dict the run loop and the traffic send) in step with the versions
     ``manage.py demo_bump_tool_version`` deployed (var/demo-tool-versions.json): a daemon thread."""
     var = os.environ.get("CONTROLPLANE_VAR_DIR") or Path(__file__).resolve().parent.parent / "var"
@@ -67,7 +67,7 @@ def follow_deployed_versions(every_s: float = 2.0) -> None:
 
     def follow() -> None:
         seen = None
-        while True:
+        while stop is None or not stop.is_set():
             try:
                 stamp = os.stat(path).st_mtime
                 if stamp != seen:

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
 from audit.services import verify_chain
-from runs.management.commands.seed_demo import DEMO_AGENTS, DEMO_USERS
+from runs.management.commands.seed_demo import DEMO_AGENTS, DEMO_REQUESTERS, DEMO_USERS
 from runs.models import Agent, ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -93,18 +93,19 @@ def test_seed_roles_and_set_roles_are_audited():
 
 def test_seed_demo_writes_through_the_services_and_a_second_run_changes_nothing(settings, tmp_path):
     settings.VAR_DIR = tmp_path
+    people = len(DEMO_USERS) + len(DEMO_REQUESTERS)
     _call("seed_demo")
-    assert len(_events("user.created")) == len(DEMO_USERS)
+    assert len(_events("user.created")) == people
     assert len(_events("agent.register")) == len(DEMO_AGENTS)
-    assert len(_events("token.issued")) == 1
+    assert len(_events("token.issued")) == 2  # the demo agents' and the requester's
     assert _events("user.created")[0].component == "seed_demo"
     assert User.objects.get(username="admin").is_superuser
     assert set(User.objects.get(username="ian").groups.values_list("name", flat=True)) == {
         "incident_commander"
     }
     _call("seed_demo")  # users, roles and the token exist: none is written again
-    assert len(_events("user.created")) == len(DEMO_USERS) and len(_events("token.issued")) == 1
-    assert not _events("user.roles_set")[len(DEMO_USERS) :]
+    assert len(_events("user.created")) == people and len(_events("token.issued")) == 2
+    assert not _events("user.roles_set")[people:]
     assert verify_chain().ok
 
 
