@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.db import transaction
@@ -38,12 +38,13 @@ from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import EffectsUnresolved, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER
-from interventions import cards, facts, jobs
+from interventions import cards, jobs
 from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
 from runs.models import Effect, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
 from runs.services.history import append_history
@@ -190,8 +191,26 @@ def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
 # -- the contract -----------------------------------------------------------------------------------
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    unresolved = facts.unresolved_effects(run)
+class CompensatePreview(TypedDict):
+    """The plan a compensation would run, in order, and what blocks it."""
+
+    plan: Row
+    options: Row
+    unresolved_effects: Rows
+    blocked: bool
+    how: str
+    ends: str
+
+
+class CompensateReceipt(TypedDict):
+    state: str
+    plan_id: str
+    plan: Row
+    job: Row
+
+
+def preview(run: Run, req: Request, actor: Actor) -> CompensatePreview:
+    unresolved = unresolved_effects(run)
     return {
         "plan": build_plan(run),
         "options": plan_options(req.options),
@@ -206,7 +225,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def require_resolved(run: Run) -> None:
     """Guard ``no_unresolved_effects``: compensating around an unknown outcome would guess."""
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     if unresolved:
         names = ", ".join(
             f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved
@@ -218,7 +237,7 @@ def require_resolved(run: Run) -> None:
         )
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> CompensateReceipt:
     require_resolved(run)
     options = plan_options(req.options)
     apply_transition(run, Event.COMPENSATE, actor=actor, reason=req.reason)

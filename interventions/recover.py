@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.conf import settings
@@ -35,11 +35,11 @@ from interventions import cards, facts, jobs
 from interventions.base import finish_job, issue, lock_pending_job
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.selectors import latest_checkpoint, verify_history
+from runs.selectors import latest_checkpoint, unresolved_effects, verify_history
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import expire_leases, set_resume_point
@@ -282,12 +282,32 @@ def _prefer(req: Request) -> str:
     return prefer
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class RecoverPreview(TypedDict):
+    """What a recovery would check and the rules it would choose the next action by."""
+
+    prefer: str
+    dead_lease: Row | None
+    checkpoint: Row | None
+    to_reconcile: Rows
+    versions: Row
+    rules: Any
+    how: str
+
+
+class RecoverReceipt(TypedDict):
+    state: str
+    prefer: str
+    dead_lease: Row | None
+    job: Row
+    fencing: str
+
+
+def preview(run: Run, req: Request, actor: Actor) -> RecoverPreview:
     return {
         "prefer": _prefer(req),
         "dead_lease": _dead_lease(run),
         "checkpoint": facts.resume_point(run),
-        "to_reconcile": facts.unresolved_effects(run),
+        "to_reconcile": unresolved_effects(run),
         "versions": version_check(run),
         "rules": RULES,
         "how": "a job reconciles every unknown effect with the world, rebuilds state from the last checkpoint "
@@ -295,7 +315,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> RecoverReceipt:
     prefer = _prefer(req)
     if prefer == "compensate":
         plan_options(
@@ -525,7 +545,7 @@ def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]
             history=verify_history(run),
             checkpoint=_checkpoint_check(run, cp),
             versions=version_check(run),
-            unresolved_after=facts.unresolved_effects(run),
+            unresolved_after=unresolved_effects(run),
             attempts={"used": run.attempt_count, "max": pol["max_attempts"]},
         )
         action, why = choose(report, intervention.options.get("prefer", "redrive"))

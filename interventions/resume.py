@@ -5,7 +5,7 @@ failing ones with a reason -- does the run become claimable again from the named
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.db import transaction
@@ -16,30 +16,45 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts, jobs
 from interventions.base import finish_job, lock_pending_job
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.selectors import starting_checkpoint
+from runs.selectors import starting_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class ResumePreview(TypedDict):
+    resume_from: Row | None
+    revalidation: str
+    override: bool
+    unresolved_effects: Rows
+    timers_fired_while_paused: Rows
+    checkpoint_seq: int | None
+
+
+class ResumeReceipt(TypedDict):
+    state: str
+    resume_from: Row | None
+    job: Row
+
+
+def preview(run: Run, req: Request, actor: Actor) -> ResumePreview:
     cp = starting_checkpoint(run)
     return {
         "resume_from": facts.resume_point(run),
         "revalidation": "a job checks the boundary, versions, assumptions, unknown effects, authority and replayed "
         "steps; any failing check blocks the resume unless overridden with a reason",
         "override": bool(req.override_reason),
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> ResumeReceipt:
     cp = starting_checkpoint(run)
     apply_transition(
         run,
