@@ -55,10 +55,8 @@ def test_an_open_run_page_hears_a_heartbeat_every_interval_through_the_bus(
         beats: list[float] = []
         start = time.monotonic()
         while time.monotonic() - start < 1.8:
-            try:
-                frame = await page.receive_from(timeout=max(0.05, 1.8 - (time.monotonic() - start)))
-            except TimeoutError:
-                break
+            # (no short timeout: a communicator's timeout cancels the consumer)
+            frame = await page.receive_from(timeout=3)
             if frame == BEAT_FRAME:
                 beats.append(round(time.monotonic() - start, 2))
         await page.disconnect()
@@ -66,7 +64,7 @@ def test_an_open_run_page_hears_a_heartbeat_every_interval_through_the_bus(
 
     beats = async_to_sync(scenario)()
     # one every 0.3 s: about six in 1.8 s (a busy machine may bunch or delay a few)
-    assert 3 <= len(beats) <= 9, beats
+    assert 3 <= len(beats) <= 10, beats
     assert beats[-1] > 1.0, beats  # still coming at the end, not a burst at the start
     with sqlite3.connect(bus) as conn:
         rows = conn.execute("SELECT count(*) FROM messages WHERE grp = ?", (live.BEAT_GROUP,))
