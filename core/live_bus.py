@@ -73,7 +73,9 @@ class SQLiteBusLayer(InMemoryChannelLayer):
         if path is None:
             from django.conf import settings
 
-            path = str(getattr(settings, "LIVE_BUS_PATH", Path(settings.VAR_DIR) / "live-bus.sqlite3"))
+            path = str(
+                getattr(settings, "LIVE_BUS_PATH", Path(settings.VAR_DIR) / "live-bus.sqlite3")
+            )
         self.path, self.poll_s = path, poll_s
         self.round_trip = frozenset(round_trip_groups)
         self._reset()
@@ -146,10 +148,14 @@ class SQLiteBusLayer(InMemoryChannelLayer):
         if now - self._others_at >= SEEN_EVERY_S:
             self._others_at = now
             try:
-                row = self._conn().execute(
-                    "SELECT 1 FROM listeners WHERE origin != ? AND seen > ? LIMIT 1",
-                    (self.origin, time.time() - LISTENER_FRESH_S),
-                ).fetchone()
+                row = (
+                    self._conn()
+                    .execute(
+                        "SELECT 1 FROM listeners WHERE origin != ? AND seen > ? LIMIT 1",
+                        (self.origin, time.time() - LISTENER_FRESH_S),
+                    )
+                    .fetchone()
+                )
                 self._others = row is not None
             except sqlite3.Error:
                 logger.warning("live bus %s unreadable", self.path, exc_info=True)

@@ -26,8 +26,8 @@ allowed for worker tokens) and talks to the world's admin API for faults and sto
 Half the ``approval`` runs are started with ``CONTROLPLANE_REQUESTER_TOKEN`` (seed_demo's requester,
 rita) when it is set: a person's purchase, which she may not approve herself (four eyes).
 
-Environment: ``CONTROLPLANE_URL``, ``CONTROLPLANE_TOKEN``, ``CONTROLPLANE_REQUESTER_TOKEN``, ``WORLD_URL``, ``TRAFFIC_INTERVAL_S``,
-``TRAFFIC_MAX_ACTIVE``, ``APPROVAL_THRESHOLD``.
+Environment: ``CONTROLPLANE_URL``, ``CONTROLPLANE_TOKEN``, ``CONTROLPLANE_REQUESTER_TOKEN``,
+``WORLD_URL``, ``TRAFFIC_INTERVAL_S``, ``TRAFFIC_MAX_ACTIVE``, ``APPROVAL_THRESHOLD``.
 """
 
 from __future__ import annotations

@@ -63,7 +63,10 @@ def workers_overview(actor: Actor, now: datetime | None = None) -> dict[str, Any
         if w["last_heard"] is None or heard > w["last_heard"]:
             w["last_heard"] = heard
         if w["versions_at"] is None or lease.attempt.started_at > w["versions_at"]:
-            w["versions"], w["versions_at"] = lease.attempt.worker_versions, lease.attempt.started_at
+            w["versions"], w["versions_at"] = (
+                lease.attempt.worker_versions,
+                lease.attempt.started_at,
+            )
         w["runs"].add(lease.run_id)
         if lease.is_live(now):
             w["holds"].append(lease)
@@ -76,7 +79,7 @@ def workers_overview(actor: Actor, now: datetime | None = None) -> dict[str, Any
         w["run_count"] = len(w.pop("runs"))
         rows.append(w)
     rows.sort(key=lambda w: (not w["alive"], w["name"]))
-    expiries.sort(key=lambda lease: lease.ended_at, reverse=True)
+    expiries.sort(key=lambda lease: lease.ended_at or since, reverse=True)
     return {
         "workers": rows,
         "alive": sum(w["alive"] for w in rows),

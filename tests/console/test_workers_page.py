@@ -29,7 +29,9 @@ def _claim(worker, run_id: str, name: str) -> dict:
 
 def _row(html: str, worker: str) -> str:
     """The worker's row (its versions cell holds a table of its own: cut at the next worker)."""
-    m = re.search(rf'<tr data-worker="{worker}">(.*?)(?=<tr data-worker=|id="lease-expiries")', html, re.S)
+    m = re.search(
+        rf'<tr data-worker="{worker}">(.*?)(?=<tr data-worker=|id="lease-expiries")', html, re.S
+    )
     assert m, f"no row for {worker}"
     return m.group(1)
 
@@ -103,4 +105,6 @@ def test_the_page_needs_a_login_and_a_role(cast):
     # it refreshes itself as a fragment
     client.force_login(cast["otto"][0])
     part = client.get("/workers/", HTTP_HX_REQUEST="true")
-    assert part.status_code == 200 and part.content.decode().lstrip().startswith('<div id="workers"')
+    assert part.status_code == 200 and part.content.decode().lstrip().startswith(
+        '<div id="workers"'
+    )

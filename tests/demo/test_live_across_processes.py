@@ -230,9 +230,7 @@ def test_the_live_indicator_turns_red_when_the_server_stops_answering_and_back(d
             took = time.monotonic() - stopped
             expect(status).to_contain_text("not live")
             expect(page.locator("#run-live.ws-stale")).to_have_count(1)
-            color = page.evaluate(
-                "getComputedStyle(document.querySelector('#live-status')).color"
-            )
+            color = page.evaluate("getComputedStyle(document.querySelector('#live-status')).color")
         finally:
             os.kill(web, signal.SIGCONT)
         print(f"indicator red {took:.1f} s after the server stopped; colour {color}")

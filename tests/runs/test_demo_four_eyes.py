@@ -45,7 +45,9 @@ def test_a_purchase_rita_started_cannot_be_approved_by_her_but_by_april(seeded):
     rita = User.objects.get(username="rita")
     assert set(rita.groups.values_list("name", flat=True)) == {"operator", "approver"}
     requester = Api(Client(), (seeded / REQUESTER_TOKEN_FILE).read_text().strip())
-    run = start_run(requester, agent="purchasing", authority=[{"scope": "payments:charge", "ttl_s": 60}])
+    run = start_run(
+        requester, agent="purchasing", authority=[{"scope": "payments:charge", "ttl_s": 60}]
+    )
     assert Run.objects.get(pk=run["id"]).created_by == "user:rita"  # a person's purchase
 
     from runs.models import ApiToken

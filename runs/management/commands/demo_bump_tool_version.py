@@ -30,7 +30,9 @@ def bumped(version: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Deploy a new tool version to the demo agents (audited), so resume's version check blocks."
+    help = (
+        "Deploy a new tool version to the demo agents (audited), so resume's version check blocks."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("tool", nargs="?", default="payments")
@@ -39,7 +41,9 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         tool, actor = opts["tool"], system_actor("demo_bump_tool_version", name="manage.py")
         agents = [
-            a for a in Agent.objects.order_by("name") if tool in (a.current_versions or {}).get("tools", {})
+            a
+            for a in Agent.objects.order_by("name")
+            if tool in (a.current_versions or {}).get("tools", {})
         ]
         if not agents:
             raise CommandError(

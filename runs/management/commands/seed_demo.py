@@ -126,9 +126,12 @@ def _kept_token(path: Path, issue) -> None:
     """The token in ``path`` if it still works, else a new one written there (mode 600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     secret = path.read_text().strip() if path.exists() else ""
-    if secret and ApiToken.objects.filter(
-        token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
-    ).exists():
+    if (
+        secret
+        and ApiToken.objects.filter(
+            token_hash=ApiToken.hash_secret(secret), revoked_at__isnull=True
+        ).exists()
+    ):
         return
     _, secret = issue()
     path.write_text(secret + "\n")
