@@ -3,8 +3,8 @@ processes. Under `make run` the console's sockets live in the web process, but t
 beat write facts too (recovery, revalidation, reconcile answers, compensation, fleet waves); with
 channels' in-memory layer alone their hints never left their process (issue 18).
 
-How it works (docs/concepts/live.md): a ``group_send`` is delivered at once to this process's own
-members (channels' InMemoryChannelLayer) and, when another process is listening, written as one row
+How it works (docs/concepts/architecture.md, "Live pages"): a ``group_send`` is delivered at once
+to this process's own members (channels' InMemoryChannelLayer) and, when another process is listening, written as one row
 to the bus file (``var/live-bus.sqlite3``, WAL). A process whose sockets joined a group starts one
 poller thread that reads the rows other processes wrote every ``poll_s`` (50 ms) and hands them to its
 sockets' event loop; it also marks itself listening, so a process with no sockets (the worker) writes

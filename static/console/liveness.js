@@ -1,7 +1,8 @@
 /* The "live" indicator tells the truth: green only while this page hears the server. The server sends
    every open socket a heartbeat (an HTML comment, every LIVE_HEARTBEAT_S = 2 s, core/live.py) through
    the same path as its pushes; any frame counts as heard. Silent for STALE_S, or a closed socket, and
-   the page says in words that it is not live (docs/concepts/live.md). No state, no requests. */
+   the page says in words that it is not live (docs/concepts/architecture.md, "Live pages").
+   No state, no requests. */
 (function () {
   "use strict";
   var STALE_S = 7; // three missed heartbeats and some slack for a busy machine
