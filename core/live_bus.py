@@ -4,8 +4,8 @@ beat write facts too (recovery, revalidation, reconcile answers, compensation, f
 channels' in-memory layer alone their hints never left their process (issue 18).
 
 How it works (docs/concepts/architecture.md, "Live pages"): a ``group_send`` is delivered at once
-to this process's own members (channels' InMemoryChannelLayer) and, when another process is listening, written as one row
-to the bus file (``var/live-bus.sqlite3``, WAL). A process whose sockets joined a group starts one
+to this process's own members (channels' InMemoryChannelLayer) and, when another process is
+listening, written as one row to the bus file (``var/live-bus.sqlite3``, WAL). A process whose sockets joined a group starts one
 poller thread that reads the rows other processes wrote every ``poll_s`` (50 ms) and hands them to its
 sockets' event loop; it also marks itself listening, so a process with no sockets (the worker) writes
 rows only while a web process reads them, and the web process writes none while it is the only
