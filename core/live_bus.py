@@ -3,14 +3,15 @@ processes. Under `make run` the console's sockets live in the web process, but t
 beat write facts too (recovery, revalidation, reconcile answers, compensation, fleet waves); with
 channels' in-memory layer alone their hints never left their process (issue 18).
 
-How it works (docs/concepts/architecture.md, "Live pages"): a ``group_send`` is delivered at once
-to this process's own members (channels' InMemoryChannelLayer) and, when another process is
-listening, written as one row to the bus file (``var/live-bus.sqlite3``, WAL). A process whose sockets joined a group starts one
-poller thread that reads the rows other processes wrote every ``poll_s`` (50 ms) and hands them to its
-sockets' event loop; it also marks itself listening, so a process with no sockets (the worker) writes
-rows only while a web process reads them, and the web process writes none while it is the only
-listener. Groups in ``round_trip_groups`` (the heartbeat) always travel through the file, even to
-this process's own sockets, so a page that hears the heartbeat knows the whole path works.
+How it works (docs/concepts/architecture.md, "Live pages"): a ``group_send`` is delivered at once to
+this process's own members (channels' InMemoryChannelLayer) and, when another process is listening,
+written as one row to the bus file (``var/live-bus.sqlite3``, WAL). A process whose sockets joined a
+group starts one poller thread that reads the rows other processes wrote every ``poll_s`` (50 ms)
+and hands them to its sockets' event loop; it also marks itself listening, so a process with no
+sockets (the worker) writes rows only while a web process reads them, and the web process writes
+none while it is the only listener. Groups in ``round_trip_groups`` (the heartbeat) always travel
+through the file, even to this process's own sockets, so a page that hears the heartbeat knows the
+whole path works.
 
 Why not a package: channels-postgres needs PostgreSQL (the embedded default is SQLite; PostgreSQL
 deployments run channels-redis); channels-lite and channels-sqlite are alpha or single-release
