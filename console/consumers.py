@@ -10,8 +10,8 @@ changed effect row and the new timeline entries (console/run_page.py); on the ru
 rows and the counts, from one render per view shared by the process's list sockets
 (console/list_live.py); on a fleet operation's page its progress. On every (re)connect the consumer
 sends a full render at once, so a page that missed hints
-while disconnected is current again; a slow periodic refresh covers hints lost on the way (or sent
-by a process on another channel layer, as Celery workers are under the embedded in-memory layer).
+while disconnected is current again; a slow periodic refresh covers hints lost on the way. Every
+socket also hears the server's heartbeat (``live_beat``), so the page knows it is live.
 
 A socket lives no longer than its login: the session and the user (active, password unchanged, still
 allowed to view) are re-checked before every push and every WS_SESSION_CHECK_S seconds, and at once
