@@ -9,7 +9,6 @@ it) kills the worker (celery/kombu#1551).
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.demo.embedded import embedded_env
 from tests.live import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,19 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "CONTROLPLANE_REQUIRE_POSTGRES")
-    }
-    env.update(
-        CONTROLPLANE_VAR_DIR=str(tmp / "var"),
-        BROKER_TEST_DIR=str(tmp),
-        BROKER_TEST_LOG=str(tmp / "done.log"),
-        PYTHONUNBUFFERED="1",
-        **extra,
+    return embedded_env(
+        tmp, BROKER_TEST_DIR=str(tmp), BROKER_TEST_LOG=str(tmp / "done.log"), **extra
     )
-    return env
 
 
 def _celery(tmp: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen, Path]:

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import websockets
 
+from tests.demo.embedded import embedded_env, start_demo
 from tests.demo.test_supervisor_restarts import _children
 from tests.live import free_port, wait_for
 
@@ -56,35 +57,16 @@ def demo(tmp_path_factory):
     """The demo as `make run` starts it, with no agents of its own (the test brings the worker)."""
     tmp = tmp_path_factory.mktemp("live-demo")
     port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "CONTROLPLANE_REQUIRE_POSTGRES")
-    }
-    env.update(
-        CONTROLPLANE_VAR_DIR=str(tmp / "var"),
+    env = embedded_env(
+        tmp,
         PORT=str(port),
         WORLD_PORT=str(free_port()),
         DEMO_AGENTS="0",
         DEMO_PASSWORD=PASSWORD,
         LEASE_TTL_S="3",
         RECOVERY_SCAN_INTERVAL_S="1",
-        PYTHONUNBUFFERED="1",
     )
-    for cmd in (["migrate", "--noinput"], ["seed_demo"]):
-        subprocess.run(
-            [sys.executable, "manage.py", *cmd], cwd=ROOT, env=env, check=True, capture_output=True
-        )
-    log = tmp / "supervisor.log"
-    with log.open("w") as out:
-        sup = subprocess.Popen(
-            [sys.executable, "-m", "demo.supervisor"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    sup, log = start_demo(tmp, env)
     try:
         wait_for(
             "the demo to be up",

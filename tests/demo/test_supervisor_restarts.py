@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.demo.embedded import embedded_env, start_demo
 from tests.live import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,13 +58,8 @@ def _alive(pid: int) -> bool:
 def test_a_killed_agent_and_a_killed_celery_worker_are_restarted_and_the_rest_keeps_running(
     tmp_path,
 ):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "CONTROLPLANE_REQUIRE_POSTGRES")
-    }
-    env.update(
-        CONTROLPLANE_VAR_DIR=str(tmp_path / "var"),
+    env = embedded_env(
+        tmp_path,
         PORT=str(free_port()),
         WORLD_PORT=str(free_port()),
         DEMO_AGENTS="2",
@@ -73,22 +67,8 @@ def test_a_killed_agent_and_a_killed_celery_worker_are_restarted_and_the_rest_ke
         DEMO_DISPATCH_SECONDS="0.1",
         WORLD_COMMIT_SECONDS="0.1",
         DEMO_RESTART_MIN_S="0.5",
-        PYTHONUNBUFFERED="1",
     )
-    for cmd in (["migrate", "--noinput"], ["seed_demo"]):
-        subprocess.run(
-            [sys.executable, "manage.py", *cmd], cwd=ROOT, env=env, check=True, capture_output=True
-        )
-    log = tmp_path / "supervisor.log"
-    with log.open("w") as out:
-        sup = subprocess.Popen(
-            [sys.executable, "-m", "demo.supervisor"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    sup, log = start_demo(tmp_path, env)
     text = log.read_text
     seen: set[int] = set()
     try:
