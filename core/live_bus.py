@@ -101,7 +101,12 @@ class SQLiteBusLayer(InMemoryChannelLayer):
         if self._home is None or self._home.is_closed():
             self._home = asyncio.get_running_loop()
         if self._poller is None or not self._poller.is_alive():
-            self._poller = threading.Thread(target=self._poll, name="live-bus", daemon=True)
+            # Where to start reading, taken now: a row written right after this group_add (before
+            # the thread runs) is read, not skipped.
+            last = self._conn().execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
+            self._poller = threading.Thread(
+                target=self._poll, args=(last,), name="live-bus", daemon=True
+            )
             self._poller.start()
 
     async def _deliver_here(self, group: str, message: dict[str, Any]) -> None:
@@ -163,10 +168,9 @@ class SQLiteBusLayer(InMemoryChannelLayer):
                 self._others = False
         return self._others
 
-    def _poll(self) -> None:
+    def _poll(self, last: int) -> None:
         """This process's one reader: other processes' rows (and round trips) to local sockets."""
         conn = _connect(self.path)
-        last = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
         seen_at = pruned_at = 0.0
         while True:
             try:
