@@ -479,8 +479,10 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
         request,
         "console/contracts.html",
         {
+            # The per-run contracts, then those over a scope of the fleet (interventions/intake.py).
             "contracts": [
-                {"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()
+                {"kind": k, "label": kind_label(k), **c}
+                for k, c in (doc["contracts"] | doc["fleet_contracts"]).items()
             ],
             "by_state": by_state,
             "matrix": matrix,
