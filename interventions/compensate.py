@@ -163,6 +163,7 @@ def step_dict(s: CompensationStep) -> dict[str, Any]:
         "tool": e.tool,
         "action": e.action,
         "idempotency_key": e.idempotency_key,
+        "declared_at": e.declared_at.isoformat(),  # its place in the ledger (ledger_order)
         "compensation": {"tool": s.tool, "action": s.action, "args": s.args},
         "compensation_key": s.idempotency_key,
         "compensation_effect": str(s.compensation_effect_id) if s.compensation_effect_id else None,
@@ -294,16 +295,23 @@ def _irreversible(irreversible: list[dict[str, Any]], outcome: str) -> dict[str,
     )
 
 
-def compensate_card(p: Mapping[str, Any]) -> Answers:
-    plan = p.get("plan") or {}
+def ledger_order(plan: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The plan's steps and its called-out effects in one list, newest first as the ledger has them:
+    an irreversible effect in the middle of the ledger keeps its place between the steps around it
+    (the plan goes on past it), on the preview's card and on the receipt alike."""
     steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
-    merged = sorted(
+    return sorted(
         [("step", s) for s in steps] + [("out", c) for c in called_out],
         key=lambda pair: pair[1].get("declared_at", ""),
         reverse=True,
     )
+
+
+def compensate_card(p: Mapping[str, Any]) -> Answers:
+    plan = p.get("plan") or {}
+    steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
     rows = []
-    for what, e in merged:
+    for what, e in ledger_order(plan):
         if what == "step":
             comp = e.get("compensation") or {}
             rows.append(
@@ -364,12 +372,18 @@ def compensate_receipt(r: Mapping[str, Any]) -> Answers:
     plan = r.get("plan") or {}
     steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
     irreversible = [c for c in called_out if c.get("irreversible")]
+    order = [
+        f"{e['compensation']['tool']}:{e['compensation']['action']}"
+        if what == "step"
+        else f"[{e['tool']}:{e['action']} {'irreversible' if e.get('irreversible') else 'not undone'}: stays committed]"
+        for what, e in ledger_order(plan)
+    ]
     return [
         cards.answer(
             "plan",
             "Plan",
             f"{len(steps)} compensation{'s' if len(steps) != 1 else ''} in reverse order: "
-            + ", ".join(f"{s['compensation']['tool']}:{s['compensation']['action']}" for s in steps)
+            + ", ".join(order)
             if steps
             else "",
             empty="nothing to compensate",

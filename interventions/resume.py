@@ -36,6 +36,8 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "unresolved_effects": facts.unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
+        # Each step that runs again from the checkpoint, each effect it repeats with its protection.
+        "re_executes": facts.re_executes(run, cp or facts.latest_checkpoint(run)),
     }
 
 
@@ -172,10 +174,23 @@ def checks_table(report: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def replay_table(report: dict[str, Any]) -> dict[str, Any]:
+def replay_table(
+    report: Mapping[str, Any], steps: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The replay check's steps (a report), else the preview's own ``re_executes``."""
     replay = next((c for c in report.get("checks") or [] if c["name"] == "replay"), None)
     rows = []
-    for step in (replay or {}).get("details") or []:
+    for step in (replay or {}).get("details") or steps or []:
+        if not step.get("effects"):
+            rows.append(
+                cards.row(
+                    cards.cell("code", step.get("step")),
+                    cards.cell("text", "no effect"),
+                    cards.cell("text", ""),
+                    cards.cell("text", ""),
+                    cards.cell("text", "runs again"),
+                )
+            )
         for e in step.get("effects") or []:
             rows.append(
                 cards.row(
@@ -185,7 +200,8 @@ def replay_table(report: dict[str, Any]) -> dict[str, Any]:
                     cards.cell("status", e.get("status")),
                     cards.cell(
                         "text",
-                        "replays the recorded result" if e.get("protected") else "UNPROTECTED",
+                        e.get("protection")
+                        or ("replays the recorded result" if e.get("protected") else "UNPROTECTED"),
                     ),
                     mark="" if e.get("protected") else "fail",
                 )
@@ -217,7 +233,7 @@ def resume_card(p: Mapping[str, Any]) -> Answers:
             "runs_again",
             "Runs again",
             f"from {cards.checkpoint_text(p.get('resume_from'))}",
-            replay_table(report),
+            replay_table(report, p.get("re_executes")),
             empty="no step with effects runs again",
         ),
         cards.answer(
