@@ -89,7 +89,7 @@ def _ledger_with_irreversible_in_the_middle(worker) -> dict:
 def test_an_irreversible_effect_mid_ledger_keeps_its_place_and_the_plan_goes_past_it(
     worker,
     as_user,
-    world,
+    world,  # noqa: F811 -- the fixture, imported above
     django_capture_on_commit_callbacks,
 ):
     run = _ledger_with_irreversible_in_the_middle(worker)
@@ -132,7 +132,7 @@ def test_an_irreversible_effect_mid_ledger_keeps_its_place_and_the_plan_goes_pas
 def test_a_failure_after_the_irreversible_effect_is_reported_with_it(
     worker,
     as_user,
-    world,
+    world,  # noqa: F811 -- the fixture, imported above
     django_capture_on_commit_callbacks,
 ):
     run = _ledger_with_irreversible_in_the_middle(worker)
