@@ -43,10 +43,11 @@ from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
-from runs.models import Effect, Run
+from runs.models import Checkpoint, Effect, Run
 from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
 from runs.services.history import append_history
+from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State, transition
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,9 @@ def _ledger_row(e: Effect) -> dict[str, Any]:
     }
 
 
-def build_plan(run: Run) -> dict[str, Any]:
-    """Pure read: what a compensation of this run would do now."""
+def build_plan(run: Run, only: set[str] | None = None) -> dict[str, Any]:
+    """Pure read: what a compensation of this run would do now. ``only``: the effect ids a redrive
+    chose to compensate first (interventions/redrive.py); the rest of the ledger is left alone."""
     # A discrepancy (the world reported committed against a reconciled failed, or the reverse) is
     # offered too: the world may hold it, and undoing it is what an operator most likely needs.
     committed = Effect.objects.filter(
@@ -123,6 +125,8 @@ def build_plan(run: Run) -> dict[str, Any]:
         decision=Effect.AUTHORIZED,
         status__in=(Effect.COMMITTED, Effect.DISCREPANCY),
     ).order_by("-declared_at", "-outcome_at")
+    if only is not None:
+        committed = committed.filter(pk__in=only)
     steps: list[dict[str, Any]] = []
     called_out, skipped = [], []
     for e in committed:
@@ -235,10 +239,14 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
 
 
 def start_plan(
-    run: Run, intervention: Intervention, actor: Actor, options: dict[str, Any]
+    run: Run,
+    intervention: Intervention,
+    actor: Actor,
+    options: dict[str, Any],
+    only: set[str] | None = None,
 ) -> CompensationPlan:
     """Persist the plan (caller holds the run lock, in the transaction of the decision) and enqueue it."""
-    built = build_plan(run)
+    built = build_plan(run, only)
     plan = CompensationPlan.objects.create(
         run=run,
         intervention=intervention,
@@ -867,8 +875,10 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
     }
     plan.save(update_fields=["status", "finished_at", "updated_at", "result"])
     run = lock_run(plan.run_id)
+    intervention = Intervention.objects.select_for_update().get(pk=plan.intervention_id)
+    redrive = intervention.kind == "redrive"
     event = (
-        Event.COMPENSATION_COMPLETED
+        (Event.REDRIVE_SETTLED if redrive else Event.COMPENSATION_COMPLETED)
         if status == CompensationPlan.COMPLETED
         else Event.COMPENSATION_FAILED
     )
@@ -879,6 +889,8 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
         actor=actor,
     )
     if transition(run.state, event) is not None:
+        if event == Event.REDRIVE_SETTLED:  # the new attempt starts from the chosen checkpoint
+            set_resume_point(run, redrive_checkpoint(intervention), claimable_after=None)
         apply_transition(
             run,
             event,
@@ -900,9 +912,12 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
             "failed": [s.idempotency_key for s in failed],
         },
     )
-    intervention = Intervention.objects.select_for_update().get(pk=plan.intervention_id)
     result = {"plan_status": status, "summary": summary, "plan": plan_dict(plan)}
-    if intervention.kind == "compensate":
+    if redrive:
+        result["redrive"] = (
+            "queued from the checkpoint" if not failed else "not started: " + summary
+        )
+    if intervention.kind in ("compensate", "redrive"):
         finish_job(
             intervention, Intervention.COMPLETED if not failed else Intervention.FAILED, result
         )
@@ -910,6 +925,11 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
         intervention.receipt = {**intervention.receipt, "compensation": result}
         intervention.save(update_fields=["receipt"])
     return {"status": status, "finished": True, "summary": summary}
+
+
+def redrive_checkpoint(intervention: Intervention) -> Checkpoint | None:
+    seq = (intervention.receipt or {}).get("checkpoint", {}).get("seq")
+    return Checkpoint.objects.filter(run_id=intervention.run_id, seq=seq).first()
 
 
 jobs.register_kind("compensation", execute_compensation_plan, give_up_plan)

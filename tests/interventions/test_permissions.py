@@ -53,6 +53,7 @@ def test_the_matrix_covers_every_intervention_kind():
         "restore_authority",
         "freeze_capability",
         "restore_capability",
+        "redrive",
     }
     assert set(FLEET_REGISTRY) == {"hold_intake", "release_intake"}
     assert set(USER_OF_ROLE) == set(ROLES)
