@@ -257,7 +257,7 @@ CONTRACTS = (
             card=redrive_card,
             receipt=redrive_receipt,
             blocking=redrive_blocking,
-            fields=("checkpoint_seq",),
+            fields=("checkpoint_seq", "compensate_first"),
         ),
         order=45,
         owner_bound=True,

@@ -207,3 +207,40 @@ def test_two_redrives_at_once_exactly_one_applies(worker, cast, postgres_only):
     assert sorted(results) == ["conflict", "ok"], results
     assert Intervention.objects.filter(run_id=run["id"], kind="redrive").count() == 1
     assert Run.objects.get(pk=run["id"]).state == "queued"
+
+
+def test_the_console_dialog_chooses_per_effect_and_confirms(
+    worker,
+    cast,
+    world,  # noqa: F811 -- the fixture, imported above
+    django_capture_on_commit_callbacks,
+):
+    from tests.console.test_dialogs import browser, confirm, open_dialog, token_of
+
+    run, ids = failed_run(worker)
+    otto = browser("otto")
+    dialog = open_dialog(otto, run["id"], "redrive").content.decode()
+    assert 'data-testid="compensate-first"' in dialog and f'value="{ids["charge"]}"' in dialog
+    preview = otto.post(
+        f"/runs/{run['id']}/interventions/preview/",
+        {"kind": "redrive", "checkpoint_seq": "1", "compensate_first": [ids["charge"]]},
+        HTTP_HX_REQUEST="true",
+    )
+    html = preview.content.decode()
+    assert preview.status_code == 200 and "compensate_first" in html and "o-label" in html
+    assert "undone first under compensate:o-charge" in html
+    with django_capture_on_commit_callbacks(execute=False):
+        resp = confirm(
+            otto,
+            run["id"],
+            "redrive",
+            token_of(preview.content),
+            checkpoint_seq="1",
+            compensate_first=[ids["charge"]],
+            reason="card processor back",
+        )
+    assert resp.status_code == 200, resp.content.decode()[:2000]
+    assert "Receipt · Redrive" in resp.content.decode()
+    assert Run.objects.get(pk=run["id"]).state == "compensating"
+    plan = CompensationPlan.objects.get(run_id=run["id"])
+    assert plan.steps.count() == 1
