@@ -27,6 +27,7 @@ from interventions.compensate import _why_not_executable, compensation_key, plan
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Checkpoint, Effect, Run
+from runs.selectors import checkpoint_summary, latest_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
@@ -37,7 +38,7 @@ REDRIVABLE = (State.FAILED, State.CANCELLED, State.PAUSED)
 def chosen_checkpoint(run: Run, req: Request) -> Checkpoint | None:
     seq = req.options.get("checkpoint_seq")
     if seq is None:
-        return facts.latest_checkpoint(run)
+        return latest_checkpoint(run)
     cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
     if cp is None:
         raise Invalid(
@@ -100,7 +101,7 @@ def problems(
     out = []
     if run.state not in REDRIVABLE:
         out.append(f"only a failed, cancelled or paused run is redriven; this one is {run.state}")
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     if unresolved:
         out.append(f"reconcile first: {len(unresolved)} effect(s) in flight or unknown")
     known = {row["id"]: row for row in ledger}
@@ -120,7 +121,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     first = _choices(req)
     ledger = ledger_after(run, cp, first)
     return {
-        "redrive_from": facts.checkpoint_summary(cp),
+        "redrive_from": checkpoint_summary(cp),
         "checkpoints": [
             {"seq": c.seq, "step": c.step, "at": c.created_at.isoformat()}
             for c in Checkpoint.objects.filter(run=run).order_by("seq")
@@ -146,7 +147,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     if blocked:
         raise Conflict(blocked[0], state=run.state)
     receipt: dict[str, Any] = {
-        "checkpoint": facts.checkpoint_summary(cp) or {"seq": None},
+        "checkpoint": checkpoint_summary(cp) or {"seq": None},
         "kept": [row["idempotency_key"] for row in ledger if row["choice"] == "keep"],
         "compensate_first": [
             row["idempotency_key"] for row in ledger if row["choice"] == "compensate_first"
