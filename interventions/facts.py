@@ -6,9 +6,11 @@ from typing import Any
 
 from django.utils import timezone
 
+from core.errors import Invalid
 from runs.models import AuthorityGrant, Checkpoint, Effect, Run, Timer
 from runs.selectors import (
     checkpoint_summary,
+    latest_checkpoint,
     starting_checkpoint,
 )
 
@@ -90,6 +92,20 @@ def deadline(run: Run) -> dict[str, Any] | None:
         "passed": run.deadline <= timezone.now(),
         "note": "deadlines keep running during a pause",
     }
+
+
+def chosen_checkpoint(run: Run, options: dict[str, Any]) -> Checkpoint | None:
+    """``options.checkpoint_seq``'s checkpoint (retry, redrive), else the latest; a seq the run does
+    not have is refused naming the option."""
+    seq = options.get("checkpoint_seq")
+    if seq is None:
+        return latest_checkpoint(run)
+    cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
+    if cp is None:
+        raise Invalid(
+            f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq"
+        )
+    return cp
 
 
 def protection(e: Effect) -> tuple[bool, str]:

@@ -27,24 +27,12 @@ from interventions.compensate import _why_not_executable, compensation_key, plan
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Checkpoint, Effect, Run
-from runs.selectors import checkpoint_summary, latest_checkpoint, unresolved_effects
+from runs.selectors import checkpoint_summary, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
 
 REDRIVABLE = (State.FAILED, State.CANCELLED, State.PAUSED)
-
-
-def chosen_checkpoint(run: Run, req: Request) -> Checkpoint | None:
-    seq = req.options.get("checkpoint_seq")
-    if seq is None:
-        return latest_checkpoint(run)
-    cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
-    if cp is None:
-        raise Invalid(
-            f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq"
-        )
-    return cp
 
 
 def _after(run: Run, cp: Checkpoint | None):
@@ -117,7 +105,7 @@ def problems(
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    cp = chosen_checkpoint(run, req)
+    cp = facts.chosen_checkpoint(run, req.options)
     first = _choices(req)
     ledger = ledger_after(run, cp, first)
     return {
@@ -140,7 +128,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
-    cp = chosen_checkpoint(run, req)
+    cp = facts.chosen_checkpoint(run, req.options)
     first = _choices(req)
     ledger = ledger_after(run, cp, first)
     blocked = problems(run, cp, ledger, first)
