@@ -17,7 +17,7 @@ A compensated effect is not replayed: its step declares it again under a new key
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from core.actors import Actor
 from core.errors import Conflict, Invalid
@@ -25,7 +25,7 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
 from interventions.compensate import _why_not_executable, compensation_key, plan_options, start_plan
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import Checkpoint, Effect, Run
 from runs.selectors import checkpoint_summary, unresolved_effects
 from runs.services.decisions import apply_transition
@@ -33,6 +33,26 @@ from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
 
 REDRIVABLE = (State.FAILED, State.CANCELLED, State.PAUSED)
+
+
+class RedrivePreview(TypedDict):
+    redrive_from: Row | None
+    checkpoints: Rows
+    committed_after: Rows  # every effect committed after the checkpoint, with the choice made
+    compensate_first: Rows
+    re_executes: Rows
+    starts: str
+    blocked_by: list[str]
+
+
+class RedriveReceipt(TypedDict):
+    state: str
+    checkpoint: Row
+    kept: list[str]
+    compensate_first: list[str]
+    starts: str
+    plan_id: NotRequired[str]
+    job: NotRequired[Row]
 
 
 def _after(run: Run, cp: Checkpoint | None):
@@ -104,7 +124,7 @@ def problems(
     return out
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+def preview(run: Run, req: Request, actor: Actor) -> RedrivePreview:
     cp = facts.chosen_checkpoint(run, req.options)
     first = _choices(req)
     ledger = ledger_after(run, cp, first)
@@ -127,24 +147,27 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> RedriveReceipt:
     cp = facts.chosen_checkpoint(run, req.options)
     first = _choices(req)
     ledger = ledger_after(run, cp, first)
     blocked = problems(run, cp, ledger, first)
     if blocked:
         raise Conflict(blocked[0], state=run.state)
-    receipt: dict[str, Any] = {
-        "checkpoint": checkpoint_summary(cp) or {"seq": None},
-        "kept": [row["idempotency_key"] for row in ledger if row["choice"] == "keep"],
-        "compensate_first": [
-            row["idempotency_key"] for row in ledger if row["choice"] == "compensate_first"
-        ],
-    }
+    checkpoint = checkpoint_summary(cp) or {"seq": None}
+    kept = [row["idempotency_key"] for row in ledger if row["choice"] == "keep"]
+    undo = [row["idempotency_key"] for row in ledger if row["choice"] == "compensate_first"]
+    receipt: dict[str, Any] = {"checkpoint": checkpoint, "kept": kept, "compensate_first": undo}
     if not first:
         set_resume_point(run, cp, claimable_after=None)
         apply_transition(run, Event.REDRIVE, actor=actor, reason=req.reason, data=receipt)
-        return {"state": run.state, **receipt, "starts": "queued from the checkpoint now"}
+        return {
+            "state": run.state,
+            "checkpoint": checkpoint,
+            "kept": kept,
+            "compensate_first": undo,
+            "starts": "queued from the checkpoint now",
+        }
     apply_transition(
         run, Event.REDRIVE_COMPENSATE_FIRST, actor=actor, reason=req.reason, data=receipt
     )
@@ -156,7 +179,9 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     plan = start_plan(run, intervention, actor, plan_options(req.options), only=first)
     return {
         "state": run.state,
-        **receipt,
+        "checkpoint": checkpoint,
+        "kept": kept,
+        "compensate_first": undo,
         "plan_id": str(plan.pk),
         "starts": "queued from the checkpoint once the compensation plan completes",
         "job": {"status": "queued"},

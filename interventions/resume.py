@@ -33,6 +33,7 @@ class ResumePreview(TypedDict):
     unresolved_effects: Rows
     timers_fired_while_paused: Rows
     checkpoint_seq: int | None
+    re_executes: Rows  # each step that runs again, each effect with its idempotency protection
 
 
 class ResumeReceipt(TypedDict):
