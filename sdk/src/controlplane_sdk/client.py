@@ -250,6 +250,10 @@ class Client(OperatorCalls):
         params = {"agent": agent, "state": state, **filters}
         return _items(self._call_any("GET", "/runs", params=params, retry=True))
 
+    def get_history(self, run_id: str) -> list[JSON]:
+        """``GET /runs/{id}/history`` → the run's events, oldest first (``kind``, ``data``, …)."""
+        return _items(self._call_any("GET", f"/runs/{run_id}/history", retry=True).get("events"))
+
     def list_effects(self, run_id: str) -> list[JSON]:
         """``GET /runs/{id}/effects`` → the run's ledger."""
         return _items(self._call_any("GET", f"/runs/{run_id}/effects", retry=True))
