@@ -77,8 +77,10 @@ class EffectScope:
         unknown_on: tuple[type[BaseException], ...] = (),
         approval_id: str | None = None,
         checkpoint: dict[str, Any] | None = None,
+        counted: tuple[str, str, str] | None = None,
     ) -> None:
         self._ctx = ctx
+        self._counted = counted  # a default key's position: counted once declared
         self.tool = tool
         self.action = action
         self.step = step
@@ -234,6 +236,8 @@ class EffectScope:
             if isinstance(err, LeaseLost) or err.reason == "lease_lost":
                 ctx._mark_lease_lost(err)
             raise
+        if self._counted is not None:
+            ctx._count(self._counted)
         self.idempotency_key = self.declaration.idempotency_key
         if self.already_done:
             self.external_ref = self.declaration.external_ref

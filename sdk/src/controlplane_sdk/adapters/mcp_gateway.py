@@ -310,7 +310,7 @@ class McpGateway:
             assert ctx is not None
             if ctx.lease_lost or self._released:
                 async with self._lock:
-                    ctx = await self._reclaimed() or ctx
+                    ctx = await self._reclaimed() or self.ctx or ctx
             key, positional = self._key(params.name, params)
             try:
                 return await self._governed(ctx, client, upstream, name, args, key, positional)
@@ -334,6 +334,8 @@ class McpGateway:
                         "It was not called."
                     )
                 async with self._lock:
+                    if self.ctx is not ctx:
+                        continue  # the watcher claimed the run again meanwhile
                     if reason != "lease_lost":
                         await self._let_go(await self._why(ctx) or reason)
                     if await self._reclaimed() is not None:
