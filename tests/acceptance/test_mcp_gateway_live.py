@@ -34,7 +34,7 @@ def up(url: str) -> bool:
 def start_gateway(live, rid: str, tools_url: str, name: str) -> str:
     port = free_port()
     env = dict(os.environ, CONTROLPLANE_TOKEN=live["worker_secret"], PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "controlplane_sdk.adapters.mcp_gateway", "--url", live["url"],
+    cmd = [sys.executable, "-m", "controlplane_sdk.adapters.mcp_serve", "--url", live["url"],
            "--run", rid, "--worker", name, "--upstream", f"payments={tools_url}",
            "--http", str(port), "--claim-wait", "90", "--finish-on-exit"]  # fmt: skip
     _, log = live["procs"].start(name, cmd, env)

@@ -38,15 +38,51 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
-from .errors import ControlPlaneError, EffectDenied, LeaseLost, OutcomeNotRecorded
-from .models import EffectDecision
+from .client import Client
+from .errors import ApiError, ControlPlaneError, EffectDenied, LeaseLost, OutcomeNotRecorded
+from .models import Attempt, EffectDecision
 
-if TYPE_CHECKING:
-    from .runtime import RunContext
+
+class RunHost(Protocol):
+    """What an effect needs of the run it belongs to (:class:`~controlplane_sdk.RunContext`).
+    A protocol, so this module and ``runtime`` (which creates scopes) do not import each other."""
+
+    client: Client
+    run_id: str
+    attempt: Attempt
+
+    @property
+    def fencing_token(self) -> int: ...
+
+    def effect(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: str | None = None,
+        args: dict[str, Any] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        approval_id: str | None = None,
+    ) -> EffectScope: ...
+
+    def _take_ahead(self, body: dict[str, Any]) -> EffectDecision | None: ...
+
+    def _hold_ahead(self, body: dict[str, Any], answer: EffectDecision | ApiError) -> None: ...
+
+    def _mark_lease_lost(self, err: ApiError) -> None: ...
+
+    def _count(self, counted: tuple[str, str, str]) -> None: ...
+
+    def _checkpoint_written(
+        self, step: str, state: dict[str, Any], answer: dict[str, Any] | None
+    ) -> None: ...
+
 
 __all__ = ["EffectScope", "UNKNOWN_ON_DEFAULT"]
 
@@ -65,7 +101,7 @@ class EffectScope:
 
     def __init__(
         self,
-        ctx: RunContext,
+        ctx: RunHost,
         *,
         tool: str,
         action: str,

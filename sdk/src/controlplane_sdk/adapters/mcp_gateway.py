@@ -6,8 +6,9 @@ MCP-speaking agent is governed with no code change.
     async with gateway:                       # connects to every upstream tool server
         await gateway.serve_stdio()           # or serve_http(port=...), or mcp.Client(gateway.server)
 
-or, as a process: ``python -m controlplane_sdk.adapters.mcp_gateway --run RUN_ID --upstream
-payments=http://127.0.0.1:9001/mcp --http 8765`` (see ``mcp_serve.py``).
+or, as a process: ``controlplane-mcp-gateway --run RUN_ID --upstream
+payments=http://127.0.0.1:9001/mcp --http 8765`` (``python -m
+controlplane_sdk.adapters.mcp_serve``; see that module).
 
 * Tools are listed as ``<upstream>__<tool>``; a call is declared as tool ``<upstream>``, action
   ``<tool>``, args the call's arguments, under the run's authority grants (scope
@@ -341,7 +342,8 @@ class McpGateway:
                     if await self._reclaimed() is not None:
                         continue  # the run is ours again: declare under the new lease
                     state, refusal = await self._refusal(params.name)
-                if state not in _PAUSED or asyncio.get_running_loop().time() >= give_up_at:
+                waiting = state in _PAUSED and asyncio.get_running_loop().time() < give_up_at
+                if state != "queued" and not waiting:  # queued: resumed a moment ago, claim it
                     return refusal
                 await asyncio.sleep(min(self.watch_interval_s, 1.0))
             except ControlPlaneError as err:
@@ -461,9 +463,3 @@ class McpGateway:
         )
         approval = await asyncio.to_thread(ctx.await_approval, approval_id, self.approval_timeout_s)
         return approval_id if approval.approved else None
-
-
-if __name__ == "__main__":
-    from .mcp_serve import main
-
-    main()

@@ -1,6 +1,7 @@
-"""The MCP gateway as a process: ``python -m controlplane_sdk.adapters.mcp_gateway``.
+"""The MCP gateway as a process: ``controlplane-mcp-gateway`` (or ``python -m
+controlplane_sdk.adapters.mcp_serve``).
 
-    CONTROLPLANE_TOKEN=… python -m controlplane_sdk.adapters.mcp_gateway \\
+    CONTROLPLANE_TOKEN=… controlplane-mcp-gateway \\
         --url http://127.0.0.1:8000 --run RUN_ID \\
         --upstream payments=http://127.0.0.1:9001/mcp \\
         --upstream files='python -m my_file_tools' \\
@@ -39,7 +40,7 @@ def upstream_target(spec: str) -> Any:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m controlplane_sdk.adapters.mcp_gateway")
+    p = argparse.ArgumentParser(prog="controlplane-mcp-gateway")
     p.add_argument("--url", default=os.environ.get("CONTROLPLANE_URL", "http://127.0.0.1:8000"))
     p.add_argument("--token-env", default="CONTROLPLANE_TOKEN", help="env var with the token")
     p.add_argument("--run", required=True, help="the run whose tool calls this gateway governs")
