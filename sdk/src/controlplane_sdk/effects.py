@@ -69,6 +69,7 @@ class RunHost(Protocol):
         compensate: dict[str, Any] | None = None,
         irreversible: bool = False,
         approval_id: str | None = None,
+        unknown_on: tuple[type[BaseException], ...] = (),
     ) -> EffectScope: ...
 
     def _take_ahead(self, body: dict[str, Any]) -> EffectDecision | None: ...

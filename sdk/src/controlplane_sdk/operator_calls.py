@@ -57,6 +57,12 @@ class OperatorCalls:
         """``GET /interventions/{id}``: receipt and job results."""
         return self._call("GET", f"/interventions/{intervention_id}", retry=True)
 
+    def decide_approval(self, run_id: str, approval_id: str, approve: bool, reason: str) -> JSON:
+        """Approve (or reject) a run's pending approval: the ``approve``/``reject`` intervention
+        with ``options.approval_id``. Needs the token of someone with the approver role."""
+        kind = "approve" if approve else "reject"
+        return self.intervene(run_id, kind, reason, options={"approval_id": approval_id})
+
     def reconcile_effect(
         self,
         effect_id: str,

@@ -17,8 +17,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
 
 from ._util import json_default
 from .client import Client
@@ -33,9 +33,13 @@ from .errors import (
     error_from_response,
 )
 from .models import Approval, Checkpoint, Claim, Directive, EffectDecision, Event, HeartbeatReply
+from .tools import governed
 from .tracing import run_trace
 
 __all__ = ["Worker", "RunContext"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 JSON = dict[str, Any]
 
@@ -325,6 +329,23 @@ class RunContext:
             approval_id=approval_id,
             checkpoint=checkpoint,
         )
+
+    def tool(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: Callable[..., str] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        unknown_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """A decorator: each call of the function is an effect (see :mod:`controlplane_sdk.tools`)."""
+        return governed(
+            self, tool, action, key=key, step=step, compensate=compensate,
+            irreversible=irreversible, unknown_on=unknown_on,
+        )  # fmt: skip
 
     def checkpoint(self, step: str, state: dict[str, Any]) -> int:
         """Write a durable boundary *after* ``step``; a resume or redrive starts from here. Returns seq."""
