@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from ._util import json_default
 from .client import Client
@@ -38,7 +38,6 @@ from .tracing import run_trace
 
 __all__ = ["Worker", "RunContext"]
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 JSON = dict[str, Any]
@@ -340,7 +339,7 @@ class RunContext:
         compensate: dict[str, Any] | None = None,
         irreversible: bool = False,
         unknown_on: tuple[type[BaseException], ...] = (),
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """A decorator: each call of the function is an effect (see :mod:`controlplane_sdk.tools`)."""
         return governed(
             self, tool, action, key=key, step=step, compensate=compensate,

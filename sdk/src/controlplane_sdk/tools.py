@@ -21,13 +21,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar, cast
 
 from .effects import RunHost
 
 __all__ = ["governed"]
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -41,14 +40,14 @@ def governed(
     compensate: dict[str, Any] | None = None,
     irreversible: bool = False,
     unknown_on: tuple[type[BaseException], ...] = (),
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """A decorator: every call of the function is a declared effect (see the module docstring)."""
 
-    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+    def wrap(fn: Callable[..., R]) -> Callable[..., R]:
         takes_key = "idempotency_key" in inspect.signature(fn).parameters
 
         @functools.wraps(fn)
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        def call(*args: Any, **kwargs: Any) -> R:
             if args:
                 raise TypeError(f"{fn.__name__}: a governed tool takes keyword arguments only")
             with ctx.effect(
@@ -63,7 +62,7 @@ def governed(
             ) as fx:
                 if fx.already_done:
                     recorded = fx.result if isinstance(fx.result, dict) else {}
-                    return recorded.get("result")  # type: ignore[no-any-return]
+                    return cast(R, recorded.get("result"))
                 if takes_key:
                     kwargs["idempotency_key"] = fx.idempotency_key
                 result = fn(**kwargs)
