@@ -733,7 +733,8 @@ class Client(OperatorCalls):
             raw=dict(d),
         )
 
-    def find_approval(self, run: Mapping[str, Any], approval_id: str) -> Approval | None:
+    @staticmethod
+    def find_approval(run: Mapping[str, Any], approval_id: str) -> Approval | None:
         """Find an approval in a run payload (``approvals: [...]`` or ``pending_approval``/``approval``)."""
         pool: list[Any] = list(run.get("approvals") or [])
         pool += [
@@ -741,7 +742,7 @@ class Client(OperatorCalls):
         ]
         for a in pool:
             if isinstance(a, Mapping) and str(a.get("id")) == str(approval_id):
-                return self.parse_approval(a)
+                return Client.parse_approval(a)
         return None
 
     def finish(

@@ -85,7 +85,7 @@ class RunHost(Protocol):
     ) -> None: ...
 
 
-__all__ = ["EffectScope", "UNKNOWN_ON_DEFAULT"]
+__all__ = ["EffectScope", "RunHost", "UNKNOWN_ON_DEFAULT", "settle"]
 
 log = logging.getLogger("controlplane_sdk")
 
@@ -289,14 +289,7 @@ class EffectScope:
     ) -> None:
         if self.already_done:
             return
-        if self._outcome is None:
-            if exc is None:
-                self._outcome = ("committed", None, None)
-            elif isinstance(exc, self._unknown_on):
-                self._outcome = ("unknown", None, _describe(exc))
-            else:
-                self._outcome = ("failed", None, _describe(exc))
-        status, ref, detail = self._outcome
+        self._outcome = status, ref, detail = settle(self._outcome, exc, self._unknown_on)
         # The step's checkpoint rides on a successful outcome only: a step that failed did not end.
         checkpoint = (
             (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
@@ -344,6 +337,22 @@ class EffectScope:
             f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
             f"decision={self.decision} status={self.status}>"
         )
+
+
+def settle(
+    said: tuple[str, str | None, Any] | None,
+    exc: BaseException | None,
+    unknown_on: tuple[type[BaseException], ...],
+) -> tuple[str, str | None, Any]:
+    """The one outcome an effect block records (the module docstring's rules): what the body
+    said, else ``committed`` if it returned, ``unknown`` for a timeout, ``failed`` otherwise."""
+    if said is not None:
+        return said
+    if exc is None:
+        return ("committed", None, None)
+    if isinstance(exc, unknown_on):
+        return ("unknown", None, _describe(exc))
+    return ("failed", None, _describe(exc))
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
