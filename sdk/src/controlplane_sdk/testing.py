@@ -153,6 +153,21 @@ class FakeControlPlane:
             leased = run.lease is not None and run.lease["status"] == "active"
             self._move(run, "cancelling" if leased else "cancelled", reason, "cancel")
 
+    def retry(self, run_id: str, reason: str = "retried by a test") -> None:
+        """A failed run is queued for a new attempt -- refused while an effect's outcome is
+        unknown (as the server refuses it: reconcile first)."""
+        with self._lock:
+            run = self.runs[run_id]
+            open_ = [
+                e["id"] for e in self.effects(run_id) if e["status"] in ("in_flight", "unknown")
+            ]
+            if open_:
+                self._refuse("run.retry", run_id, "effects_unresolved", effects=open_)
+                raise ValueError(f"effects_unresolved: reconcile {', '.join(open_)} first")
+            if run.state != "failed":
+                raise ValueError(f"only a failed run is retried; this one is {run.state}")
+            self._move(run, "queued", reason, "retry")
+
     def deny(self, tool: str, action: str = "*", reason: str = "authority_revoked") -> None:
         """Refuse every later declaration of ``tool:action`` with ``reason``."""
         with self._lock:
@@ -401,7 +416,9 @@ class FakeControlPlane:
                   "attempt_id": run.attempts[-1]["id"] if run.attempts else None,
                   "decision": "authorized" if reason is None else "denied",
                   "status": "in_flight" if reason is None else "denied",
-                  "external_ref": None, "outcome_detail": None}  # fmt: skip
+                  "external_ref": None, "outcome_detail": None,
+                  "compensation": b.get("compensation"),
+                  "irreversible": bool(b.get("irreversible"))}  # fmt: skip
         self.ledger.append(effect)
         if reason is not None:
             effect["denial_reason"] = reason
@@ -427,7 +444,8 @@ class FakeControlPlane:
         if effect_id in self._lost_effects:  # every try of it: the SDK gives up, as it would
             e["status"] = "unknown"  # as recovery finds it: dispatched, outcome never recorded
             raise httpx.ConnectError("the outcome was lost in transit (FakeControlPlane)")
-        if e["status"] == "in_flight":
+        if e["status"] == "in_flight" or (e["status"] == "unknown" and not e.get("reconciled")):
+            # Always recorded, even late or from a lease that expired meanwhile (flagged below).
             e["status"], e["external_ref"] = b.get("status"), b.get("external_ref") or None
             e["outcome_detail"] = b.get("detail") or {}
         answer: JSON = {"id": effect_id, "status": e["status"],
