@@ -14,7 +14,9 @@ from controlplane_sdk.conformance import run_kit
 from tests.sdk import conformance_agents as agents
 
 
-@pytest.mark.parametrize("build", [agents.sdk, agents.langgraph], ids=["sdk", "langgraph"])
+@pytest.mark.parametrize(
+    "build", [agents.sdk, agents.langgraph, agents.openai_agents], ids=["sdk", "langgraph", "oa"]
+)
 def test_a_well_behaved_agent_passes_all_seven(build):
     t0 = time.monotonic()
     evidence = run_kit(build, build.__name__)
