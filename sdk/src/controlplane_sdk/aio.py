@@ -15,20 +15,15 @@ the event loop instead of blocking a thread.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import random
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from ._util import json_default
-from .client import API_PREFIX, RETRY_STATUSES, Client, _items
-from .errors import EffectUnresolved, ServerUnreachable
+from .client import API_PREFIX, Client, _items
+from .errors import EffectUnresolved
 from .models import Approval, Claim, EffectDecision, Event, HeartbeatReply
-from .tracing import traceparent
 
 __all__ = ["AsyncClient"]
 
@@ -86,36 +81,21 @@ class AsyncClient:
         retry: bool,
         timeout: float | None = None,
     ) -> tuple[httpx.Response, bool]:
-        headers = {"X-Request-ID": uuid.uuid4().hex, "traceparent": traceparent()}
-        content = None
-        if body is not None:
-            content = json.dumps(body, default=json_default).encode()
-            headers["Content-Type"] = "application/json"
-        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        headers, content, clean = Client.request_parts(body, params)
         tries, lost = 1 + (self.retries if retry else 0), False
         for i in range(tries):
             try:
                 resp = await self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    params=clean or None,
-                    headers=headers,
+                    method, path, content=content, params=clean, headers=headers,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                )  # fmt: skip
             except httpx.TransportError as exc:
                 lost = True
-                if i + 1 >= tries:
-                    raise ServerUnreachable(
-                        f"{method} {path}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                log.warning("%s %s failed (%s); retrying", method, path, type(exc).__name__)
+                Client.retry_or_raise(method, path, i, tries, exc)
             else:
-                if resp.status_code in RETRY_STATUSES and i + 1 < tries:
-                    log.warning("%s %s -> %s; retrying", method, path, resp.status_code)
-                else:
+                if not Client.retry_or_raise(method, path, i, tries, resp):
                     return resp, lost
-            await self._sleep(self.backoff * (2**i) * (0.5 + random.random() / 2))
+            await self._sleep(Client.retry_delay(self.backoff, i))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> JSON:

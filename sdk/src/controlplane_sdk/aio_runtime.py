@@ -31,17 +31,15 @@ from types import TracebackType
 from typing import Any
 
 from .aio import AsyncClient
-from .effects import UNKNOWN_ON_DEFAULT, settle
+from .effects import UNKNOWN_ON_DEFAULT, carried_checkpoint, not_recorded, settle
 from .errors import (
     ApiError,
     CancelRequested,
     ControlPlaneError,
     EffectDenied,
     LeaseLost,
-    OutcomeNotRecorded,
     PauseRequested,
     StopRequested,
-    error_from_response,
 )
 from .models import Approval, Claim, Directive, EffectDecision, Event, HeartbeatReply
 from .tracing import run_trace
@@ -165,13 +163,7 @@ class AsyncEffectScope:
                 checkpoint=checkpoint,
             )
         except ControlPlaneError as err:
-            msg = f"{type(err).__name__}: {err}"
-            if exc is None:
-                raise OutcomeNotRecorded(self.effect_id, status, msg) from err
-            log.error("outcome %s of effect %s not recorded: %s", status, self.effect_id, msg)
-            exc.add_note(
-                f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})"
-            )
+            not_recorded(self.effect_id, status, err, exc)
             return
         if checkpoint is not None:
             await ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
@@ -347,15 +339,14 @@ class AsyncRunContext:
     async def _checkpoint_written(
         self, step: str, state: dict[str, Any], answer: dict[str, Any] | None
     ) -> None:
-        written = (answer or {}).get("checkpoint")
+        try:
+            written = carried_checkpoint(answer)
+        except LeaseLost as err:
+            self._mark_lease_lost(err)
+            raise
         if written is None:  # an older server: write it separately
             await self.checkpoint(step, state)
             return
-        if "error" in written:
-            err = error_from_response(409, written)
-            if isinstance(err, LeaseLost):
-                self._mark_lease_lost(err)
-            raise err
         self.state = dict(state)
         if written.get("seq") is not None:
             self.last_checkpoint_seq = int(written["seq"])

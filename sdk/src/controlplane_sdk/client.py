@@ -169,38 +169,58 @@ class Client(OperatorCalls):
         timeout: float | None = None,
     ) -> tuple[httpx.Response, bool]:
         """Send one logical call; returns ``(response, a_try_failed_in_transit)``."""
+        headers, content, clean = self.request_parts(body, params)
+        tries, lost = 1 + (self.retries if retry else 0), False
+        for i in range(tries):
+            try:
+                resp = self._http.request(
+                    method, path, content=content, params=clean, headers=headers,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )  # fmt: skip
+            except httpx.TransportError as exc:
+                lost = True
+                self.retry_or_raise(method, path, i, tries, exc)
+            else:
+                if not self.retry_or_raise(method, path, i, tries, resp):
+                    return resp, lost
+            self._sleep(self.retry_delay(self.backoff, i))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # The retry rules, shared with the asyncio client (aio.py).
+
+    @staticmethod
+    def request_parts(
+        body: Any, params: Mapping[str, Any] | None
+    ) -> tuple[dict[str, str], bytes | None, dict[str, Any] | None]:
+        """Headers (a request id shared by the call's tries, the trace), body bytes, params."""
         headers = {"X-Request-ID": uuid.uuid4().hex, "traceparent": traceparent()}
         content = None
         if body is not None:
             content = json.dumps(body, default=json_default).encode()
             headers["Content-Type"] = "application/json"
         clean = {k: v for k, v in (params or {}).items() if v is not None}
-        tries = 1 + (self.retries if retry else 0)
-        lost = False
-        for i in range(tries):
-            try:
-                resp = self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    params=clean or None,
-                    headers=headers,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-            except httpx.TransportError as exc:
-                lost = True
-                if i + 1 >= tries:
-                    raise ServerUnreachable(
-                        f"{method} {path}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                log.warning("%s %s failed (%s); retrying", method, path, type(exc).__name__)
-            else:
-                if resp.status_code in RETRY_STATUSES and i + 1 < tries:
-                    log.warning("%s %s -> %s; retrying", method, path, resp.status_code)
-                else:
-                    return resp, lost
-            self._sleep(self.backoff * (2**i) * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return headers, content, clean or None
+
+    @staticmethod
+    def retry_or_raise(
+        method: str, path: str, i: int, tries: int, got: httpx.Response | httpx.TransportError
+    ) -> bool:
+        """Whether try ``i`` of ``tries`` is to be tried again; the last transport failure raises
+        ``ServerUnreachable``. Retried: transport failures and 502/503/504."""
+        if isinstance(got, httpx.TransportError):
+            if i + 1 >= tries:
+                raise ServerUnreachable(f"{method} {path}: {type(got).__name__}: {got}") from got
+            log.warning("%s %s failed (%s); retrying", method, path, type(got).__name__)
+            return True
+        if got.status_code in RETRY_STATUSES and i + 1 < tries:
+            log.warning("%s %s -> %s; retrying", method, path, got.status_code)
+            return True
+        return False
+
+    @staticmethod
+    def retry_delay(backoff: float, i: int) -> float:
+        """Exponential backoff with jitter before try ``i + 1``."""
+        return backoff * (2**i) * (0.5 + random.random() / 2)
 
     @staticmethod
     def _decode(resp: httpx.Response) -> Any:

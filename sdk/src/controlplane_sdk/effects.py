@@ -43,7 +43,14 @@ from typing import Any, Protocol
 import httpx
 
 from .client import Client
-from .errors import ApiError, ControlPlaneError, EffectDenied, LeaseLost, OutcomeNotRecorded
+from .errors import (
+    ApiError,
+    ControlPlaneError,
+    EffectDenied,
+    LeaseLost,
+    OutcomeNotRecorded,
+    error_from_response,
+)
 from .models import Attempt, EffectDecision
 
 
@@ -85,7 +92,14 @@ class RunHost(Protocol):
     ) -> None: ...
 
 
-__all__ = ["EffectScope", "RunHost", "UNKNOWN_ON_DEFAULT", "settle"]
+__all__ = [
+    "EffectScope",
+    "RunHost",
+    "UNKNOWN_ON_DEFAULT",
+    "settle",
+    "not_recorded",
+    "carried_checkpoint",
+]
 
 log = logging.getLogger("controlplane_sdk")
 
@@ -321,13 +335,7 @@ class EffectScope:
                 if ahead is not None:
                     ctx._hold_ahead(then, ahead)
         except ControlPlaneError as err:
-            msg = f"{type(err).__name__}: {err}"
-            if exc is None:
-                raise OutcomeNotRecorded(self.effect_id, status, msg) from err
-            log.error("outcome %s of effect %s not recorded: %s", status, self.effect_id, msg)
-            exc.add_note(
-                f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})"
-            )
+            not_recorded(self.effect_id, status, err, exc)
             return
         if checkpoint is not None:
             ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
@@ -337,6 +345,27 @@ class EffectScope:
             f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
             f"decision={self.decision} status={self.status}>"
         )
+
+
+def not_recorded(
+    effect_id: str, status: str, err: ControlPlaneError, exc: BaseException | None
+) -> None:
+    """The outcome could not be written: raise ``OutcomeNotRecorded``, or (the body raised) log it
+    and note it on the body's exception, which propagates."""
+    msg = f"{type(err).__name__}: {err}"
+    if exc is None:
+        raise OutcomeNotRecorded(effect_id, status, msg) from err
+    log.error("outcome %s of effect %s not recorded: %s", status, effect_id, msg)
+    exc.add_note(f"controlplane: outcome {status!r} of effect {effect_id} NOT recorded ({msg})")
+
+
+def carried_checkpoint(answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The checkpoint an outcome's answer says it wrote; ``None`` when the server did not take it
+    (an older one: write it separately). A refusal raises what a separate call would have."""
+    written = (answer or {}).get("checkpoint")
+    if written is not None and "error" in written:
+        raise error_from_response(409, written)
+    return written
 
 
 def settle(

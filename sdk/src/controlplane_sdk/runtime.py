@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from ._util import json_default
 from .client import Client
-from .effects import EffectScope
+from .effects import EffectScope, carried_checkpoint
 from .errors import (
     ApiError,
     CancelRequested,
@@ -30,7 +30,6 @@ from .errors import (
     LeaseLost,
     PauseRequested,
     StopRequested,
-    error_from_response,
 )
 from .models import Approval, Checkpoint, Claim, Directive, EffectDecision, Event, HeartbeatReply
 from .tools import governed
@@ -360,15 +359,14 @@ class RunContext:
         """An outcome carried the step's checkpoint: note it, or write it separately if the server
         did not take it (an older server answers without ``checkpoint``); a refusal is what a
         separate checkpoint call would have raised."""
-        written = (answer or {}).get("checkpoint")
+        try:
+            written = carried_checkpoint(answer)
+        except LeaseLost as err:
+            self._mark_lease_lost(err)
+            raise
         if written is None:
             self.checkpoint(step, state)
             return
-        if "error" in written:
-            err = error_from_response(409, written)
-            if isinstance(err, LeaseLost):
-                self._mark_lease_lost(err)
-            raise err
         self.state = dict(state)
         seq = written.get("seq")
         self.last_checkpoint_seq = int(seq) if seq is not None else self.last_checkpoint_seq
