@@ -288,9 +288,7 @@ class AsyncClient:
         options: JSON | None = None,
         override_reason: str | None = None,
     ) -> JSON:
-        body: JSON = {"kind": kind, "reason": reason, "scope": scope, "options": options or {}}
-        if override_reason:
-            body["override_reason"] = override_reason
+        body = Client._intervention_body(kind, reason, scope, options, override_reason)
         return await self._call("POST", f"/runs/{run_id}/interventions", body, retry=False)
 
     async def decide_approval(

@@ -19,8 +19,9 @@ class OperatorCalls:
     def _call(self, method: str, path: str, body: Any = None, *, retry: bool, **kw: Any) -> JSON:
         raise NotImplementedError  # pragma: no cover
 
+    @staticmethod
     def _intervention_body(
-        self, kind: str, reason: str, scope: str, options: JSON | None, override_reason: str | None
+        kind: str, reason: str, scope: str, options: JSON | None, override_reason: str | None
     ) -> JSON:
         body: JSON = {"kind": kind, "reason": reason, "scope": scope, "options": options or {}}
         if override_reason:
