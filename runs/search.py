@@ -30,6 +30,7 @@ from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.utils import timezone
 
+from core import pg
 from core.actors import Actor
 from core.filters import (
     BadFilter,
@@ -475,7 +476,7 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     set. A filter through the effects or the goal's text would make that a join or a scan of every
     run, so it counts the first COUNT_CAP matches and says so (``complete`` False)."""
     qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
-    if connection.vendor == "postgresql" and flt.replace(agents=(), states=(), sort="").is_empty:
+    if pg.enabled(connection) and flt.replace(agents=(), states=(), sort="").is_empty:
         return StateCounts(_tally(actor, flt.agents), complete=True)
     if flt.attention and not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
         # Runs in an attention state, counted in the state index, plus the (few) runs in other
@@ -520,3 +521,27 @@ def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:
     digits = parse_id_prefix("id", prefix, min_len=4)
     low, high = prefix_range(digits)
     return list(visible_runs(actor).filter(pk__gte=low, pk__lte=high).order_by("pk")[:limit])
+
+
+def attention_count(actor: Actor, flt: RunFilter, now: datetime, cap: int) -> int:
+    """How many of the runs ``flt`` matches (ignoring its state chips) need attention, counted up
+    to ``cap`` + 1: the chip says "cap+" past that, and the count stays cheap at any depth."""
+    trouble = attention_ids(now)
+    return (
+        flt.replace(attention=False, states=())
+        .queryset(actor, within=trouble)
+        .filter(pk__in=trouble)
+        .select_related(None)
+        .order_by()
+        .values("pk")[: cap + 1]
+        .count()
+    )
+
+
+def matching_rows(actor: Actor, flt: RunFilter, ids: list[str]) -> list[Run]:
+    """Those of ``ids`` that ``flt`` matches, as list rows (a live list patches them in place)."""
+    return list(
+        with_unresolved(flt.queryset(actor).filter(pk__in=ids)).defer(
+            "input", "versions", "retry_policy"
+        )
+    )
