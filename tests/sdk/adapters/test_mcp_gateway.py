@@ -7,6 +7,7 @@ claims the run again; a replay returns the recorded structured result."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -193,3 +194,25 @@ def test_a_call_that_needs_approval_waits_for_it(cp):
     assert not result.is_error and world == [("charge", 900)]
     (asked,) = cp.runs[run].approvals
     assert asked["args"] == {"amount": 900} and asked["status"] == "approved"
+
+
+def test_an_upstream_given_as_a_command_is_spoken_to_over_stdio(cp, tmp_path):
+    """The CLI's ``--upstream name='command'``: the gateway starts the tool server as a process."""
+    from controlplane_sdk.adapters.mcp_serve import upstream_target
+
+    server = tmp_path / "tools.py"
+    server.write_text(
+        "from mcp.server.mcpserver import MCPServer\n"
+        "s = MCPServer('echo')\n"
+        "@s.tool()\n"
+        "def echo(text: str) -> str:\n"
+        "    '''Echo.'''\n"
+        "    return text.upper()\n"
+        "s.run('stdio')\n"
+    )
+    run, ctx = start(cp, scopes=("echo:echo",))
+    target = upstream_target(f"{sys.executable} {server}")
+    gw = McpGateway(ctx, {"echo": target}, watch_interval_s=0.05)
+    (result,) = asyncio.run(session(gw, [("echo__echo", {"text": "hi"})]))
+    assert not result.is_error and result.content[0].text == "HI"
+    assert [e["status"] for e in cp.effects(run)] == ["committed"]
