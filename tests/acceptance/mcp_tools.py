@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 
@@ -24,12 +24,16 @@ def build(record: Path) -> MCPServer:
     server = MCPServer("payments")
 
     @server.tool()
-    def charge(amount: int) -> Charge:
-        """Charge the card."""
+    def charge(amount: int, ctx: Context) -> Charge:
+        """Charge the card (once per idempotency key, as a payment provider would)."""
+        key = (ctx.request_context.meta or {}).get("controlplane/idempotency_key")
+        lines = record.read_text().splitlines() if record.exists() else []
+        for n, line in enumerate(lines, 1):
+            if key and json.loads(line).get("key") == key:
+                return Charge(id=f"ch-{n}", amount=amount)
         with record.open("a") as f:
-            f.write(json.dumps({"amount": amount}) + "\n")
-        n = len(record.read_text().splitlines())
-        return Charge(id=f"ch-{n}", amount=amount)
+            f.write(json.dumps({"amount": amount, "key": key}) + "\n")
+        return Charge(id=f"ch-{len(lines) + 1}", amount=amount)
 
     return server
 

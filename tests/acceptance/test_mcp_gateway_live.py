@@ -119,7 +119,12 @@ def test_the_gateway_carries_a_run_through_pause_resume_and_its_own_death(live, 
     live["procs"].stop({"mcp-gateway-2"})
     final = wait_state(worker, rid, {"succeeded", "failed"}, 30)
     assert final["state"] == "succeeded", final
-    amounts = [json.loads(x)["amount"] for x in record.read_text().splitlines()]
-    assert amounts == [5, 5, 7, 11, 13]
+    charges = [json.loads(x) for x in record.read_text().splitlines()]
+    assert [c["amount"] for c in charges] == [5, 5, 7, 11, 13]
+    # the tool server saw each call's idempotency key: the keys of the committed effects
+    committed_keys = {
+        e["idempotency_key"] for e in worker.effects(rid) if e["status"] == "committed"
+    }
+    assert {c["key"] for c in charges} == committed_keys
     committed = [e for e in worker.effects(rid) if e["status"] == "committed"]
     assert len(committed) == 5

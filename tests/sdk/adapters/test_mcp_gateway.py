@@ -14,11 +14,11 @@ import pytest
 pytest.importorskip("mcp")
 
 from mcp import Client as McpClient
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from controlplane_sdk import Worker
-from controlplane_sdk.adapters.mcp_gateway import KEY_META, McpGateway
+from controlplane_sdk.adapters.mcp_gateway import KEY_META, UPSTREAM_KEY_META, McpGateway
 from controlplane_sdk.testing import FakeControlPlane
 
 
@@ -27,15 +27,17 @@ class Charge(BaseModel):
     amount: int
 
 
-def payments(world: list) -> MCPServer:
+def payments(world: list, keys: list | None = None) -> MCPServer:
     server = MCPServer("payments")
+    keys = [] if keys is None else keys
 
     @server.tool()
-    def charge(amount: int) -> Charge:
+    def charge(amount: int, ctx: Context) -> Charge:
         """Charge the card."""
         if amount < 0:
             raise ValueError("negative amount")
         world.append(("charge", amount))
+        keys.append((ctx.request_context.meta or {}).get(UPSTREAM_KEY_META))
         return Charge(id=f"ch-{len(world)}", amount=amount)
 
     return server
@@ -75,11 +77,13 @@ def test_a_tool_call_is_a_declared_effect_and_its_whole_result_the_outcome(cp):
 def test_two_identical_calls_are_two_effects_keyed_by_position(cp):
     run, ctx = start(cp)
     world: list = []
-    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+    sent: list = []
+    gw = McpGateway(ctx, {"payments": payments(world, sent)}, watch_interval_s=0.05)
     asyncio.run(session(gw, [("payments__charge", {"amount": 5})] * 2))
     assert world == [("charge", 5), ("charge", 5)]
     keys = [e["idempotency_key"] for e in cp.effects(run)]
     assert keys == [f"{run}:mcp:payments__charge:1", f"{run}:mcp:payments__charge:2"]
+    assert sent == keys  # the tool server got each effect's key to pass on
 
 
 def test_a_client_key_makes_a_retry_a_replay_with_the_structured_result(cp):
@@ -202,7 +206,7 @@ def test_an_upstream_given_as_a_command_is_spoken_to_over_stdio(cp, tmp_path):
 
     server = tmp_path / "tools.py"
     server.write_text(
-        "from mcp.server.mcpserver import MCPServer\n"
+        "from mcp.server.mcpserver import Context, MCPServer\n"
         "s = MCPServer('echo')\n"
         "@s.tool()\n"
         "def echo(text: str) -> str:\n"

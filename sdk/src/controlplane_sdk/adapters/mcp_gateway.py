@@ -25,6 +25,9 @@ controlplane_sdk.adapters.mcp_serve``; see that module).
   identical calls are two effects. A call retried after the gateway died takes the position of the
   one that was in flight, so it is a replay (or, if its outcome is unknown, refused until an
   operator reconciles it), never a second dispatch.
+* The tool server receives the effect's idempotency key with each call, in
+  ``_meta["controlplane/idempotency_key"]``: a tool that talks to an external system passes it on,
+  so a replay cannot do it twice and reconciliation can ask about it.
 * A call the server says needs approval (``approval_required``) requests one and waits for the
   decision; a rejection is a tool error.
 * The tool server's whole result (content and ``structuredContent``) is the outcome: ``committed``,
@@ -57,13 +60,16 @@ from ..errors import (
 from ..runtime import RunContext
 from . import recorded
 
-__all__ = ["McpGateway", "KEY_META", "SEP"]
+__all__ = ["McpGateway", "KEY_META", "UPSTREAM_KEY_META", "SEP"]
 
 log = logging.getLogger("controlplane_sdk.mcp")
 
 SEP = "__"
 #: ``_meta`` entry a client may send with ``tools/call``: the call's own identity (its tool-call id)
 KEY_META = "controlplane/key"
+#: ``_meta`` entry the gateway sends the tool server with each call: the effect's idempotency key,
+#: for the tool to dedupe on and for reconciliation to ask about
+UPSTREAM_KEY_META = "controlplane/idempotency_key"
 _PAUSED = {"pausing", "paused", "revalidating"}
 _OVER = {"succeeded", "failed", "cancelled", "compensating", "compensated", "closed"}
 _UNKNOWN_ON = (TimeoutError, asyncio.TimeoutError, OSError)
@@ -432,7 +438,8 @@ class McpGateway:
         if scope.already_done:
             return _replayed(label, scope)
         try:
-            result = await asyncio.wait_for(client.call_tool(name, args), self.call_timeout_s)
+            call = client.call_tool(name, args, meta={UPSTREAM_KEY_META: scope.idempotency_key})
+            result = await asyncio.wait_for(call, self.call_timeout_s)
         except BaseException as exc:
             await asyncio.to_thread(scope.__exit__, type(exc), exc, exc.__traceback__)
             if isinstance(exc, Exception):
