@@ -239,6 +239,8 @@ class McpGateway:
                     await self._watch_once()
             except ControlPlaneError as err:
                 log.warning("run %s: gateway watch: %s", self.run_id, err)
+            except Exception:  # the watch must outlive a surprise, or pauses go unacknowledged
+                log.exception("run %s: gateway watch failed; watching on", self.run_id)
 
     async def _watch_once(self) -> None:
         ctx = self.ctx
