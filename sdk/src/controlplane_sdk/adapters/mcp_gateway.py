@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, cast
 
 import mcp.types as types
 from mcp import Client
@@ -58,7 +58,7 @@ from ..errors import (
     OutcomeNotRecorded,
 )
 from ..runtime import RunContext
-from . import recorded
+from .mcp_results import PAUSED, error, plain, positions, refusal_text, replayed
 
 __all__ = ["McpGateway", "KEY_META", "UPSTREAM_KEY_META", "SEP"]
 
@@ -70,32 +70,7 @@ KEY_META = "controlplane/key"
 #: ``_meta`` entry the gateway sends the tool server with each call: the effect's idempotency key,
 #: for the tool to dedupe on and for reconciliation to ask about
 UPSTREAM_KEY_META = "controlplane/idempotency_key"
-_PAUSED = {"pausing", "paused", "revalidating"}
-_OVER = {"succeeded", "failed", "cancelled", "compensating", "compensated", "closed"}
 _UNKNOWN_ON = (TimeoutError, asyncio.TimeoutError, OSError)
-
-
-def _error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-
-
-def _plain(result: types.CallToolResult) -> dict[str, Any]:
-    """The tool's result as it goes on the wire (``structuredContent`` included), for the ledger."""
-    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def _replayed(name: str, fx: Any) -> types.CallToolResult:
-    """What a replayed call answers: the result the tool returned when it committed."""
-    stored = recorded(fx, "result")
-    if isinstance(stored, dict) and "content" in stored:
-        return types.CallToolResult.model_validate(stored)
-    text = recorded(fx, "text")
-    if text is not None:  # recorded by an older gateway: the text only
-        return types.CallToolResult(content=[types.TextContent(type="text", text=str(text))])
-    return _error(
-        f"{name} was already done by an earlier attempt (the ledger says committed), but its "
-        "result was not recorded, so it cannot be shown again. It was not called a second time."
-    )
 
 
 class McpGateway:
@@ -264,21 +239,7 @@ class McpGateway:
         or at the first call whose outcome the ledger does not know (a retry of that call is then
         the same effect, not a second one)."""
         effects = await asyncio.to_thread(self.client.list_effects, self.run_id)
-        done: dict[str, int] = {}
-        open_: dict[str, int] = {}
-        for e in effects:
-            key = str(e.get("idempotency_key") or "")
-            if not key.startswith(f"{self.run_id}:mcp:") or e.get("decision") == "denied":
-                continue
-            tool, _, pos = key.removeprefix(f"{self.run_id}:mcp:").rpartition(":")
-            if not pos.isdigit():
-                continue
-            if e.get("status") in ("in_flight", "unknown"):
-                open_[tool] = min(open_.get(tool, int(pos)), int(pos))
-            else:
-                done[tool] = max(done.get(tool, 0), int(pos))
-        self._positions = {t: done[t] + 1 for t in done}
-        self._positions.update(open_)
+        self._positions = positions(effects, f"{self.run_id}:mcp:")
 
     def _key(self, tool: str, params: types.CallToolRequestParams) -> tuple[str, bool]:
         """The call's idempotency key and whether it is positional (the gateway numbered it)."""
@@ -302,7 +263,7 @@ class McpGateway:
         upstream, _, name = params.name.partition(SEP)
         client = self.clients.get(upstream)
         if client is None or not name:
-            return _error(f"There is no tool {params.name!r} behind this gateway.")
+            return error(f"There is no tool {params.name!r} behind this gateway.")
         self._in_flight += 1
         try:
             return await self._call(client, upstream, name, params)
@@ -329,7 +290,7 @@ class McpGateway:
                 # This position was another call (other args) or failed: this call is the next one.
                 self._positions[params.name] = self._positions.get(params.name, 1) + 1
             except EffectUnresolved as err:
-                return _error(
+                return error(
                     f"{params.name} was not called: an earlier call in its place ({err.effect_id}) "
                     f"has an outcome nobody knows yet ({err.effect_status}). An operator must "
                     "reconcile it with the tool first; calling again could do it twice."
@@ -338,7 +299,7 @@ class McpGateway:
                 reason = getattr(denied, "reason", "lease_lost")
                 if reason not in ("run_paused", "run_cancelled", "lease_lost"):
                     detail = f" ({denied.detail})" if denied.detail not in (None, "") else ""
-                    return _error(
+                    return error(
                         f"The control plane refused {params.name}: {reason}{detail}. "
                         "It was not called."
                     )
@@ -350,16 +311,16 @@ class McpGateway:
                     if await self._reclaimed() is not None:
                         continue  # the run is ours again: declare under the new lease
                     state, refusal = await self._refusal(params.name)
-                waiting = state in _PAUSED and asyncio.get_running_loop().time() < give_up_at
+                waiting = state in PAUSED and asyncio.get_running_loop().time() < give_up_at
                 if state != "queued" and not waiting:  # queued: resumed a moment ago, claim it
                     return refusal
                 await asyncio.sleep(min(self.watch_interval_s, 1.0))
             except ControlPlaneError as err:
-                return _error(
+                return error(
                     f"The control plane could not authorize {params.name} ({err}). "
                     "It was not called."
                 )
-        return _error(f"{params.name} was not called: the gateway could not get it authorized.")
+        return error(f"{params.name} was not called: the gateway could not get it authorized.")
 
     async def _operator_reason(self) -> str:
         """The reason the operator gave for the pause or cancel (the run's history has it)."""
@@ -389,25 +350,8 @@ class McpGateway:
         """The run's state and why a call cannot go through in it, as a tool error."""
         run = await asyncio.to_thread(self.client.get_run, self.run_id)
         state = str(run.get("state") or "unknown")
-        why = (
-            await self._operator_reason() if state in _PAUSED | {"cancelling", "cancelled"} else ""
-        )
-        because = f" ({why})" if why else ""
-        if state in _PAUSED:
-            text = (
-                f"The run is paused{because}. {tool} was not called. Call it again once an "
-                "operator resumes the run."
-            )
-        elif state in ("cancelling", "cancelled"):
-            text = f"The run was cancelled{because}. {tool} was not called."
-        elif state in _OVER:
-            text = f"The run has ended ({state}). {tool} was not called."
-        else:
-            text = (
-                f"The run is {state} and this gateway does not hold it now. {tool} was not "
-                "called; try again in a moment."
-            )
-        return state, _error(text)
+        why = await self._operator_reason() if state in PAUSED | {"cancelling", "cancelled"} else ""
+        return state, error(refusal_text(state, tool, why))
 
     async def _governed(
         self,
@@ -434,27 +378,28 @@ class McpGateway:
                     raise
                 approval_id = await self._approval(ctx, upstream, name, args)
                 if approval_id is None:
-                    return _error(f"An approver rejected {label}. It was not called.")
+                    return error(f"An approver rejected {label}. It was not called.")
         if positional:
             self._positions[label] = self._positions.get(label, 1) + 1
         if scope.already_done:
-            return _replayed(label, scope)
+            return replayed(label, scope)
         try:
-            call = client.call_tool(name, args, meta={UPSTREAM_KEY_META: scope.idempotency_key})
+            meta = cast(types.RequestParamsMeta, {UPSTREAM_KEY_META: scope.idempotency_key})
+            call = client.call_tool(name, args, meta=meta)
             result = await asyncio.wait_for(call, self.call_timeout_s)
         except BaseException as exc:
             await asyncio.to_thread(scope.__exit__, type(exc), exc, exc.__traceback__)
             if isinstance(exc, Exception):
-                return _error(
+                return error(
                     f"{label} may or may not have happened: the tool server did not answer "
                     f"({type(exc).__name__}). Its outcome is recorded as unknown; an operator "
                     "reconciles it before anything retries it."
                 )
             raise
         if result.is_error:
-            scope.failed(detail={"result": _plain(result)})
+            scope.failed(detail={"result": plain(result)})
         else:
-            scope.committed(detail={"result": _plain(result)})
+            scope.committed(detail={"result": plain(result)})
         try:
             await asyncio.to_thread(scope.__exit__, None, None, None)
         except OutcomeNotRecorded as err:
