@@ -9,23 +9,20 @@
 * adds ``Connection: close`` and ``X-Controlplane-Reconnect: 1`` to every answer given while
   draining (the long-polls woken by the drain among them), so no client keeps a socket to a process
   about to exit;
-* closes every open WebSocket with 1012 (service restart) when the drain starts.
+* refuses a new WebSocket handshake (the server closes the open ones with 1012, controlplane/serve.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 
 from controlplane.health import PATHS
 from core import drain
 
-log = logging.getLogger(__name__)
 DRAINING_HEADER = b"x-controlplane-draining"
 RECONNECT_HEADER = b"x-controlplane-reconnect"
-WS_SERVICE_RESTART = 1012
 _REFUSAL = json.dumps(
     {
         "error": "draining",
@@ -39,8 +36,6 @@ class DrainGate:
         self.app = app
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
-        self._sockets: dict[int, object] = {}  # id -> the socket's ASGI send
-        drain.on_drain(self._close_sockets)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -64,19 +59,8 @@ class DrainGate:
         if drain.is_draining():
             # Refuse the handshake: the browser's socket retries, on a replica that is staying.
             await receive()  # websocket.connect
-            return await send({"type": "websocket.close", "code": WS_SERVICE_RESTART})
-        key = id(send)
-        self._sockets[key] = send
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self._sockets.pop(key, None)
-
-    def _close_sockets(self) -> None:
-        loop = asyncio.get_event_loop()
-        for send in list(self._sockets.values()):
-            loop.create_task(_close(send))
-        self._sockets.clear()
+            return await send({"type": "websocket.close"})
+        await self.app(scope, receive, send)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no HTTP request is in flight, at most ``timeout`` s; whether that happened."""
@@ -88,13 +72,6 @@ class DrainGate:
             except TimeoutError:
                 return self.in_flight == 0
         return True
-
-
-async def _close(send) -> None:
-    try:
-        await send({"type": "websocket.close", "code": WS_SERVICE_RESTART})
-    except Exception:  # the socket went away on its own meanwhile
-        log.debug("socket already closed at drain", exc_info=True)
 
 
 def _closing_when_draining(send):

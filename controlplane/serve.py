@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import time
 
 from daphne.cli import CommandLineInterface
@@ -29,6 +30,9 @@ from twisted.internet import defer
 access_log = logging.getLogger("controlplane.access")
 log = logging.getLogger("controlplane.serve")
 PROBES = ("/healthz", "/readyz")
+WS_SERVICE_RESTART = 1012
+HARD_EXIT_AFTER_S = 2.0
+HARD_EXIT_AFTER_S = 2.0
 
 
 def drain_timeout_s() -> float:
@@ -96,6 +100,7 @@ class DrainingServer(Server):
         for port in self.ports:
             port.stopListening()
         drain.begin()
+        self.close_websockets()
         finished = await gate.wait_idle(drain_timeout_s()) if gate else True
         log.info(
             "drained in %.1f s%s",
@@ -104,6 +109,21 @@ class DrainingServer(Server):
             if finished
             else f"; {gate.in_flight if gate else '?'} requests cut off at the bound",
         )
+        if not finished:
+            # daphne cancels what is left, but a request blocked in a thread (waiting on a row
+            # lock, say) cannot be cancelled, and the interpreter joins those threads at exit: the
+            # bound would not hold. Its transaction rolls back when its connection closes.
+            threading.Timer(HARD_EXIT_AFTER_S, _hard_exit).start()
+
+    def close_websockets(self) -> None:
+        """1012, service restart: the console's socket (htmx ws) reconnects after it, through the
+        proxy, to a replica that stays. Sent as a frame: autobahn's sendClose, which the ASGI
+        websocket.close goes through, refuses codes below 3000 other than 1000."""
+        from daphne.ws_protocol import WebSocketProtocol
+
+        for protocol in list(self.connections):
+            if isinstance(protocol, WebSocketProtocol) and protocol.state == protocol.STATE_OPEN:
+                protocol.sendCloseFrame(code=WS_SERVICE_RESTART, isReply=False)
 
 
 def _gate(application):
@@ -112,6 +132,28 @@ def _gate(application):
 
     app = getattr(application, "application", application)  # daphne wraps it in an ASGI3 adapter
     return app if isinstance(app, DrainGate) else None
+
+
+def _hard_exit() -> None:
+    log.warning(
+        "requests still running %.0f s after the drain bound: exiting now", HARD_EXIT_AFTER_S
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _hard_exit() -> None:
+    log.warning(
+        "requests still running %.0f s after the drain bound: exiting now", HARD_EXIT_AFTER_S
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 class DrainingCommandLine(CommandLineInterface):

@@ -148,3 +148,52 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+HAPROXY_CONFIG = """\
+global
+    maxconn 2000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 90s
+    timeout server 90s
+    # A replica that refuses a connection, closes one unanswered, or answers 503 (draining: it did
+    # nothing) has the request sent again, to the other replica (docs/operations/drain.md).
+    retries 3
+    option redispatch 1
+    retry-on conn-failure empty-response 503
+frontend api
+    bind 127.0.0.1:{port}
+    default_backend replicas
+backend replicas
+    balance roundrobin
+    option httpchk GET /readyz
+    http-check expect status 200
+    default-server inter 500ms fall 1 rise 2
+{servers}
+"""
+
+
+def start_haproxy(procs: Procs, replicas: list[int], name: str = "haproxy") -> str:
+    """HAProxy (Debian's) on 127.0.0.1 in front of the replicas' ports, health-checking /readyz."""
+    binary = shutil.which("haproxy")
+    if binary is None:
+        import pytest
+
+        pytest.skip("haproxy is not installed (apt-get install haproxy)")
+    port = free_port()
+    servers = "\n".join(f"    server r{i} 127.0.0.1:{p} check" for i, p in enumerate(replicas))
+    config = procs.tmp / f"{name}.cfg"
+    config.write_text(HAPROXY_CONFIG.format(port=port, servers=servers))
+    _, log = procs.start(name, [binary, "-db", "-f", str(config)], {})
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(f"{name} to serve", up, 15, logs=(log,))
+    return base

@@ -9,7 +9,8 @@ exponential backoff **only** for calls that are safe to repeat: reads, heartbeat
 checkpoint, and effect declaration (the server dedupes a declaration by idempotency key + request
 fingerprint and answers a repeat with the recorded effect). ``create_run``, ``claim``, ``append_events``,
 ``request_approval`` and ``finish`` are sent once; a transport failure there raises
-:class:`ServerUnreachable` and the caller decides.
+:class:`ServerUnreachable` and the caller decides -- unless a draining replica refused it unread
+(``X-Controlplane-Draining``): it did nothing, so every call is sent again then.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ log = logging.getLogger("controlplane_sdk")
 
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({502, 503, 504})
+DRAINING_HEADER = "X-Controlplane-Draining"  # the server's "refused unread, send it again"
 MAX_WAIT_S = 60.0  # the server refuses longer heartbeat long-polls
 JSON = dict[str, Any]
 
@@ -154,9 +156,13 @@ class Client(OperatorCalls):
             content = json.dumps(body, default=json_default).encode()
             headers["Content-Type"] = "application/json"
         clean = {k: v for k, v in (params or {}).items() if v is not None}
-        tries = 1 + (self.retries if retry else 0)
+        # Any call is sent again when a draining replica refused it unread (X-Controlplane-Draining,
+        # a rolling restart): it did nothing. Behind a load balancer the next try reaches another
+        # replica.
+        tries = 1 + self.retries
         lost = False
         for i in range(tries):
+            last = i + 1 >= tries
             try:
                 resp = self._http.request(
                     method,
@@ -168,13 +174,14 @@ class Client(OperatorCalls):
                 )
             except httpx.TransportError as exc:
                 lost = True
-                if i + 1 >= tries:
+                if last or not retry:
                     raise ServerUnreachable(
                         f"{method} {path}: {type(exc).__name__}: {exc}"
                     ) from exc
                 log.warning("%s %s failed (%s); retrying", method, path, type(exc).__name__)
             else:
-                if resp.status_code in RETRY_STATUSES and i + 1 < tries:
+                refused_unread = resp.headers.get(DRAINING_HEADER) == "1"
+                if not last and (refused_unread or (retry and resp.status_code in RETRY_STATUSES)):
                     log.warning("%s %s -> %s; retrying", method, path, resp.status_code)
                 else:
                     return resp, lost
