@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
@@ -77,9 +78,22 @@ class DrainingServer(Server):
             kwargs["action_logger"] = access_line
         super().__init__(application, *args, **kwargs)
         self.ports: list = []
+        self.channels: weakref.WeakSet = weakref.WeakSet()
+        self._tracking = False
 
     def listen_success(self, port):
         self.ports.append(port)
+        if not self._tracking:
+            # Remember every HTTP connection, so the drain can close the idle keep-alive ones.
+            self._tracking = True
+            build = self.http_factory.buildProtocol
+
+            def build_and_track(addr):
+                channel = build(addr)
+                self.channels.add(channel)
+                return channel
+
+            self.http_factory.buildProtocol = build_and_track
         return super().listen_success(port)
 
     def kill_all_applications(self):
@@ -109,6 +123,12 @@ class DrainingServer(Server):
             if finished
             else f"; {gate.in_flight if gate else '?'} requests cut off at the bound",
         )
+        # Close the keep-alive connections now, before daphne cancels what is left: a request that
+        # a proxy sends on one in the last moment then meets a closed connection (which the proxy
+        # retries elsewhere), not a half-written answer. Nothing is in flight on them any more.
+        for channel in list(self.channels):
+            channel.transport.loseConnection()
+        await asyncio.sleep(0.2)
         if not finished:
             # daphne cancels what is left, but a request blocked in a thread (waiting on a row
             # lock, say) cannot be cancelled, and the interpreter joins those threads at exit: the

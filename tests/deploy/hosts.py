@@ -170,12 +170,14 @@ backend replicas
     balance roundrobin
     option httpchk GET /readyz
     http-check expect status 200
-    default-server inter 500ms fall 1 rise 2
+    # a loaded replica's /readyz can take a second: a short check timeout would flap both out
+    timeout check 5s
+    default-server inter 1s fall 2 rise 1
 {servers}
 """
 
 
-def start_haproxy(procs: Procs, replicas: list[int], name: str = "haproxy") -> str:
+def start_haproxy(procs: Procs, replicas: list[int], name: str = "haproxy") -> tuple[str, Path]:
     """HAProxy (Debian's) on 127.0.0.1 in front of the replicas' ports, health-checking /readyz."""
     binary = shutil.which("haproxy")
     if binary is None:
@@ -196,4 +198,4 @@ def start_haproxy(procs: Procs, replicas: list[int], name: str = "haproxy") -> s
             return False
 
     wait_for(f"{name} to serve", up, 15, logs=(log,))
-    return base
+    return base, log
