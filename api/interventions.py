@@ -18,6 +18,7 @@ from core.metrics import observe_intervention
 from interventions import base
 from interventions.contracts import contracts_document
 from interventions.models import Intervention
+from interventions.plugins import Request
 from interventions.selectors import receipt_dict
 from runs.selectors import get_visible_run
 
@@ -31,8 +32,8 @@ def _operator(request: HttpRequest) -> Actor:
     return actor
 
 
-def _req(body: InterventionIn) -> base.Request:
-    return base.Request(
+def _req(body: InterventionIn) -> Request:
+    return Request(
         kind=body.kind,
         reason=body.reason,
         scope=body.scope,
@@ -78,7 +79,7 @@ def list_interventions(request: HttpRequest, run_id: UUID):
 @router.post("/effects/{effect_id}/reconcile", response={200: out.EffectOut, **ERRORS_WRITE})
 def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
     from interventions.reconcile import reconcile_effect
-    from runs.services import effect_dict
+    from runs.selectors import effect_dict
 
     actor = _operator(request)
     effect = reconcile_effect(

@@ -19,8 +19,9 @@ from api.schemas import Schema
 from core.actors import Actor
 from core.drain import is_draining
 from core.errors import LeaseHeld, NotClaimable
-from runs import services, work
+from runs import work
 from runs.directive_bus import get_bus
+from runs.services import lifecycle
 
 router = Router(tags=["worker protocol"])
 
@@ -46,7 +47,7 @@ def _agents(request: HttpRequest, body: WorkIn) -> dict[str, int]:
 def _try_claim(actor: Actor, ids: list[int], body: WorkIn) -> dict[str, Any] | None:
     for run_id in work.claimable_runs(ids, body.worker):
         try:
-            claim = services.claim_run(
+            claim = lifecycle.claim_run(
                 actor=actor, run_id=run_id, worker=body.worker, versions=body.versions
             )
         except (LeaseHeld, NotClaimable):

@@ -1,7 +1,7 @@
 """Console intervention dialogs: choose a kind -> preview (interventions.base.preview) -> confirm
 (interventions.base.issue) -> receipt; the reconcile form; the approvals inbox; the contracts page.
 
-The edge parses the form into a :class:`base.Request` and maps domain errors to the dialog with their
+The edge parses the form into a :class:`Request` and maps domain errors to the dialog with their
 HTTP status. The services decide and enforce everything again (role, decision authority, state table).
 """
 
@@ -12,7 +12,6 @@ import re
 from typing import Any
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -29,40 +28,35 @@ from console.common import (
 )
 from console.receipts import receipt_context
 from console.reports import report_for
-from console.runs import detail_context
+from console.run_page import detail_context
 from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
 from core.metrics import observe_intervention
-from core.roles import PERMISSIONS, ROLES, may, roles_of
+from core.roles import ROLES, may, roles_of
 from interventions import base
 from interventions.approvals import SATISFIES
-from interventions.contracts import CONTRACT_SPECS, contracts_document
+from interventions.contracts import contracts_document, permission_rows
 from interventions.models import Intervention
+from interventions.plugins import REGISTRY, Request, owner_bound
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
+from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
-from runs.models import Approval, AuthorityGrant, Effect, Run
-from runs.selectors import visible_runs
-from runs.services.effects import effect_dict
+from runs.models import AuthorityGrant, Run
+from runs.selectors import (
+    approvals_to_decide,
+    checkpoint_choices,
+    effect_dict,
+    effect_with_run,
+    grants_in,
+    pending_approvals,
+    people_with_roles,
+    run_with_people,
+)
 from runs.states import State, as_table
 
-# Form fields -> options, per kind. Anything not listed for a kind is ignored.
-OPTION_FIELDS: dict[str, tuple[str, ...]] = {
-    "pause": ("suspend_authority",),
-    "resume": ("reobserve_assumptions",),
-    "retry": ("checkpoint_seq",),
-    "transfer": ("to", "facets", "to_worker"),
-    "approve": ("approval_id",),
-    "reject": ("approval_id",),
-    "revoke_authority": ("grant_id", "grant_scope"),
-    "suspend_authority": ("grant_id", "grant_scope"),
-    "restore_authority": ("grant_id", "grant_scope"),
-    "recover": ("prefer",),
-    "freeze_capability": ("capability",),
-    "restore_capability": ("capability",),
-}
 FLAGS = ("suspend_authority", "reobserve_assumptions")
 PREFERENCES = ("redrive", "compensate", "escalate")
 HEADLINE = ("kind", "run_id", "state", "allowed", "next_state", "scope")
@@ -71,10 +65,16 @@ HEADLINE = ("kind", "run_id", "state", "allowed", "next_state", "scope")
 # --- parsing --------------------------------------------------------------------------------------
 
 
-def request_from(kind: str, data: QueryDict) -> base.Request:
+def _fields(kind: str) -> tuple[str, ...]:
+    """The form fields a kind's dialog reads into options (its contract's own; none if unknown)."""
+    contract = REGISTRY.get(kind)
+    return contract.console.fields if contract else ()
+
+
+def request_from(kind: str, data: QueryDict) -> Request:
     """The form (or the query string) as a service Request. Bad input is a 422 here, at the edge."""
     options: dict[str, Any] = {}
-    for name in OPTION_FIELDS.get(kind, ()):
+    for name in _fields(kind):
         if name in FLAGS:
             if data.get(name) in ("on", "1", "true"):
                 options[name] = True
@@ -95,7 +95,7 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
     scope = data.get("scope", "run") or "run"
     if scope not in ("run", "tree"):
         raise Invalid("scope must be 'run' or 'tree'", field="scope")
-    return base.Request(
+    return Request(
         kind=kind,
         reason=data.get("reason", "").strip(),
         scope=scope,
@@ -141,12 +141,12 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
     """Sensible first values so the first preview says something: the pending approval, the grant."""
     data = params.copy()
     if kind in ("approve", "reject") and not data.get("approval_id"):
-        first = run.approvals.filter(status=Approval.PENDING).order_by("requested_at").first()
+        first = pending_approvals(run).first()
         if first:
             data["approval_id"] = str(first.pk)
     if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
         wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
-        grant = run.grants.filter(status=wanted).order_by("granted_at").first()
+        grant = grants_in(run, wanted).first()
         if grant:
             data["grant_id"] = str(grant.pk)
     if kind == "transfer" and not data.getlist("facets"):
@@ -155,52 +155,47 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
 
 
 def dialog_context(
-    request: ConsoleRequest, run: Run, req: base.Request, form: QueryDict
+    request: ConsoleRequest, run: Run, req: Request, form: QueryDict
 ) -> dict[str, Any]:
     roles, owner = request.roles, run.decision_authority
-    not_owner = req.kind in base.OWNER_BOUND and owner is not None and owner.pk != request.user.pk
-    show_override = (
-        (not_owner and may(roles, "override"))
-        or (req.kind == "resume" and may(roles, "override_revalidation"))
-        or (req.kind == "retry" and may(roles, "override"))
+    not_owner = owner_bound(req.kind) and owner is not None and owner.pk != request.user.pk
+    contract = REGISTRY.get(req.kind)
+    guard_note = contract.console.guard_note if contract else ""
+    show_override = (not_owner and may(roles, "override")) or bool(
+        contract and guard_note and may(roles, contract.guard_right)
     )
-    contract = base.get_contract(req.kind) if req.kind in CONTRACT_SPECS else None
     ctx: dict[str, Any] = {
         "run": run,
         "kind": req.kind,
         "label": kind_label(req.kind),
-        "spec": CONTRACT_SPECS.get(req.kind, {}),
+        "spec": contract.spec.as_dict() if contract else {},
         "scoped": bool(contract and contract.scoped),
-        "fields": OPTION_FIELDS.get(req.kind, ()),
+        "fields": _fields(req.kind),
         "form": form,
         "facets_checked": form.getlist("facets"),
         "show_override": show_override,
+        "guard_note": guard_note,
         "not_owner": not_owner,
         "owner": owner,
         "may_override": may(roles, "override"),
         "origin": form.get("origin", "run"),
     }
     if "checkpoint_seq" in ctx["fields"]:
-        ctx["checkpoints"] = run.checkpoints.order_by("-seq").values("seq", "step")
+        ctx["checkpoints"] = checkpoint_choices(run)
     if "to" in ctx["fields"]:
-        ctx["users"] = (
-            get_user_model()
-            .objects.filter(is_active=True, groups__name__in=ROLES)
-            .distinct()
-            .order_by("username")
-        )
+        ctx["users"] = people_with_roles(ROLES)
         ctx["all_facets"] = FACETS
     if "approval_id" in ctx["fields"]:
-        ctx["approvals"] = run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
+        ctx["approvals"] = pending_approvals(run)
     if "grant_id" in ctx["fields"]:
-        ctx["grants"] = run.grants.order_by("granted_at")
+        ctx["grants"] = grants_in(run)
     if "prefer" in ctx["fields"]:
         ctx["preferences"] = PREFERENCES
     return ctx
 
 
 def with_preview(
-    request: ConsoleRequest, run: Run, req: base.Request, ctx: dict[str, Any], seen: str = ""
+    request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any], seen: str = ""
 ) -> int:
     """Adds the preview card (or the domain error it raised) to ctx; returns the HTTP status: 204 if
     the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
@@ -244,7 +239,7 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     """Open the dialog for one kind, with its first preview."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.GET.get("kind", "")
-    if kind not in CONTRACT_SPECS:
+    if kind not in REGISTRY:
         raise Http404("unknown intervention kind")
     if not may(request.roles, kind):
         ctx = {
@@ -253,14 +248,14 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             "label": kind_label(kind),
             "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}")),
         }
-        return render(request, "interventions/dialog.html#dialog", ctx, status=403)
+        return render(request, "console/intervention_dialog.html#dialog", ctx, status=403)
     form = _defaults(run, kind, request.GET)
     req = _safe_request(kind, form)
     ctx = dialog_context(request, run, req, form)
     with_preview(
         request, run, req, ctx
     )  # a preview refusal is shown in the dialog, which itself opened fine
-    return render(request, "interventions/dialog.html#dialog", ctx)
+    return render(request, "console/intervention_dialog.html#dialog", ctx)
 
 
 @console_view
@@ -274,7 +269,7 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         req = request_from(kind, request.POST)
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#preview", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
     refresh = bool(request.POST.get("refresh"))
     status = with_preview(
         request, run, req, ctx, seen=request.POST.get("preview_digest", "") if refresh else ""
@@ -285,7 +280,7 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         ctx["changed"] = changed_sections(
             request.POST.get("preview_sections", ""), ctx["section_digests"]
         )
-    return render(request, "interventions/dialog.html#preview", ctx, status=status)
+    return render(request, "console/intervention_dialog.html#preview", ctx, status=status)
 
 
 @console_view
@@ -309,35 +304,33 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         req = _safe_request(kind, request.POST)
         ctx = (
             dialog_context(request, run, req, request.POST)
-            if kind in CONTRACT_SPECS
+            if kind in REGISTRY
             else {"run": run, "kind": kind}
         )
-        if kind in CONTRACT_SPECS and may(request.roles, kind):
+        if kind in REGISTRY and may(request.roles, kind):
             with_preview(request, run, req, ctx)
             if err.status == 409 and "section_digests" in ctx:
                 ctx["changed"] = changed_sections(
                     request.POST.get("preview_sections", ""), ctx["section_digests"]
                 )
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#dialog", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#dialog", ctx, status=err.status)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
 
 
-def _safe_request(kind: str, data: QueryDict) -> base.Request:
+def _safe_request(kind: str, data: QueryDict) -> Request:
     try:
         return request_from(kind, data)
     except DomainError:
-        return base.Request(kind=kind, reason="")
+        return Request(kind=kind, reason="")
 
 
 def receipt_response(
     request: ConsoleRequest, intervention: Intervention, origin: str
 ) -> HttpResponse:
-    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(
-        pk=intervention.run_id
-    )
+    run = run_with_people(intervention.run_id)
     ctx = job_context(intervention) | receipt_context(intervention) | {"run": run}
-    html: str = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
+    html: str = render_to_string("console/intervention_dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.
     html += out_of_band(request, run, origin)
     return HttpResponse(html)
@@ -346,10 +339,10 @@ def receipt_response(
 def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
     if origin == "inbox":
         return render_to_string(
-            "interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
+            "console/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
         )
     return render_to_string(
-        "runs/detail.html#sections",
+        "console/run_detail.html#sections",
         detail_context(run, request.user, request.roles) | {"oob": True},
     )
 
@@ -358,15 +351,15 @@ def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
 @require_GET
 def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's job status, re-read after every push (and every few seconds while pending)."""
-    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    intervention = intervention_by_id(intervention_id)
     if intervention is None:
         raise Http404("no such intervention")
     visible_run_or_404(request.actor, intervention.run_id)
-    return render(request, "interventions/dialog.html#job", job_context(intervention))
+    return render(request, "console/intervention_dialog.html#job", job_context(intervention))
 
 
 def job_context(intervention: Intervention) -> dict[str, Any]:
-    """The receipt's follow-up job: its report when the kind has one (templates/interventions/reports.html),
+    """The receipt's follow-up job: its report when the kind has one (console/templates/console/job_reports.html),
     else the generic job record."""
     return {
         "i": intervention,
@@ -381,7 +374,7 @@ def job_context(intervention: Intervention) -> dict[str, Any]:
 @console_view
 @require_http_methods(["GET", "POST"])
 def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
-    effect = Effect.objects.filter(pk=effect_id).select_related("run").first()
+    effect = effect_with_run(effect_id)
     if effect is None:
         raise Http404("no such effect")
     run = visible_run_or_404(request.actor, effect.run_id)
@@ -394,9 +387,9 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         ctx["error"] = error_dict(
             Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects")
         )
-        return render(request, "interventions/dialog.html#reconcile", ctx, status=403)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=403)
     if request.method == "GET":
-        return render(request, "interventions/dialog.html#reconcile", ctx)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx)
     try:
         if (
             not request.POST.get("evidence", "").strip()
@@ -415,10 +408,10 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         )
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#reconcile", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=err.status)
     ctx |= {"effect": effect_dict(settled), "done": present(settled.reconciliation)}
     html = render_to_string(
-        "interventions/dialog.html#reconciled", ctx, request=request
+        "console/intervention_dialog.html#reconciled", ctx, request=request
     ) + out_of_band(request, run, "run")
     return HttpResponse(html)
 
@@ -433,13 +426,7 @@ def inbox_context(actor) -> dict[str, Any]:
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
     rows, seen = [], set()
     if may(roles, "approve") or may(roles, "reject"):
-        pending = (
-            Approval.objects.filter(
-                status=Approval.PENDING, required_role__in=decidable, run__in=visible_runs(actor)
-            )
-            .select_related("run__agent")
-            .order_by("deadline", "requested_at")
-        )
+        pending = approvals_to_decide(actor, decidable)
         for a in pending:
             if (a.run_id, a.digest) in seen:
                 continue  # the same decision asked twice: it is decided once
@@ -462,16 +449,14 @@ def approvals_inbox(request: ConsoleRequest) -> HttpResponse:
     ctx = inbox_context(request.actor) | {"nav": "approvals"}
     return render(
         request,
-        "interventions/approvals.html#inbox"
-        if is_fragment(request)
-        else "interventions/approvals.html",
+        "console/approvals.html#inbox" if is_fragment(request) else "console/approvals.html",
         ctx,
     )
 
 
 def render_inbox_push(user) -> str:
     return render_to_string(
-        "interventions/approvals.html#inbox",
+        "console/approvals.html#inbox",
         inbox_context(actor_for_user(user, None, component="console")) | {"oob": True},
     )
 
@@ -488,11 +473,11 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
         by_state[str(row["from"])].append(row)
     matrix = [
         {"action": action, "cells": [role in roles for role in ROLES]}
-        for action, roles in PERMISSIONS.items()
+        for action, roles in permission_rows().items()
     ]
     return render(
         request,
-        "interventions/contracts.html",
+        "console/contracts.html",
         {
             "contracts": [
                 {"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()

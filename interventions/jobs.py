@@ -5,7 +5,11 @@ A decision that needs a follow-up job (revalidation, reconcile, compensation, re
 the decision or not at all. Celery is only the delivery: the message is sent after commit, and a
 failed send (Redis down) is logged, never raised -- the decision is committed and its receipt is
 answered. The beat task :func:`sweep_jobs` delivers again every job not finished by its ``due_at``
-(a lost message, a flushed Redis, a killed worker).
+(a lost message, a flushed Redis, a killed worker). It is the only re-delivery: compensation plans
+and recoveries are jobs like any other and have no sweep of their own (a compensation step a dead
+worker had claimed is taken over by the next delivery once its claim expires), and their attempts are
+the job's. Runs orphaned without a recovery are found where lease expiry is scanned
+(``recover.scan_expired_leases``).
 
 Tasks wrap their work in :func:`perform`: a delivery of a job already ``done`` (or given up) does
 nothing, the job is marked done exactly once, and a delivery that raises (or, seen by the sweep, never
@@ -32,10 +36,11 @@ from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import system_actor
 from core.live import announce
-from interventions.base import _load, finish_job
+from interventions.base import finish_job
 from interventions.models import Intervention, Job
 from runs.models import Run
-from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
+from runs.services.decisions import apply_transition, lock_run, notify_run_changed
+from runs.services.history import append_history
 from runs.states import Event, transition
 
 log = logging.getLogger(__name__)
@@ -106,7 +111,6 @@ def enqueue(
 
 def deliver(kind: str, target_id: str, countdown: float | None = None) -> bool:
     """Send one message. Never raises: the row in PostgreSQL is the job; the sweep sends it again."""
-    _load()
     try:
         KINDS[kind].task.apply_async(
             (target_id,), countdown=countdown, retry=True, retry_policy=PUBLISH_RETRY
@@ -205,7 +209,6 @@ def give_up(job: Job) -> None:
     """Inside the caller's transaction, job row locked: end the job ``failed`` and hand the run to an
     operator. The kind's hook locks its target before the run (the order its own job uses)."""
     actor = system_actor("jobs")
-    _load()
     KINDS[job.kind].give_up(job)
     if job.run_id is None:  # about no single run (a fleet wave): the kind's hook concluded it
         job.status, job.finished_at = Job.FAILED, timezone.now()

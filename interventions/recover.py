@@ -16,6 +16,7 @@ the run's history and into the audit log.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -25,36 +26,27 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.chain import canonical, normalise
+from audit.chain.hashing import canonical, normalise
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Invalid
-from interventions import facts, jobs
-from interventions.base import (
-    Contract,
-    Request,
-    finish_job,
-    issue,
-    lock_pending_job,
-    register,
-)
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
+from interventions import cards, facts, jobs
+from interventions.base import finish_job, issue, lock_pending_job
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services.common import (
-    append_history,
-    apply_transition,
-    latest_checkpoint,
-    set_resume_point,
-    verify_history,
-)
-from runs.services.lifecycle import expire_leases
+from runs.selectors import latest_checkpoint, verify_history
+from runs.services.decisions import apply_transition
+from runs.services.history import append_history
+from runs.services.lifecycle import expire_leases, set_resume_point
 from runs.states import Event, State
 
 PREFERENCES = ("redrive", "compensate", "escalate")
-STALL_GRACE_S = 60
+ORPHAN_GRACE_S = 60  # an orphan this long without a recovery: the scan issues one again
 RULES = [
     "history chain broken -> escalate",
     "last checkpoint does not match its hash or its history record -> escalate",
@@ -322,7 +314,122 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-register(Contract(kind="recover", event=Event.RECOVER, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def recover_card(p: Mapping[str, Any]) -> Answers:
+    lease = p.get("dead_lease") or {}
+    versions = p.get("versions") or {}
+    diffs = versions.get("differences") or []
+    return [
+        cards.answer(
+            "dead_lease",
+            "Lost worker",
+            f"{lease.get('worker')} (fencing token {lease.get('fencing_token')}, "
+            f"lease {lease.get('status')}); its writes will be refused"
+            if lease
+            else "",
+            cards.table(
+                ["worker", "lease expired", "why"],
+                [
+                    cards.row(
+                        cards.cell("text", lease.get("worker")),
+                        cards.cell("time", lease.get("expires_at")),
+                        cards.cell("text", lease.get("end_reason") or ""),
+                    )
+                ]
+                if lease
+                else [],
+            ),
+            empty="no lease was ever granted",
+        ),
+        cards.answer(
+            "to_reconcile",
+            "Asked of the world first",
+            "",
+            cards.unresolved_table(p.get("to_reconcile") or []),
+            empty="nothing to reconcile",
+        ),
+        cards.answer(
+            "rebuild_from",
+            "State rebuilt from",
+            cards.checkpoint_text(p.get("checkpoint")) + ", plus the history after it",
+            cards.checkpoint_table(p.get("checkpoint")),
+        ),
+        cards.answer(
+            "versions",
+            "Versions",
+            versions.get("note", ""),
+            cards.table(
+                ["version", "pinned", "workers now"],
+                [
+                    cards.row(
+                        cards.cell("code", d["key"]),
+                        cards.cell("value", d["then"]),
+                        cards.cell("value", d["now"]),
+                    )
+                    for d in diffs
+                ],
+            ),
+            tone="bad" if versions.get("runnable") is False else "",
+        ),
+        cards.answer(
+            "prefer",
+            "Preferred next action",
+            f"{p.get('prefer')} — the first matching rule decides, and says why it is safe",
+        ),
+    ]
+
+
+def recover_receipt(r: Mapping[str, Any]) -> Answers:
+    lease = r.get("dead_lease") or {}
+    return [
+        cards.answer("fencing", "Zombie writes", r.get("fencing", "")),
+        cards.answer(
+            "dead_lease",
+            "Lost worker",
+            f"{lease.get('worker')} (fencing token {lease.get('fencing_token')})" if lease else "",
+            empty="none",
+        ),
+        cards.answer(
+            "prefer", "Preferred next action", f"{r.get('prefer')}; the recovery gate below decides"
+        ),
+    ]
+
+
+def recover_more(p: Mapping[str, Any]) -> Answers:
+    if not p.get("rules"):
+        return []
+    return [cards.answer("rules", "The rules, in order", "", items=list(p["rules"]))]
+
+
+CONTRACTS = (
+    Contract(
+        kind="recover",
+        event=Event.RECOVER,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="reconcile durable state with the world after a worker disappears",
+            stops=(),
+            continues=(
+                "replay, redrive, retry, compensate or escalate, with the reason it is safe",
+            ),
+            cascade="this run only",
+            authority="the dead worker's fencing token is refused",
+            jobs=(
+                "recovery: rebuild from checkpoint + history, verify chain, check versions, reconcile, choose",
+            ),
+            claims=("orphan_detected", "chain_verified", "zombie_refused"),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            card=recover_card, receipt=recover_receipt, more=recover_more, fields=("prefer",)
+        ),
+        order=80,
+        owner_bound=True,
+    ),
+)
 
 
 def on_orphaned(run_id: Any) -> Intervention | None:
@@ -344,13 +451,25 @@ def on_orphaned(run_id: Any) -> Intervention | None:
 
 
 @shared_task(acks_late=True)
-def scan_expired_leases() -> list[str]:
+def scan_expired_leases(grace_s: int = ORPHAN_GRACE_S) -> list[str]:
     """The beat scan: leases that expired without release orphan their runs (or finish a pause or cancel
-    the worker never acknowledged); each orphan gets its recovery issued."""
+    the worker never acknowledged); each orphan gets its recovery issued. An orphan left ``grace_s``
+    without one (the issue failed after the orphaning committed) gets it on a later scan. Once issued, a
+    recovery is an outbox job: the job sweep (interventions/jobs.py) delivers it until it is done."""
     orphaned = expire_leases(actor=system_actor("recovery-scan"))
     for run_id in orphaned:
         on_orphaned(run_id)
-    return orphaned
+    return orphaned + _recover_forgotten_orphans(grace_s)
+
+
+def _recover_forgotten_orphans(grace_s: int) -> list[str]:
+    cutoff = timezone.now() - timedelta(seconds=grace_s)
+    forgotten = Run.objects.filter(state=State.ORPHANED, state_changed_at__lte=cutoff)
+    return [
+        str(run_id)
+        for run_id in forgotten.values_list("pk", flat=True)
+        if on_orphaned(run_id) is not None
+    ]
 
 
 # -- the job ----------------------------------------------------------------------------------------
@@ -478,36 +597,6 @@ def _enact(
         "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
         "refused_fencing_token": run.fencing_token,
     }
-
-
-# -- the safety net ---------------------------------------------------------------------------------
-
-
-@shared_task(acks_late=True)
-def sweep_recoveries(grace_s: int = STALL_GRACE_S) -> dict[str, list[str]]:
-    """Periodic: orphans nobody started recovering (the scan's call failed after the orphaning
-    committed) and recoveries whose job message was lost. Both jobs are idempotent, so a false alarm
-    costs one no-op delivery."""
-    cutoff = timezone.now() - timedelta(seconds=grace_s)
-    started = [
-        str(run_id)
-        for run_id in Run.objects.filter(
-            state=State.ORPHANED, state_changed_at__lte=cutoff
-        ).values_list("pk", flat=True)
-        if on_orphaned(run_id) is not None
-    ]
-    stuck = [
-        str(i)
-        for i in Intervention.objects.filter(
-            kind="recover",
-            status=Intervention.PENDING,
-            created_at__lte=cutoff,
-            run__state=State.RECOVERING,
-        ).values_list("pk", flat=True)
-    ]
-    for intervention_id in stuck:
-        run_recovery.delay(intervention_id)
-    return {"started": started, "requeued": stuck}
 
 
 jobs.register_kind("recovery", run_recovery, jobs.give_up_intervention)

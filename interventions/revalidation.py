@@ -15,7 +15,7 @@ from django.utils import timezone
 from interventions import facts
 from interventions.registry import get_assumption_checker
 from runs.models import Assumption, AuthorityGrant, Checkpoint, Effect, Run
-from runs.services.common import latest_checkpoint, starting_checkpoint
+from runs.selectors import latest_checkpoint, starting_checkpoint
 
 
 @dataclass

@@ -7,7 +7,7 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # audit_verify lives below runs and may not import it: runs hands it its checks instead.
-        from audit.integrity import register_anchor_part, register_append_only, register_check
+        from audit.registry import register_anchor_part, register_append_only, register_check
 
         from . import integrity
         from .models import Checkpoint, HistoryEvent

@@ -14,8 +14,8 @@ from collections import defaultdict
 
 from django.db import connection
 
-from core import drain
-from runs.services.common import NOTIFY_CHANNEL
+from core import drain, pg
+from runs.work import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 FALLBACK_POLL_S = 0.25
@@ -36,7 +36,7 @@ class RunChangeBus:
 
     @property
     def uses_notify(self) -> bool:
-        return connection.vendor == "postgresql"
+        return pg.enabled(connection)
 
     def subscribe(self, run_id: str) -> asyncio.Event:
         event = asyncio.Event()
