@@ -123,17 +123,20 @@ class DrainingServer(Server):
             if finished
             else f"; {gate.in_flight if gate else '?'} requests cut off at the bound",
         )
-        # Close the keep-alive connections now, before daphne cancels what is left: a request that
-        # a proxy sends on one in the last moment then meets a closed connection (which the proxy
-        # retries elsewhere), not a half-written answer. Nothing is in flight on them any more.
-        for channel in list(self.channels):
-            channel.transport.loseConnection()
-        await asyncio.sleep(0.2)
         if not finished:
             # daphne cancels what is left, but a request blocked in a thread (waiting on a row
             # lock, say) cannot be cancelled, and the interpreter joins those threads at exit: the
             # bound would not hold. Its transaction rolls back when its connection closes.
             threading.Timer(HARD_EXIT_AFTER_S, _hard_exit).start()
+        # Close the keep-alive connections now, before daphne cancels what is left: a request that
+        # a proxy sends on one in the last moment then meets a closed connection (which the proxy
+        # retries elsewhere), not a half-written answer. Nothing is in flight on them any more.
+        for channel in list(self.channels):
+            # twisted's HTTP factory hands out a wrapper around the real channel
+            transport = getattr(getattr(channel, "_channel", channel), "transport", None)
+            if transport is not None:
+                transport.loseConnection()
+        await asyncio.sleep(0.2)
 
     def close_websockets(self) -> None:
         """1012, service restart: the console's socket (htmx ws) reconnects after it, through the
