@@ -159,3 +159,18 @@ def test_probes_answer_json_to_any_host_and_refuse_writes(procs, tmp_path):
     assert probe.status_code == 200 and probe.headers["content-type"] == "application/json"
     assert json.loads(probe.text)["status"] == "ready"
     assert httpx.post(f"{base}/healthz", timeout=5).status_code == 405
+
+
+def test_every_line_of_the_api_process_is_json_under_log_format_json(procs, tmp_path):
+    port = start_redis(procs)
+    env = server_env(tmp_path, REDIS_URL=f"redis://127.0.0.1:{port}/0", LOG_FORMAT="json")
+    base, log = start_api(procs, env)
+    assert httpx.get(f"{base}/api/v1/runs", timeout=10).status_code == 401
+    assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200
+    procs.stop({"api"})
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # raises on any line that is not JSON
+    assert any("Starting server" in r["event"] for r in records), lines[:5]
+    access = [r for r in records if r.get("logger") == "controlplane.access"]
+    assert [(r["method"], r["path"], r["status"]) for r in access] == [("GET", "/api/v1/runs", 401)]
+    assert any("drained in" in r["event"] for r in records)
