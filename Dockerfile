@@ -27,7 +27,7 @@ FROM ${BASE_IMAGE}
 # A fixed uid, so a mounted secret (the anchor signing key) can be given to it: chown 10001.
 RUN groupadd --system --gid 10001 controlplane \
  && useradd --system --uid 10001 --gid controlplane --home-dir /app --no-create-home controlplane \
- && mkdir -p /var/lib/controlplane && chown controlplane:controlplane /var/lib/controlplane
+ && mkdir -p /var/lib/controlplane/anchors && chown -R controlplane:controlplane /var/lib/controlplane
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
 WORKDIR /app

@@ -4,7 +4,8 @@ set -eu
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   mkdir -p "$PGDATA"
   printf '%s\n' "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}" > /tmp/pwfile
-  initdb -D "$PGDATA" -U postgres --pwfile=/tmp/pwfile --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+  # UTF8 as the official image has it (a bare Debian base has no locale: initdb would pick SQL_ASCII)
+  initdb -D "$PGDATA" -U postgres --encoding=UTF8 --locale=C.UTF-8 --pwfile=/tmp/pwfile --auth-local=trust --auth-host=scram-sha-256 >/dev/null
   rm -f /tmp/pwfile
   echo "host all all 0.0.0.0/0 scram-sha-256" >> "$PGDATA/pg_hba.conf"
   pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
