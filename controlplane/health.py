@@ -50,7 +50,7 @@ async def _postgres() -> dict[str, Any]:
         return await _sqlite()
     import psycopg
 
-    params = {
+    params: dict[str, Any] = {
         "dbname": db["NAME"],
         "user": db.get("USER") or None,
         "password": db.get("PASSWORD") or None,
@@ -115,7 +115,7 @@ def _embedded() -> Callable[[], Awaitable[dict[str, Any]]]:
 
 def _checks() -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
     checks: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {"database": _postgres}
-    layer = settings.CHANNEL_LAYERS["default"]
+    layer: dict[str, Any] = settings.CHANNEL_LAYERS["default"]
     if layer["BACKEND"] == "channels_redis.core.RedisChannelLayer":
         host = layer["CONFIG"]["hosts"][0]
         url = host["address"] if isinstance(host, dict) else host

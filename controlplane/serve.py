@@ -168,17 +168,6 @@ def _hard_exit() -> None:
     os._exit(1)
 
 
-def _hard_exit() -> None:
-    log.warning(
-        "requests still running %.0f s after the drain bound: exiting now", HARD_EXIT_AFTER_S
-    )
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
-
-
 class DrainingCommandLine(CommandLineInterface):
     server_class = DrainingServer
 

@@ -68,6 +68,12 @@ def start_api(
         env,
     )
     base = f"http://127.0.0.1:{port}"
+    wait_alive(base, name, log, 30)
+    return base, log
+
+
+def wait_alive(base: str, name: str, log: Path, within: float) -> None:
+    """Until ``base``/healthz answers 200 (through a proxy: some replica behind it is up)."""
 
     def up() -> bool:
         try:
@@ -75,8 +81,7 @@ def start_api(
         except httpx.HTTPError:
             return False
 
-    wait_for(f"{name} to serve", up, 30, logs=(log,))
-    return base, log
+    wait_for(f"{name} to serve", up, within, logs=(log,))
 
 
 class Forwarder:
@@ -190,12 +195,5 @@ def start_haproxy(procs: Procs, replicas: list[int], name: str = "haproxy") -> t
     config.write_text(HAPROXY_CONFIG.format(port=port, servers=servers))
     _, log = procs.start(name, [binary, "-db", "-f", str(config)], {})
     base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(f"{name} to serve", up, 15, logs=(log,))
+    wait_alive(base, name, log, 15)
     return base, log

@@ -18,7 +18,7 @@ from controlplane_sdk import Client
 from runs.models import Run
 from tests.deploy.hosts import start_api, start_redis
 from tests.e2e.test_socket_daphne import _close_code, _log_in, _open, _server_password
-from tests.live import Procs, server_env, test_database_url, wait_for
+from tests.live import server_env, test_database_url, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -29,15 +29,6 @@ RUN_BODY = {
     "versions": {"code": "1.0.0"},
     "authority": [{"scope": "payments:charge", "ttl_s": 3600}],
 }
-
-
-@pytest.fixture
-def procs(postgres_only, tmp_path):
-    procs = Procs(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 def _api(procs, tmp_path, **env):

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from tests.deploy.hosts import Forwarder, start_api, start_redis
-from tests.live import Procs, server_env, test_database_url, wait_for
+from tests.live import server_env, test_database_url, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -36,15 +36,6 @@ def _becomes(base: str, status: int, within: float) -> tuple[float, dict]:
 
     wait_for(f"/readyz to answer {status} (last: {seen})", probe, within, interval=0.2)
     return time.monotonic() - started, seen
-
-
-@pytest.fixture
-def procs(postgres_only, tmp_path):
-    procs = Procs(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 def test_it_is_ready_then_not_while_redis_is_down_then_ready_again(procs, tmp_path):
