@@ -8,7 +8,7 @@ from django.core.handlers.asgi import ASGIHandler
 from controlplane.handler import get_asgi_application
 from controlplane.telemetry import setup_tracing
 
-setup_tracing()  # before the app is built: the Django instrumentation adds a middleware
+tracing = setup_tracing()  # before the app is built: the Django instrumentation adds a middleware
 # Django first: the routing below imports models.
 django_asgi_app = get_asgi_application()
 
@@ -39,3 +39,10 @@ router = ProtocolTypeRouter(
 # The probes are answered before Django (controlplane/health.py); the drain gate sees every request
 # and socket, probes included, so that it can count them and refuse new ones (controlplane/drain.py).
 application = DrainGate(HealthEndpoints(router))
+if tracing:
+    # The Django instrumentation skips requests served under ASGI; this middleware makes the server
+    # span of every HTTP request and socket, continuing the caller's W3C traceparent. Outside the
+    # probes' middleware, so probes make no span (docs/operations/metrics.md).
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    application = DrainGate(HealthEndpoints(OpenTelemetryMiddleware(router)))

@@ -165,3 +165,23 @@ def test_every_line_of_the_api_process_is_json_under_log_format_json(procs, tmp_
     access = [r for r in records if r.get("logger") == "controlplane.access"]
     assert [(r["method"], r["path"], r["status"]) for r in access] == [("GET", "/api/v1/runs", 401)]
     assert any("drained in" in r["event"] for r in records)
+
+
+def test_a_request_under_daphne_makes_a_server_span_in_the_callers_trace(procs, tmp_path):
+    """opentelemetry-instrumentation-asgi: the span exists under the ASGI server and continues the
+    traceparent the SDK sends; the probes make none."""
+    port = start_redis(procs)
+    env = server_env(
+        tmp_path, REDIS_URL=f"redis://127.0.0.1:{port}/0", OTEL_ENABLED="1", OTEL_CONSOLE="1"
+    )
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    base, log = start_api(procs, env)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    assert httpx.get(f"{base}/api/v1/runs", headers=headers, timeout=10).status_code == 401
+    httpx.get(f"{base}/readyz", timeout=10)
+    procs.stop({"api"})  # the batch processor exports at shutdown
+    text = log.read_text()
+    assert f'"trace_id": "0x{trace_id}"' in text, text[-3000:]
+    assert '"kind": "SpanKind.SERVER"' in text
+    assert "/readyz" not in text
