@@ -211,7 +211,9 @@ def with_preview(
     if seen and seen == shown["digest"]:
         return 204
     ctx["preview"] = {k: shown.get(k) for k in HEADLINE}
-    ctx["card"] = preview_card(shown, dry_run=_dry_run(run) if req.kind == "resume" else None)
+    reobserve = bool(req.options.get("reobserve_assumptions"))
+    dry_run = _dry_run(run, reobserve) if req.kind == "resume" else None
+    ctx["card"] = preview_card(shown, dry_run=dry_run)
     asked = (shown.get("shown") or {}).get("requested_by")
     if req.kind in ("approve", "reject") and request.actor.label in (asked, run.created_by):
         ctx["card"]["blocking"].append(
@@ -223,13 +225,15 @@ def with_preview(
     return 200
 
 
-def _dry_run(run: Run) -> dict[str, Any]:
-    """The revalidation report as it would come out now, for the resume preview's pass/fail rows. A
-    read outside any transaction; the job checks again after confirm (and may re-observe)."""
+def _dry_run(run: Run, reobserve: bool) -> dict[str, Any]:
+    """The revalidation report as it would come out now: the job's own checks (build_report), the
+    assumption checkers' read-only observations included, and the operator's "re-observe" choice
+    applied, with nothing written (the job records what it re-observes). Network reads, outside any
+    transaction (this view opens none); the job checks again after confirm."""
     try:
-        report, _ = build_report(run, reobserve=False)
+        report, _ = build_report(run, reobserve=reobserve)
     except Exception as exc:  # a checker that fails must not break the dialog; say so instead
-        return {"error": f"{type(exc).__name__}: {exc}"[:300], "checks": []}
+        return {"error": f"a check could not run now ({exc})"[:300], "checks": []}
     return report.as_dict()
 
 

@@ -33,8 +33,9 @@ from console.common import (
 )
 from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
-from core.roles import may, roles_of
+from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions.base import descendants
+from interventions.cards import drained_text
 from interventions.jobs import attention
 from interventions.plugins import REGISTRY
 from interventions.selectors import receipt_dict, recent_interventions
@@ -42,11 +43,13 @@ from interventions.transfer import holders
 from runs.models import Effect, Run
 from runs.selectors import (
     discrepancies,
+    drain_after,
     effect_count,
     effect_dict,
     effects_by_ids,
     effects_newest,
     recent_checkpoints,
+    role_holders,
     run_detail,
     run_grants,
     visible_runs,
@@ -73,6 +76,34 @@ def offered_interventions(
         if applies and contract.console.offered(data) and may(roles, kind):
             out.append((kind, kind_label(kind), contract.console.danger))
     return out
+
+
+def needs_role(action: str, holders: dict[str, list[str]]) -> str:
+    """ "needs incident commander or admin — currently: ian, ada": from the role table (core.roles)
+    and who holds those roles now, so a hidden action is explained rather than missing."""
+    roles = [r for r in ROLES if r in PERMISSIONS.get(action, frozenset())]
+    names = list(dict.fromkeys(n for r in roles for n in holders.get(r, [])))
+    words = " or ".join(r.replace("_", " ") for r in roles) or "a role no one holds"
+    return f"needs {words} — currently: {', '.join(names) if names else 'nobody'}"
+
+
+def unavailable_interventions(
+    run: Run, roles: frozenset[str], data: dict[str, Any]
+) -> list[tuple[str, str, str]]:
+    """The buttons the state table allows and there is something to act on, but the user's role may
+    not issue: shown disabled with the role they need and who holds it (kind, label, needs)."""
+    allowed = set(allowed_events(run.state))
+    kinds = [
+        (kind, contract)
+        for kind, contract in REGISTRY.items()
+        if (contract.event in allowed if contract.event is not None else run.state != State.CLOSED)
+        and not may(roles, kind)
+        and contract.console.offered(data)
+    ]
+    if not kinds:
+        return []
+    holders = role_holders()
+    return [(kind, kind_label(kind), needs_role(kind, holders)) for kind, _ in kinds]
 
 
 def _tree(run: Run) -> list[dict[str, Any]]:
@@ -156,11 +187,23 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "facets": holders(run),
         "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
         "offered": offered_interventions(run, roles, data),
+        "unavailable": unavailable_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "discrepancies": [effect_dict(e) for e in discrepancies(run)],
         "effects_total": effect_count(run),
         "parent": run.parent,
+        "drained": _drained(run),
     }
+
+
+def _drained(run: Run) -> str:
+    """The drain that ended the pause or cancel the run is in now, in words (runs/services/drain.py)."""
+    if run.state not in (State.PAUSED, State.CANCELLED):
+        return ""
+    drained = drain_after(run, run.state_changed_at)
+    if drained is None:
+        return ""
+    return drained_text(drained, "pause" if drained.get("from") == "pausing" else "cancel")
 
 
 def reports_context(run: Run) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from audit.models import AuditEvent
 from console.common import present
+from interventions.cards import drained_text
 from interventions.models import Intervention, Job
 from runs.models import ExecutionLease, HistoryEvent, Run
 
@@ -26,7 +27,7 @@ PAGE = 50
 
 # Chips: the operator's names for the kinds of fact, and the history kinds under each.
 KINDS: dict[str, tuple[str, ...]] = {
-    "state": ("run_created", "state_changed", "timer_fired", "timers_delivered"),
+    "state": ("run_created", "state_changed", "drained", "timer_fired", "timers_delivered"),
     "effect": (
         "effect_intent",
         "effect_outcome",
@@ -215,6 +216,9 @@ def _from_history(run: Run, h: HistoryEvent) -> Entry:
         e.data = None
     elif h.kind.startswith("approval_"):
         e.status = d.get("status", "")
+    elif h.kind == "drained":
+        noun = "pause" if d.get("from") == "pausing" else "cancel"
+        e.title, e.status, e.detail = "drained", d.get("state", ""), drained_text(d, noun)
     elif h.kind == "revalidation":
         e.status = "passed" if d.get("ok") else "blocked"
         e.detail = ", ".join(d.get("failing") or [])

@@ -216,6 +216,11 @@ def pause_receipt(r: Mapping[str, Any]) -> Answers:
     ]
 
 
+def pause_now(r: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """ "Paused — drained at 23:14:05 UTC: payments:charge committed 2 s after the pause"."""
+    return cards.stopped_now(now, "pause", "pausing", "paused")
+
+
 CONTRACTS = (
     Contract(
         kind="pause",
@@ -245,7 +250,11 @@ CONTRACTS = (
         ),
         may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
         console=Console(
-            card=pause_card, receipt=pause_receipt, fields=("suspend_authority",), danger=True
+            card=pause_card,
+            receipt=pause_receipt,
+            now=pause_now,
+            fields=("suspend_authority",),
+            danger=True,
         ),
         order=10,
         scoped=True,

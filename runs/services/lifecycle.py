@@ -43,6 +43,7 @@ from runs.states import APPROVAL_LIVE_STATES, LEASED_STATES, Event, State, direc
 from .decisions import (
     apply_transition,
     decision,
+    drained_if,
     lock_run,
     notifying,
     supersede_pending_approvals,
@@ -500,6 +501,7 @@ def finish_attempt(
             ended = Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED
             values = {"outcome": ended, "ended_at": now, "failure_class": failure_class}
             updates.append((Attempt, run.current_attempt_id, values | {"error": error}))
+        previous, asked_at = run.state, run.state_changed_at
         move = transition_rows(
             run,
             event,
@@ -512,6 +514,7 @@ def finish_attempt(
         # The lease's end, the attempt's, the run's row, its history link, the audit event, the
         # NOTIFY: one statement.
         write_rows([move.history], updates, move.extras(run))
+        drained_if(run, previous, asked_at, event, actor)  # a cancelling run's worker finished
         _supersede(run, actor, event, facts.pending_approvals)
     return run
 
