@@ -15,6 +15,7 @@ from uuid import UUID
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.cards import preview_card
@@ -44,6 +45,7 @@ from interventions.registry import redact
 from interventions.revalidation import build_report
 from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
+from interventions.triage import waiting_words
 from runs.models import AuthorityGrant, Run
 from runs.selectors import (
     approvals_to_decide,
@@ -53,6 +55,7 @@ from runs.selectors import (
     grants_in,
     pending_approvals,
     people_with_roles,
+    role_holders,
     run_with_people,
 )
 from runs.states import State, as_table
@@ -425,26 +428,51 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
 
 def inbox_context(actor) -> dict[str, Any]:
     """Pending approvals this user's roles may decide (required role satisfied, permission to approve):
-    one row per decision (run + action digest), sensitive args masked by the adapter's redaction."""
+    one row per decision (run + action digest), sensitive args masked by the adapter's redaction;
+    and what waits on other people, with who may decide it (so "nothing for you" is not "nothing")."""
     roles = actor.roles
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
-    rows, seen = [], set()
-    if may(roles, "approve") or may(roles, "reject"):
-        pending = approvals_to_decide(actor, decidable)
-        for a in pending:
-            if (a.run_id, a.digest) in seen:
-                continue  # the same decision asked twice: it is decided once
-            seen.add((a.run_id, a.digest))
+    rows: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    seen: set[tuple[Any, str]] = set()
+    deciding = may(roles, "approve") or may(roles, "reject")
+    now = timezone.now()
+    holders: dict[str, list[str]] | None = None
+    for a in approvals_to_decide(actor, list(SATISFIES)):
+        if (a.run_id, a.digest) in seen:
+            continue  # the same decision asked twice: it is decided once
+        seen.add((a.run_id, a.digest))
+        mine = a.required_role in decidable and deciding
+        self_asked = actor.label in (a.requested_by, a.run.created_by)
+        row = {
+            "a": a,
+            "args": present(redact(a.tool, a.args)),
+            "self": self_asked,
+            "waiting": waiting_words(a, now),
+        }
+        if mine and not self_asked:
             rows.append(
-                {
-                    "a": a,
-                    "args": present(redact(a.tool, a.args)),
-                    "self": actor.label in (a.requested_by, a.run.created_by),
-                    "may_approve": may(roles, "approve"),
-                    "may_reject": may(roles, "reject"),
-                }
+                row | {"may_approve": may(roles, "approve"), "may_reject": may(roles, "reject")}
             )
-    return {"rows": rows, "decidable": decidable, "roles": roles}
+            continue
+        if mine:  # four eyes: shown with the user's own, refused by the service, decided by others
+            rows.append(
+                row | {"may_approve": may(roles, "approve"), "may_reject": may(roles, "reject")}
+            )
+        holders = role_holders() if holders is None else holders
+        others.append(row | {"needs": _deciders(a, holders)})
+    return {"rows": rows, "others": others, "decidable": decidable, "roles": roles}
+
+
+def _deciders(a, holders: dict[str, list[str]]) -> str:
+    """ "needs approver — currently: april, ian, ada" (not who asked: four eyes)."""
+    roles = [r for r in ROLES if r in SATISFIES.get(a.required_role, frozenset({"admin"}))]
+    asked = {a.requested_by, a.run.created_by}
+    names = [
+        n for n in dict.fromkeys(n for r in roles for n in holders.get(r, [])) if n not in asked
+    ]
+    words = a.required_role.replace("_", " ")
+    return f"needs {words} — currently: {', '.join(names) if names else 'nobody'}"
 
 
 @console_view

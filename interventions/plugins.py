@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.errors import Invalid
-from interventions.cards import state_now
 from core.roles import declare_permission
+from interventions.cards import state_now
 from runs.states import Event
 
 if TYPE_CHECKING:

@@ -351,7 +351,9 @@ def reconcile_receipt(r: Mapping[str, Any]) -> Answers:
                     for x in results
                 ],
             ),
-            empty="nothing needed asking" if "job" in r and "reconciled" in job else "waiting for the job",
+            empty="nothing needed asking"
+            if "job" in r and "reconciled" in job
+            else "waiting for the job",
         ),
     ]
 

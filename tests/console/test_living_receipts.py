@@ -97,9 +97,7 @@ def test_a_cancel_drains_when_the_worker_finishes(cast, worker, as_user):
     assert AuditEvent.objects.filter(action="run.drained", run_id=run["id"]).count() == 1
 
 
-def test_the_pause_receipt_headline_is_the_truth_now_and_keeps_the_snapshot(
-    cast, worker, as_user
-):
+def test_the_pause_receipt_headline_is_the_truth_now_and_keeps_the_snapshot(cast, worker, as_user):
     run, lease, effect, pause = pausing_with_a_charge_in_flight(worker, as_user)
     otto = browser("otto")
     page = otto.get(f"/receipts/{pause.pk}/").content.decode()
