@@ -29,7 +29,7 @@ from console.common import (
 )
 from console.receipts import receipt_context
 from console.reports import report_for
-from console.run_page import detail_context
+from console.run_page import detail_context, needs_role
 from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
@@ -126,30 +126,84 @@ def humane(detail: str) -> str:
     return LIST_TEXT.sub(lambda m: m.group(1).replace("'", "") or "none", detail)
 
 
+# What each field a service names is called on the form (console/templates/console/intervention_dialog.html).
+FIELD_LABELS = {
+    "reason": "Reason",
+    "scope": "Scope",
+    "kind": "Intervention",
+    "preview_digest": "Preview",
+    "override_reason": "Override reason",
+    "options": "Grant or scope",
+    "options.to": "To (person)",
+    "options.to_worker": "To worker",
+    "options.facets": "Facets to move",
+    "options.grant_id": "Grant",
+    "options.scope": "Grant scope",
+    "options.approval_id": "Approval",
+    "options.checkpoint_seq": "From checkpoint",
+    "options.capability": "Capability",
+    "options.prefer": "Preferred next action",
+    "evidence": "Evidence",
+    "outcome": "Outcome",
+}
+OPTION_NAME = re.compile(r"\boptions\.([a-z_]+)")
+
+
+def field_label(field: str) -> str:
+    return FIELD_LABELS.get(field) or field.removeprefix("options.").replace("_", " ").capitalize()
+
+
+def sentence(detail: str) -> str:
+    """A service's message as a sentence an operator reads: no ``options.`` prefixes, no Python
+    lists, a capital and a full stop."""
+    text = OPTION_NAME.sub(lambda m: field_label(f"options.{m.group(1)}").lower(), humane(detail))
+    text = text.strip()
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
 def error_dict(err: DomainError) -> dict[str, Any]:
-    extra = {k: v for k, v in err.extra.items() if k not in ("problems",)}
+    field = str(err.extra.get("field") or "")
+    extra = {k: v for k, v in err.extra.items() if k not in ("problems", "field", "preview_digest")}
+    said = sentence(err.detail)
     return {
         "status": err.status,
         "code": err.code,
+        "field": field,
+        "label": field_label(field) if field else "",
+        "sentence": f"{field_label(field)}: {said[:1].lower() + said[1:]}" if field else said,
         "detail": humane(err.detail),
         "extra": present(extra) if extra else None,
-        "problems": err.extra.get("problems"),
+        "problems": [
+            {"detail": sentence(str(p.get("detail") or p.get("error") or ""))}
+            for p in err.extra.get("problems") or []
+            if isinstance(p, dict)
+        ],
     }
+
+
+def first_open_hint(err: DomainError) -> str:
+    """On a dialog's first open, a preview that needs input the operator has not given yet is a
+    prompt, not an error (a transfer without a person, a revoke without a grant)."""
+    field = str(err.extra.get("field") or "")
+    what = field_label(field).lower() if field else "the fields above"
+    return f"Choose {what} to see what confirming would do; nothing changes until you confirm."
 
 
 # --- the dialog -----------------------------------------------------------------------------------
 
 
 def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
-    """Sensible first values so the first preview says something: the pending approval, the grant."""
+    """First values so the first preview says something -- never for a destructive choice: a
+    hurried operator must pick the grant to revoke or suspend; only a restore (the undo) and an
+    approval the run holds alone are chosen for them."""
     data = params.copy()
     if kind in ("approve", "reject") and not data.get("approval_id"):
-        first = pending_approvals(run).first()
-        if first:
-            data["approval_id"] = str(first.pk)
-    if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
-        wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
-        grant = grants_in(run, wanted).first()
+        pending = list(pending_approvals(run)[:2])
+        if len(pending) == 1:
+            data["approval_id"] = str(pending[0].pk)
+    if kind == "restore_authority" and not data.get("grant_id") and not data.get("grant_scope"):
+        grant = grants_in(run, AuthorityGrant.SUSPENDED).first()
         if grant:
             data["grant_id"] = str(grant.pk)
     if kind == "transfer" and not data.getlist("facets"):
@@ -204,12 +258,10 @@ def with_preview(
     the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
     try:
         if not may(request.roles, req.kind):
-            raise Forbidden(
-                f"role(s) {sorted(request.roles) or ['none']} may not {req.kind}", kind=req.kind
-            )
+            raise Forbidden(refusal(request.roles, req.kind), kind=req.kind)
         shown = base.preview(actor=request.actor, run_id=run.pk, req=req)
     except DomainError as err:
-        ctx["error"] = error_dict(err)
+        ctx["error"], ctx["error_obj"] = error_dict(err), err
         return err.status
     if seen and seen == shown["digest"]:
         return 204
@@ -253,15 +305,18 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             "run": run,
             "kind": kind,
             "label": kind_label(kind),
-            "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}")),
+            "error": error_dict(Forbidden(refusal(request.roles, kind))),
         }
         return render(request, "console/intervention_dialog.html#dialog", ctx, status=403)
     form = _defaults(run, kind, request.GET)
     req = _safe_request(kind, form)
     ctx = dialog_context(request, run, req, form)
-    with_preview(
-        request, run, req, ctx
-    )  # a preview refusal is shown in the dialog, which itself opened fine
+    # A preview refusal is shown in the dialog, which itself opened fine; input not given yet is a
+    # prompt (nothing was typed: an error before any input would only alarm).
+    if with_preview(request, run, req, ctx) == Invalid.status and ctx.get("error"):
+        ctx["hint"] = first_open_hint(ctx.pop("error_obj"))
+        del ctx["error"]
+    ctx.pop("error_obj", None)
     return render(request, "console/intervention_dialog.html#dialog", ctx)
 
 
@@ -323,6 +378,12 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         ctx["error"] = error_dict(err)
         return render(request, "console/intervention_dialog.html#dialog", ctx, status=err.status)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
+
+
+def refusal(roles: frozenset[str], action: str) -> str:
+    """ "Your role (operator) may not compensate: needs incident commander or admin — currently: …"."""
+    mine = ", ".join(r.replace("_", " ") for r in sorted(roles)) or "none"
+    return f"your role ({mine}) may not {action.replace('_', ' ')}: {needs_role(action, role_holders())}"
 
 
 def _safe_request(kind: str, data: QueryDict) -> Request:
@@ -391,9 +452,7 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         "form": request.POST if request.method == "POST" else {},
     }
     if not may(request.roles, "reconcile"):
-        ctx["error"] = error_dict(
-            Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects")
-        )
+        ctx["error"] = error_dict(Forbidden(refusal(request.roles, "reconcile")))
         return render(request, "console/intervention_dialog.html#reconcile", ctx, status=403)
     if request.method == "GET":
         return render(request, "console/intervention_dialog.html#reconcile", ctx)
