@@ -53,6 +53,20 @@ def as_datetime(value: Any) -> datetime | None:
     return None
 
 
+# Keys under which external systems record a time as epoch seconds (the world's ``"at": 1764651234.5``).
+TIME_KEY = re.compile(r"(^|_)(at|ts|time|timestamp)$")
+
+
+def epoch_at(key: Any, value: Any) -> bool:
+    """A number recorded under a time's key that reads as epoch seconds: drawn as a time, never raw."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and bool(TIME_KEY.search(str(key)))
+        and 1e9 <= value < 1e11
+    )
+
+
 def looks_like_time(value: Any) -> bool:
     return isinstance(value, (str, datetime)) and as_datetime(value) is not None
 
@@ -150,7 +164,10 @@ def render_value(value: Any, depth: int = 0) -> SafeString:
         rows = format_html_join(
             "",
             '<tr><th scope="row">{}</th><td>{}</td></tr>',
-            ((str(k).replace("_", " "), _nested(v, depth)) for k, v in value.items()),
+            (
+                (str(k).replace("_", " "), reltime(v) if epoch_at(k, v) else _nested(v, depth))
+                for k, v in value.items()
+            ),
         )
         return format_html('<table class="kvt"><tbody>{}</tbody></table>', rows)
     if isinstance(value, (list, tuple)):
