@@ -313,10 +313,11 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     ctx = dialog_context(request, run, req, form)
     # A preview refusal is shown in the dialog, which itself opened fine; input not given yet is a
     # prompt (nothing was typed: an error before any input would only alarm).
-    if with_preview(request, run, req, ctx) == Invalid.status and ctx.get("error"):
-        ctx["hint"] = first_open_hint(ctx.pop("error_obj"))
+    with_preview(request, run, req, ctx)
+    refused = ctx.pop("error_obj", None)
+    if isinstance(refused, Invalid):
+        ctx["hint"] = first_open_hint(refused)
         del ctx["error"]
-    ctx.pop("error_obj", None)
     return render(request, "console/intervention_dialog.html#dialog", ctx)
 
 

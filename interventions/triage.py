@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 
@@ -45,9 +46,9 @@ def attention_reasons(runs: Iterable[Run], now: datetime | None = None) -> dict[
     out: dict[str, list[str]] = {str(r.pk): [] for r in runs}
     if not ids:
         return out
-    changed = {r.pk: r.state_changed_at for r in runs}
+    changed: dict[Any, datetime] = {r.pk: r.state_changed_at for r in runs}
     for j in Job.objects.filter(run_id__in=ids, status=Job.FAILED).order_by("-finished_at"):
-        if j.finished_at and j.finished_at >= changed[j.run_id]:
+        if j.run_id in changed and j.finished_at and j.finished_at >= changed[j.run_id]:
             error = short_error(j.last_error)
             out[str(j.run_id)].append(
                 f"job {j.kind} failed {j.failures}×" + (f": {error}" if error else "")
