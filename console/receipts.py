@@ -116,7 +116,7 @@ def receipt_context(i: Intervention) -> dict[str, Any]:
 @require_GET
 def receipt_page(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's permalink: the card and its job report, for anyone who may see the run."""
-    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    intervention = intervention_by_id(intervention_id)
     if intervention is None:
         raise Http404("no such receipt")
     run = visible_run_or_404(request.actor, intervention.run_id)
