@@ -27,7 +27,7 @@ from console.common import (
     present,
     visible_run_or_404,
 )
-from console.receipts import receipt_context
+from console.receipts import receipt_context, visible_intervention_or_404
 from console.reports import report_for
 from console.run_page import detail_context, needs_role
 from core.auth import actor_for_user
@@ -43,7 +43,6 @@ from interventions.plugins import REGISTRY, Request, owner_bound
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
-from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
 from interventions.triage import waiting_words
 from runs.models import AuthorityGrant, Run
@@ -420,21 +419,14 @@ def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
 @require_GET
 def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's job status, re-read after every push (and every few seconds while pending)."""
-    intervention = intervention_by_id(intervention_id)
-    if intervention is None:
-        raise Http404("no such intervention")
-    visible_run_or_404(request.actor, intervention.run_id)
+    intervention, _ = visible_intervention_or_404(request.actor, intervention_id)
     return render(request, "console/intervention_dialog.html#job", job_context(intervention))
 
 
 def job_context(intervention: Intervention) -> dict[str, Any]:
-    """The receipt's follow-up job: its report when the kind has one (console/templates/console/job_reports.html),
-    else the generic job record."""
-    return {
-        "i": intervention,
-        "job": present(intervention.receipt.get("job")),
-        "rep": report_for(intervention),
-    }
+    """The receipt's follow-up job: its status, and its report when the kind has one
+    (console/templates/console/job_reports.html); a job without one answers in the receipt's lines."""
+    return {"i": intervention, "rep": report_for(intervention)}
 
 
 # --- reconcile one effect -------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from console.common import (
     ConsoleRequest,
     console_view,
     kind_label,
-    present,
     visible_run_or_404,
 )
 from console.reports import report_for
@@ -23,6 +22,7 @@ from interventions.cards import answer, card, cell, clock, row, state_now, table
 from interventions.models import Intervention
 from interventions.plugins import REGISTRY
 from interventions.selectors import intervention_by_id, receipt_now
+from runs.models import Run
 
 
 def _then_line(i: Intervention, r: dict[str, Any]) -> str:
@@ -112,19 +112,21 @@ def receipt_context(i: Intervention) -> dict[str, Any]:
     }
 
 
+def visible_intervention_or_404(actor: Any, intervention_id: UUID) -> tuple[Intervention, Run]:
+    """An intervention and its run, for anyone who may see the run (a 404 otherwise)."""
+    intervention = intervention_by_id(intervention_id)
+    if intervention is None:
+        raise Http404("no such receipt")
+    return intervention, visible_run_or_404(actor, intervention.run_id)
+
+
 @console_view
 @require_GET
 def receipt_page(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's permalink: the card and its job report, for anyone who may see the run."""
-    intervention = intervention_by_id(intervention_id)
-    if intervention is None:
-        raise Http404("no such receipt")
-    run = visible_run_or_404(request.actor, intervention.run_id)
+    intervention, run = visible_intervention_or_404(request.actor, intervention_id)
     return render(
-        request,
-        "console/intervention_receipt.html",
-        receipt_context(intervention)
-        | {"run": run, "job": present((intervention.receipt or {}).get("job"))},
+        request, "console/intervention_receipt.html", receipt_context(intervention) | {"run": run}
     )
 
 
@@ -132,10 +134,7 @@ def receipt_page(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse
 @require_GET
 def receipt_headline(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt card alone, re-read while the run still moves by itself (the card polls it)."""
-    intervention = intervention_by_id(intervention_id)
-    if intervention is None:
-        raise Http404("no such receipt")
-    visible_run_or_404(request.actor, intervention.run_id)
+    intervention, _ = visible_intervention_or_404(request.actor, intervention_id)
     return render(
         request, "console/intervention_card.html#card", {"card": receipt_card(intervention)}
     )
