@@ -11,12 +11,10 @@ from html.parser import HTMLParser
 import pytest
 from django.test import Client
 
-from interventions import registry
 from interventions.jobs import _failed_attempt, max_attempts
 from interventions.models import Intervention, Job
 from interventions.plugins import REGISTRY
 from interventions.reconcile import reconcile_run_effects
-from interventions.registry import ReconcileResult
 from runs.models import Effect, Run
 from tests.conftest import claim, declare, place_run_in, start_run
 from tests.interventions.helpers import commit, intervene
@@ -67,22 +65,6 @@ def browser(username: str) -> Client:
     client = Client()
     assert client.login(username=username, password=f"pw-{username}")
     return client
-
-
-@pytest.fixture
-def world_answers():
-    registry.load_adapters()
-    saved = dict(registry._reconcilers)
-    registry.reconciler("payments")(
-        lambda tool, action, key: ReconcileResult(
-            "committed",
-            external_ref="ch_1",
-            evidence={"answer": "committed", "at": 1764651234.5, "created_at": 1764651230},
-        )
-    )
-    yield
-    registry._reconcilers.clear()
-    registry._reconcilers.update(saved)
 
 
 @pytest.fixture

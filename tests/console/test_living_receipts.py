@@ -15,7 +15,7 @@ from audit.models import AuditEvent
 from interventions import registry
 from interventions.models import Intervention
 from interventions.reconcile import reconcile_run_effects
-from interventions.registry import AssumptionCheck, ReconcileResult
+from interventions.registry import AssumptionCheck
 from interventions.resume import revalidate_run
 from runs.models import Assumption, Effect, HistoryEvent, Run
 from tests.conftest import claim, declare, start_run
@@ -209,20 +209,6 @@ def test_the_resume_preview_says_it_will_be_blocked_and_re_observe_changes_it(
         "Blocked — the resume was refused: price of sku-1 changed 12.50 → 14.50. "
         "The run is now paused"
     ), now
-
-
-@pytest.fixture
-def world_answers():
-    registry.load_adapters()
-    saved = dict(registry._reconcilers)
-    registry.reconciler("payments")(
-        lambda tool, action, key: ReconcileResult(
-            "committed", external_ref="ch_1", evidence={"answer": "committed", "at": 1764651234.5}
-        )
-    )
-    yield
-    registry._reconcilers.clear()
-    registry._reconcilers.update(saved)
 
 
 def test_a_reconcile_receipt_never_says_not_answered_above_completed(
