@@ -13,6 +13,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 
 from api.auth import API_AUTH
 from api.parser import BodyRefused, StrictJsonParser
+from api.schemas import INSIDE_FIELD
 from core.errors import DomainError
 
 
@@ -46,6 +47,15 @@ def _field(loc: list) -> str:
     return ".".join(parts) or "body"
 
 
+def _error(e: dict) -> dict[str, str]:
+    field, message = _field(e.get("loc", [])), e.get("msg", "")
+    ctx = e.get("ctx") or {}
+    if e.get("type") == INSIDE_FIELD and ctx.get("path"):  # a value deep inside a JSON document
+        field = f"{field}.{ctx['path']}" if field != "body" else str(ctx["path"])
+        message = str(ctx.get("why", message))
+    return {"field": field, "message": message}
+
+
 @api.exception_handler(DomainError)
 def domain_error(request: HttpRequest, exc: DomainError):
     return api.create_response(request, {"field": ""} | exc.payload(), status=exc.status)
@@ -53,7 +63,7 @@ def domain_error(request: HttpRequest, exc: DomainError):
 
 @api.exception_handler(ValidationError)
 def validation_error(request: HttpRequest, exc: ValidationError):
-    errors = [{"field": _field(e.get("loc", [])), "message": e.get("msg", "")} for e in exc.errors]
+    errors = [_error(e) for e in exc.errors]
     first = errors[0] if errors else {"field": "", "message": "invalid input"}
     detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
     return api.create_response(

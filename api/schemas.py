@@ -17,6 +17,7 @@ from pydantic import (
     StrictInt,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from core.limits import MAX_INT, datetime_problem, json_problem
 
@@ -24,6 +25,7 @@ Name = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")
 # Fencing tokens are stored as PostgreSQL bigint: a larger number is bad input (422), not a 500 from
 # the database ("bigint out of range") when a refused declaration is recorded with it.
 MAX_FENCING_TOKEN = MAX_INT
+INSIDE_FIELD = "inside_field"  # a refused value inside a JSON document (api.app names its path)
 
 
 class Schema(NinjaSchema):
@@ -36,7 +38,8 @@ class Schema(NinjaSchema):
         problem = json_problem(value)
         if problem:
             where, why = problem
-            raise ValueError(f"{where}: {why}" if where else why)
+            # api.app appends ctx.path to the field's name: the 422 names events.0.data.fire_at.
+            raise PydanticCustomError(INSIDE_FIELD, "{path}: {why}", {"path": where, "why": why})
         return value
 
 

@@ -21,6 +21,13 @@ def cell(t: str, v: Any, **extra: Any) -> dict[str, Any]:
     return {"t": t, "v": v, **extra}
 
 
+def timer_cell(t: dict[str, Any]) -> dict[str, Any]:
+    """A timer's fire time, or what core.times says when the stored one could not be read."""
+    if t.get("unreadable"):
+        return cell("text", f"unreadable stored time ({t['unreadable']})")
+    return cell("time", t.get("fire_at"))
+
+
 def table(cols: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cols": cols, "rows": rows}
 
@@ -213,8 +220,7 @@ def pause_card(p: dict[str, Any]) -> list[dict[str, Any]]:
     timers = p.get("timers") or []
     deadline = p.get("deadline")
     timer_rows = [
-        row(cell("code", t["name"]), cell("time", t["fire_at"]), cell("status", t["status"]))
-        for t in timers
+        row(cell("code", t["name"]), timer_cell(t), cell("status", t["status"])) for t in timers
     ]
     if deadline:
         timer_rows.append(
@@ -334,7 +340,7 @@ def resume_card(p: dict[str, Any]) -> list[dict[str, Any]]:
             "",
             table(
                 ["timer", "fired"],
-                [row(cell("code", t["name"]), cell("time", t["fire_at"])) for t in fired],
+                [row(cell("code", t["name"]), timer_cell(t)) for t in fired],
             ),
             empty="none: delivered on resume if any fire",
         ),

@@ -23,6 +23,7 @@ from console.cards import (
     in_flight_table,
     row,
     table,
+    timer_cell,
     unresolved_table,
 )
 from console.common import (
@@ -81,7 +82,7 @@ def pause_receipt(r: dict[str, Any]) -> list[dict[str, Any]]:
                 [
                     row(
                         cell("code", t["name"]),
-                        cell("time", t["fire_at"]),
+                        timer_cell(t),
                         cell("status", t["status"]),
                     )
                     for t in timers

@@ -24,6 +24,8 @@ from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from core.times import is_unreadable, time_text_problem
+
 register = template.Library()
 
 ISO_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
@@ -45,6 +47,8 @@ def as_datetime(value: Any) -> datetime | None:
         except (OverflowError, OSError, ValueError):
             return None
     if isinstance(value, str) and ISO_RE.match(value.strip()):
+        if time_text_problem(value):  # outside what Python can convert: shown as plain text
+            return None
         try:
             parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
@@ -80,6 +84,11 @@ def relative(when: datetime, now: datetime | None = None) -> str:
 
 @register.simple_tag
 def reltime(value: Any, now: datetime | None = None) -> SafeString:
+    if is_unreadable(value):  # core.times: a stored time Python cannot hold; say so, never fail
+        return format_html(
+            '<span class="unreadable-time" title="stored as {}">unreadable time</span>',
+            value.stored,
+        )
     when = as_datetime(value)
     if when is None:
         return format_html('<span class="muted">{}</span>', "—" if value in (None, "") else value)

@@ -24,6 +24,7 @@ from core.errors import (
 )
 from core.rows import select_row, select_rows, write_rows
 from core.telemetry import annotate
+from core.times import iso, unreadable_note
 from runs.models import (
     Agent,
     Approval,
@@ -414,9 +415,10 @@ def _deliver_timers(run: Run, now) -> list[dict]:
     return [
         {
             "name": t.name,
-            "fire_at": t.fire_at.isoformat(),
-            "fired_at": t.fired_at.isoformat() if t.fired_at else None,
+            "fire_at": iso(t.fire_at),
+            "fired_at": iso(t.fired_at),
             "fired_while": t.fired_while,
+            **unreadable_note(t.fire_at),
         }
         for t in fired
     ]
