@@ -112,7 +112,7 @@ def is_unreadable(value: Any) -> bool:
 
 
 def _safe_loader_class(base: type, tz: Any) -> type:
-    class SafeTzLoader(base):  # type: ignore[misc, valid-type]
+    class SafeTzLoader(base):
         timezone = tz
 
         def load(self, data):

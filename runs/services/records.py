@@ -15,7 +15,7 @@ from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
 from core.rows import write_rows
-from core.times import is_unreadable, parse_worker_time
+from core.times import parse_worker_time, unreadable_note
 from runs.models import Approval, Assumption, Checkpoint, HistoryEvent, Run, Timer
 from runs.states import Event
 
@@ -279,8 +279,8 @@ def _fire_timer(actor: Actor, timer_id: Any, run_id: Any, now) -> int:
         timer.status, timer.fired_at, timer.fired_while = Timer.FIRED, now, run.state
         timer.save(update_fields=["status", "fired_at", "fired_while"])
         facts = {"name": timer.name, "fire_at": timer.fire_at, "run_state": run.state}
-        if is_unreadable(timer.fire_at):  # say so rather than record the window's edge as fact
-            facts |= {"fire_at": None, "fire_at_unreadable": timer.fire_at.stored}
+        if note := unreadable_note(timer.fire_at):  # say so; never the window's edge as fact
+            facts |= {"fire_at": None, "fire_at_unreadable": note["unreadable"]}
         append_history(run, "timer_fired", facts, actor=actor)
         record_audit(
             actor=actor,
