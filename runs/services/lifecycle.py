@@ -53,6 +53,7 @@ from .common import (
     supersede_pending_approvals,
     transition_rows,
 )
+from .delegation import delegable_grant
 from .facts import claim_facts, finish_facts
 
 DEFAULT_GRANT_TTL_S = 3600
@@ -61,16 +62,6 @@ DEFAULT_GRANT_TTL_S = 3600
 def _scope_allowed(scope: str, allowed: list[str]) -> bool:
     tool = scope.split(":", 1)[0]
     return scope in allowed or f"{tool}:*" in allowed
-
-
-def _covering_parent_grant(parent: Run, scope: str, now) -> AuthorityGrant | None:
-    tool, _, action = scope.partition(":")
-    for grant in AuthorityGrant.objects.filter(run=parent):
-        if grant.effective_status(now) != AuthorityGrant.ACTIVE:
-            continue
-        if grant.scope == scope or grant.scope == f"{tool}:*":
-            return grant
-    return None
 
 
 def create_run(
@@ -157,15 +148,7 @@ def _grant(
     source = None
     if parent is not None:
         # Delegation: never wider than the parent's live grant, never outliving it.
-        source = _covering_parent_grant(parent, scope, now)
-        if source is None:
-            raise AuthorityNotAllowed(
-                f"parent run holds no active grant covering {scope!r}", scope=scope
-            )
-        if source.scope != scope and scope.endswith(":*"):
-            raise AuthorityNotAllowed(
-                f"{scope!r} is wider than the parent's {source.scope!r}", scope=scope
-            )
+        source = delegable_grant(parent, scope, now)  # active, unfrozen, parent may act now
         expires = min(expires, source.expires_at)
     return AuthorityGrant(  # written by the caller, with the run
         run=run,
