@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from core.limits import MAX_INT, datetime_problem, json_problem
+from core.names import name_problem, scope_problem
 
 Name = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")
 # Fencing tokens are stored as PostgreSQL bigint: a larger number is bad input (422), not a 500 from
@@ -55,6 +56,22 @@ def _sane_datetime(value: datetime) -> datetime:
     return value
 
 
+def _canonical_name(value: str) -> str:
+    if why := name_problem(value):
+        raise ValueError(why)
+    return value
+
+
+def _canonical_scope(value: str) -> str:
+    if why := scope_problem(value):
+        raise ValueError(why)
+    return value
+
+
+# Tool and action names in their one canonical form (core.names): no look-alike reaches a policy.
+ToolName = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_canonical_name)]
+Scope = Annotated[str, Field(min_length=3, max_length=200), AfterValidator(_canonical_scope)]
+
 # tz-aware and inside core.limits' window: psycopg must be able to read back what PostgreSQL stores.
 SaneDatetime = Annotated[AwareDatetime, AfterValidator(_sane_datetime)]
 
@@ -77,9 +94,7 @@ class RetryPolicy(StrictOptions):
 
 
 class GrantRequest(Schema):
-    scope: str = Field(
-        min_length=3, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+:([A-Za-z0-9_.\-]+|\*)$"
-    )
+    scope: Scope
     ttl_s: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
 
 
@@ -110,16 +125,16 @@ class ReleaseIn(Schema):
 
 
 class CompensationSpec(Schema):
-    tool: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
+    tool: ToolName
+    action: ToolName
     args: dict[str, Any] = {}
 
 
 class EffectIn(Schema):
     fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
     step: str = Field(min_length=1, max_length=100)
-    tool: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
+    tool: ToolName
+    action: ToolName
     idempotency_key: str = Field(min_length=1, max_length=200)
     args: dict[str, Any] = {}
     compensation: CompensationSpec | None = None
@@ -165,8 +180,8 @@ class EventsIn(Schema):
 
 class ApprovalIn(Schema):
     fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
-    tool: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
+    tool: ToolName
+    action: ToolName
     args: dict[str, Any] = {}
     reason: str = Field(default="", max_length=2000)
     deadline_s: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
@@ -203,7 +218,7 @@ class InterventionOptions(CompensationOptions):
     to_worker: Text150 | None = None  # transfer
     approval_id: UUID | None = None  # approve, reject
     grant_id: UUID | None = None  # revoke/suspend/restore authority
-    scope: str | None = Field(default=None, min_length=1, max_length=200)
+    scope: Scope | None = None
     prefer: Literal["redrive", "compensate", "escalate"] | None = None  # recover
     compensation: CompensationOptions | None = None  # recover with prefer=compensate
 

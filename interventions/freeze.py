@@ -18,6 +18,7 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Invalid
+from core.names import scope_problem
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from runs.models import CapabilityFreeze, Effect, Run
@@ -32,6 +33,8 @@ def scope_of(options: dict[str, Any]) -> str:
         raise Invalid(
             "options.scope must look like 'tool:action' or 'tool:*'", field="options.scope"
         )
+    if why := scope_problem(scope):  # a look-alike would freeze nothing the ledger ever sees
+        raise Invalid(f"options.scope {why}", field="options.scope")
     return scope
 
 
