@@ -9,7 +9,7 @@ They are template builtins (settings.TEMPLATES OPTIONS), so no template needs ``
   (static/console/console.js copies ``data-copy``); the markup of templates/_id.html.
 - ``{% value_table value %}``: a recorded JSON value (args, versions, a checkpoint state) as a
   key/value table; long text and nested values fold into ``<details>``; ids and times as above.
-  Callers redact first (interventions.registry.redact): this draws what it is given.
+  It masks what core.redaction masks (a tool adapter's own rules: interventions.registry.redact).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from core.redaction import redact
 from core.times import is_unreadable, time_text_problem
 
 register = template.Library()
@@ -217,7 +218,7 @@ def _nested(value: Any, depth: int) -> SafeString:
 
 @register.simple_tag
 def value_table(value: Any) -> SafeString:
-    return render_value(value)
+    return render_value(redact(value))  # core.redaction: masked by key and by value before drawn
 
 
 @register.simple_tag
