@@ -13,6 +13,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 
 from api.auth import API_AUTH
 from api.parser import BodyRefused, StrictJsonParser
+from api.redacting import RedactingRenderer
 from api.schemas import INSIDE_FIELD
 from core.errors import DomainError
 
@@ -31,6 +32,7 @@ class ControlPlaneAPI(NinjaAPI):
 
 api = ControlPlaneAPI(
     parser=StrictJsonParser(),
+    renderer=RedactingRenderer(),  # core.redaction on every response to a person
     title="controlplane",
     version="1",
     description="Worker protocol and run-control API. Workers authenticate with `Authorization: Bearer <token>`; "
@@ -82,9 +84,34 @@ def unstorable(request: HttpRequest, exc: DataError):
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "value out of range"
     return api.create_response(
         request,
-        {"error": "invalid", "detail": f"a value could not be stored: {first_line}", "field": ""},
+        {
+            "error": "invalid",
+            "detail": f"a value could not be stored: {first_line}",
+            "field": _unstorable_field(request, exc, first_line),
+        },
         status=422,
     )
+
+
+def _unstorable_field(request: HttpRequest, exc: DataError, message: str) -> str:
+    """The field a DataError is about: PostgreSQL's column when it names one, else the body field
+    whose text is longer than the varchar(N) it complains of, else the body as a whole."""
+    import json
+    import re
+
+    diag = getattr(exc.__cause__, "diag", None)
+    if column := getattr(diag, "column_name", None):
+        return str(column)
+    if (width := re.search(r"varying\((\d+)\)", message)) is not None:
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            for key, value in body.items():
+                if isinstance(value, str) and len(value) > int(width.group(1)):
+                    return str(key)
+    return "body"
 
 
 @api.exception_handler(AuthenticationError)

@@ -115,12 +115,12 @@ class ClaimIn(Schema):
 
 
 class HeartbeatIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     wait_s: float = Field(default=0, ge=0, le=60)
 
 
 class ReleaseIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     reason: str = Field(default="", max_length=500)
 
 
@@ -131,7 +131,7 @@ class CompensationSpec(Schema):
 
 
 class EffectIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     step: str = Field(min_length=1, max_length=100)
     tool: ToolName
     action: ToolName
@@ -150,7 +150,7 @@ class StepCheckpointIn(Schema):
 
 
 class OutcomeIn(Schema):
-    fencing_token: int | None = Field(default=None, ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt | None = Field(default=None, ge=0, le=MAX_FENCING_TOKEN)
     status: Literal["committed", "failed", "unknown"]
     external_ref: str = Field(default="", max_length=200)
     detail: dict[str, Any] = {}
@@ -163,7 +163,7 @@ class OutcomeIn(Schema):
 
 
 class CheckpointIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     step: str = Field(min_length=1, max_length=100)
     state: dict[str, Any] = {}
 
@@ -174,12 +174,12 @@ class EventIn(Schema):
 
 
 class EventsIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     events: list[EventIn] = Field(min_length=1, max_length=200)
 
 
 class ApprovalIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     tool: ToolName
     action: ToolName
     args: dict[str, Any] = {}
@@ -189,7 +189,7 @@ class ApprovalIn(Schema):
 
 
 class FinishIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     outcome: Literal["succeeded", "failed"]
     failure_class: str = Field(default="", max_length=100)
     error: str = Field(default="", max_length=5000)

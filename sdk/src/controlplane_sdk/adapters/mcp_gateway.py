@@ -119,9 +119,9 @@ class McpGateway:
             except EffectDenied as denied:
                 if denied.reason != "approval_required" or approval_id is not None:
                     raise
-                approval_id = await self._approval(upstream, name, args)
+                approval_id, outcome = await self._approval(upstream, name, args)
                 if approval_id is None:
-                    return _error(f"{upstream}{SEP}{name} was rejected by an approver")
+                    return _error(f"{upstream}{SEP}{name}: the approval was {outcome}")
         if scope.already_done:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=str(recorded(scope, "text", "")))],
@@ -142,7 +142,9 @@ class McpGateway:
         await asyncio.to_thread(scope.__exit__, None, None, None)
         return result
 
-    async def _approval(self, upstream: str, name: str, args: dict[str, Any]) -> str | None:
+    async def _approval(
+        self, upstream: str, name: str, args: dict[str, Any]
+    ) -> tuple[str | None, str]:
         """Request the approval the server demands for exactly this call and wait for it."""
         approval_id = await asyncio.to_thread(
             self.ctx.request_approval, upstream, name, args, f"MCP call {upstream}{SEP}{name}"
@@ -150,4 +152,4 @@ class McpGateway:
         approval = await asyncio.to_thread(
             self.ctx.await_approval, approval_id, self.approval_timeout_s
         )
-        return approval_id if approval.approved else None
+        return (approval_id if approval.approved else None), approval.outcome()

@@ -1,0 +1,122 @@
+"""Issue 19's low items, one test each: a boolean is no fencing token, duplicate JSON keys are
+refused, a DataError names its field, a static path that leaves the static directories is a 404,
+run trees are bounded, a negative amount does not slip under ``amount>200``, and a timed-out
+approval is never reported as a rejection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.exceptions import SuspiciousFileOperation
+from django.http import Http404
+from django.test import RequestFactory
+
+from runs.conditions import parse_policy_spec
+from runs.models import Run
+from tests.conftest import claim, declare, start_run
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_boolean_is_not_a_fencing_token(worker):
+    run = start_run(worker)
+    claim(worker, run["id"])
+    for token in (True, "1", 1.0):
+        resp = declare(worker, run["id"], token)  # type: ignore[arg-type]
+        assert resp.status_code == 422 and resp.json()["field"] == "fencing_token", resp.content
+    assert not Run.objects.get(pk=run["id"]).effects.exists()
+
+
+def test_duplicate_json_keys_are_refused_naming_the_key(worker):
+    run = start_run(worker)
+    claim(worker, run["id"])
+    raw = (
+        '{"fencing_token": 1, "step": "s", "tool": "payments", "action": "charge",'
+        ' "idempotency_key": "k", "args": {"amount": 1, "amount": 900}}'
+    )
+    resp = worker.client.post(
+        f"/api/v1/runs/{run['id']}/effects", raw, content_type="application/json", **worker.headers
+    )
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["field"] == "amount" and "twice" in resp.json()["detail"]
+    assert not Run.objects.get(pk=run["id"]).effects.exists()
+    same = json.dumps({"fencing_token": 1, "events": [{"kind": "log", "data": {"a": 1}}]})
+    ok = worker.client.post(
+        f"/api/v1/runs/{run['id']}/events", same, content_type="application/json", **worker.headers
+    )
+    assert ok.status_code == 201, ok.content
+
+
+def test_a_data_error_names_the_field(worker, monkeypatch):
+    from django.db import DataError
+
+    from api import app
+
+    class Diag:
+        column_name = None
+
+    class Cause(Exception):
+        diag = Diag()
+
+    request = RequestFactory().post(
+        "/api/v1/runs", json.dumps({"goal": "x" * 300}), content_type="application/json"
+    )
+    exc = DataError("value too long for type character varying(200)")
+    exc.__cause__ = Cause()
+    resp = app.unstorable(request, exc)
+    assert resp.status_code == 422 and json.loads(resp.content)["field"] == "goal"
+    Diag.column_name = "external_ref"
+    assert json.loads(app.unstorable(request, exc).content)["field"] == "external_ref"
+
+
+def test_a_static_path_leaving_the_static_dirs_is_a_404_not_a_500(settings):
+    from django.contrib.staticfiles import finders
+
+    from controlplane.static import SafeStaticFilesHandler
+
+    async def app(scope, receive, send):  # pragma: no cover - never reached
+        raise AssertionError
+
+    handler = SafeStaticFilesHandler(app)
+    request = RequestFactory().get("/static/..%2f..%2fcontrolplane%2fsettings.py")
+    request.path = request.path_info = "/static/../../controlplane/settings.py"
+    with pytest.raises(SuspiciousFileOperation):
+        finders.find("../../controlplane/settings.py")  # what made the unpatched handler 500
+    with pytest.raises(Http404):
+        handler.serve(request)
+
+
+def test_run_trees_are_bounded_in_children_and_depth(worker, settings):
+    settings.MAX_CHILDREN_PER_RUN, settings.MAX_TREE_DEPTH = 2, 3
+    parent = start_run(worker)
+    for _ in range(2):
+        start_run(worker, parent_run_id=parent["id"], authority=[])
+    third = worker.post(
+        "/runs", {"agent": "purchasing", "goal": "g", "parent_run_id": parent["id"]}
+    )
+    assert third.status_code == 422 and third.json()["field"] == "parent_run_id", third.content
+    child = Run.objects.filter(parent_id=parent["id"]).first()
+    grandchild = start_run(worker, parent_run_id=str(child.pk), authority=[])
+    deeper = worker.post(
+        "/runs", {"agent": "purchasing", "goal": "g", "parent_run_id": grandchild["id"]}
+    )
+    assert deeper.status_code == 422 and "levels deep" in deeper.json()["detail"], deeper.content
+
+
+def test_a_negative_amount_does_not_slip_under_a_bound():
+    policy = parse_policy_spec("payments:charge amount>200")
+    assert policy.condition is not None
+    from runs.conditions import parse_condition
+
+    cond = parse_condition(policy.condition)
+    assert cond.matches({"amount": -500}) and cond.matches({"amount": "-500"})
+    assert cond.matches({"amount": 300}) and not cond.matches({"amount": 100})
+
+
+def test_a_timed_out_approval_is_not_reported_as_a_rejection():
+    from controlplane_sdk.models import Approval
+
+    timed_out = Approval(id="a", status="timed_out")
+    assert "rejected" not in timed_out.outcome() and "timed out" in timed_out.outcome()
+    assert Approval(id="b", status="rejected", decided_by="april").outcome() == "rejected by april"
