@@ -22,7 +22,7 @@ from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
-from core.roles import may
+from core.roles import may, reads_whole_audit_log
 
 PAGE = 100
 FILTERS = ("action", "actor", "outcome", "object_type", "component", "run", "since", "until")
@@ -86,6 +86,8 @@ def audit_context(request: ConsoleRequest) -> dict:
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
     )
+    if not reads_whole_audit_log(request.roles):
+        qs = qs.filter(run_id__isnull=False)  # only the runs' events (core.roles "audit_read_all")
     newer_first = not newest or after is None
     rows = list(qs.order_by("-seq" if newer_first else "seq")[: PAGE + 1])
     more = len(rows) > PAGE

@@ -206,9 +206,14 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             raise NotClaimable(
                 f"retry backoff: claimable after {run.claimable_after.isoformat()}", state=run.state
             )
-        if run.execution_pin and run.execution_pin != worker:
+        if run.execution_pin and (
+            run.execution_pin != worker or (actor.is_worker and actor.name != run.execution_pin)
+        ):
+            # The pin names an authenticated worker: the token's own name, not the claim's "worker"
+            # field, which any token could fill in with the pinned name.
             raise NotClaimable(
-                f"execution was transferred to worker {run.execution_pin!r}", state=run.state
+                f"execution was transferred to worker {run.execution_pin!r}: only its token may claim",
+                state=run.state,
             )
         if (
             live is not None

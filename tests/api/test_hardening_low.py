@@ -120,3 +120,34 @@ def test_a_timed_out_approval_is_not_reported_as_a_rejection():
     timed_out = Approval(id="a", status="timed_out")
     assert "rejected" not in timed_out.outcome() and "timed out" in timed_out.outcome()
     assert Approval(id="b", status="rejected", decided_by="april").outcome() == "rejected by april"
+
+
+def test_a_viewer_reads_the_runs_audit_events_and_not_the_whole_log(worker, as_user, cast):
+    from audit.models import AuditEvent
+    from audit.services import record_audit
+    from core.actors import system_actor
+
+    run = start_run(worker)
+    record_audit(
+        actor=system_actor("test"),
+        action="token.issue",
+        object_type="token",
+        object_id="t-1",
+        context={"name": "ops-token"},
+    )
+    assert AuditEvent.objects.filter(run_id__isnull=True).exists()
+    for name, whole in [("vera", False), ("otto", False), ("sam", True), ("ian", True)]:
+        events = as_user(name).get("/audit", limit=1000).json()["events"]
+        runless = [e for e in events if not e.get("run_id")]
+        assert bool(runless) is whole, (name, runless[:2])
+        assert any(e.get("run_id") == run["id"] for e in events), name
+
+    from django.test import Client
+
+    vera = Client()
+    assert vera.login(username="vera", password="pw-vera")
+    page = vera.get("/audit/")
+    assert page.status_code == 200 and b"token.issue" not in page.content
+    sam = Client()
+    assert sam.login(username="sam", password="pw-sam")
+    assert b"token.issue" in sam.get("/audit/").content
