@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test walk lint venv browser migrate seed bench bench-console check-deploy clean
+.PHONY: run test walk lint docs venv browser migrate seed bench bench-console check-deploy clean
 
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -40,14 +40,20 @@ lint: venv  ## formatting, lint, types (mypy, config in pyproject.toml) and the 
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: venv browser lint  ## lint, then the whole suite on PostgreSQL + Redis (never silently on SQLite)
+docs: venv  ## the documentation site (mkdocs, material theme) built strictly into site/: a broken link or nav entry fails
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: venv browser lint docs  ## lint, then the whole suite on PostgreSQL + Redis (never silently on SQLite)
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
-walk: venv browser  ## the seven run-control scenarios walked through the console in chromium; receipts in reports/scenario-*.png
+walk: venv browser  ## the seven run-control scenarios walked through the console in chromium; receipts in reports/scenario-*.png, copied to docs/img/ for the operator guide
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
 	$(PY) -m pytest tests/acceptance/test_scenarios_walk.py $(PYTEST_ARGS)
+	mkdir -p docs/img && cp reports/scenario-*.png docs/img/
+	@# Debian's pngquant, if installed, shrinks them to a third (the committed ones were shrunk so)
+	@command -v pngquant >/dev/null && pngquant --skip-if-larger --force --ext .png --quality 70-95 docs/img/scenario-*.png || true
 
 BENCH_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_bench
 
@@ -55,9 +61,9 @@ $(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install -q -e '.[bench]'  # DBOS (the peer workload), uvicorn and granian
 	touch $@
 
-bench: venv $(VENV)/.bench-installed  ## issue 11's measurements on a scratch PostgreSQL database (≤ 10 min; BENCH_QUICK=1 ~2 min): bench/results/summary.json, README table
+bench: venv $(VENV)/.bench-installed  ## issue 11's measurements on a scratch PostgreSQL database (≤ 10 min; BENCH_QUICK=1 ~2 min): bench/results/summary.json, the table in docs/benchmarks.md
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.suite
-	$(PY) -m bench.report --readme README.md
+	$(PY) -m bench.report --readme docs/benchmarks.md
 
 BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_console_bench
 
@@ -69,4 +75,4 @@ check-deploy: venv  ## Django's deployment checks against the production setting
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(PY) manage.py check --deploy --fail-level WARNING
 
 clean:
-	rm -rf var .pytest_cache
+	rm -rf var .pytest_cache site

@@ -14,7 +14,7 @@ from ninja.security import APIKeyCookie, HttpBearer
 from core import tokens
 from core.actors import Actor
 from core.auth import actor_for_user, request_meta
-from core.rows import select_row
+from core.pg.rows import select_row
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -30,7 +30,7 @@ class TokenAuth(HttpBearer):
         known = tokens.recall(token_hash)
         if known is None:
             since = tokens.generation()
-            # Through core.rows, not the query compiler (token_hash is unique). Worker tokens have
+            # Through core.pg.rows, not the query compiler (token_hash is unique). Worker tokens have
             # no user; an operator token's user is loaded on first access below.
             row = select_row(ApiToken, token_hash=token_hash)
             if row is None or row.revoked_at is not None:

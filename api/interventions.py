@@ -78,7 +78,7 @@ def list_interventions(request: HttpRequest, run_id: UUID):
 @router.post("/effects/{effect_id}/reconcile", response={200: out.EffectOut, **ERRORS_WRITE})
 def reconcile(request: HttpRequest, effect_id: UUID, body: ReconcileIn):
     from interventions.reconcile import reconcile_effect
-    from runs.services import effect_dict
+    from runs.selectors import effect_dict
 
     actor = _operator(request)
     effect = reconcile_effect(

@@ -1,5 +1,5 @@
-"""Response bodies of /api/v1 (DESIGN §5): what each operation answers, per status, in the OpenAPI
-document. Field names are part of the contract (add fields freely, rename none).
+"""Response bodies of /api/v1 (docs/concepts/worker-protocol.md): what each operation answers, per
+status, in the OpenAPI document. Field names are part of the contract (add fields freely, rename none).
 
 Every model allows extra fields: the services build these dicts and may add to them before a schema
 catches up, and a client must ignore what it does not know. Timestamps stay the ISO 8601 strings the

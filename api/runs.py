@@ -1,4 +1,5 @@
-"""Worker protocol endpoints (DESIGN §5). Thin: parse, authorise the caller kind, call one service."""
+"""Worker protocol endpoints (docs/concepts/worker-protocol.md). Thin: parse, authorise the caller kind,
+call one service."""
 
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ from core.errors import DomainError, Invalid, NotFound
 from core.redaction import stored_args
 from core.roles import may
 from interventions.registry import redact
-from runs import selectors, services
+from runs import selectors
 from runs.directive_bus import get_bus
 from runs.models import Run
 from runs.search import RunFilter, page_runs
 from runs.selectors import run_summary, woken_directive
+from runs.services import effects, lifecycle, records
 from runs.states import directive_for
 
 router = Router(tags=["worker protocol"])
@@ -83,9 +85,9 @@ _run_agent = _Fixed(
 # effect id -> its run's id (an effect never moves to another run), for the outcome's run lock and
 # scope check: learnt from the declaration's own answer, so an outcome sent to the server that
 # declared its effect (the worker's keep-alive connection, and ``next`` on one) needs no query.
-_effect_run = _Fixed(services.effects.effect_run_id)
+_effect_run = _Fixed(effects.effect_run_id)
 # lease id -> its run's id (a lease never moves to another run), for heartbeats and releases.
-_lease_run = _Fixed(services.lifecycle.lease_run_id)
+_lease_run = _Fixed(lifecycle.lease_run_id)
 
 
 def _worker_for_run(request: HttpRequest, run_id) -> Actor:
@@ -102,7 +104,7 @@ def create_run(request: HttpRequest, body: RunIn):
     actor: Actor = caller(request)
     if not actor.is_worker and not may(actor.roles, "start_run"):
         raise refuse(request, "your role may not start runs")
-    run = services.create_run(
+    run = lifecycle.create_run(
         actor=actor,
         agent=body.agent,
         goal=body.goal,
@@ -141,12 +143,12 @@ def get_run(request: HttpRequest, run_id: UUID):
 @router.get("/runs/{run_id}/effects", response={200: out.EffectListOut, **ERRORS_READ})
 def list_effects(request: HttpRequest, run_id: UUID):
     actor = caller(request)
-    effects = selectors.ledger(selectors.get_visible_run(actor, run_id))
+    rows = selectors.ledger(selectors.get_visible_run(actor, run_id))
     if not actor.is_worker:
         # People read args through the adapters' redaction rules, as in the console; the worker
         # that declared them (it may act for the run's agent) reads them as declared.
-        effects = [e | {"args": redact(e["tool"], e["args"])} for e in effects]
-    return {"effects": effects}
+        rows = [e | {"args": redact(e["tool"], e["args"])} for e in rows]
+    return {"effects": rows}
 
 
 @router.get("/runs/{run_id}/history", response={200: out.HistoryOut, **ERRORS_READ})
@@ -167,14 +169,14 @@ def get_history(request: HttpRequest, run_id: UUID):
                 }
                 for h in run.history.order_by("seq")
             ],
-            "integrity": services.common.verify_history(run),
+            "integrity": selectors.verify_history(run),
         }
 
 
 @router.post("/runs/{run_id}/claim", response={200: out.ClaimOut, **ERRORS_WRITE})
 def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
     actor = _worker_for_run(request, run_id)
-    return services.claim_run(
+    return lifecycle.claim_run(
         actor=actor, run_id=run_id, worker=body.worker, versions=body.versions
     ).as_dict()
 
@@ -192,7 +194,7 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
     run_id = await sync_to_async(_lease_run_id)(request, lease_id)
 
     async def beat():
-        return await sync_to_async(services.heartbeat)(
+        return await sync_to_async(lifecycle.heartbeat)(
             actor=caller(request),
             lease_id=lease_id,
             fencing_token=body.fencing_token,
@@ -254,7 +256,7 @@ def _run_state(run_id: str) -> str:
 def release(request: HttpRequest, lease_id: UUID, body: ReleaseIn):
     """The worker acknowledges pause/cancel at a step boundary and gives the lease back."""
     _lease_run_id(request, lease_id)
-    run = services.release_lease(
+    run = lifecycle.release_lease(
         actor=caller(request),
         lease_id=lease_id,
         fencing_token=body.fencing_token,
@@ -278,7 +280,7 @@ def declare_effect(request: HttpRequest, run_id: UUID, body: EffectIn):
 
 
 def _declare(actor: Actor, run_id, body: EffectIn) -> tuple[int, dict]:
-    result = services.declare_effect(
+    result = effects.declare_effect(
         actor=actor,
         run_id=run_id,
         fencing_token=body.fencing_token,
@@ -305,7 +307,7 @@ def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
     actor = _worker_for_run(request, run_id)
     if body.checkpoint is not None and body.fencing_token is None:
         raise Invalid("a checkpoint needs the lease's fencing_token", field="fencing_token")
-    recorded = services.record_outcome_with(
+    recorded = effects.record_outcome_with(
         actor=actor,
         effect_id=effect_id,
         fencing_token=body.fencing_token,
@@ -315,7 +317,7 @@ def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
         run_id=run_id,
         checkpoint=body.checkpoint.dict() if body.checkpoint is not None else None,
     )
-    answer = services.effect_dict(recorded.effect)
+    answer = selectors.effect_dict(recorded.effect)
     if recorded.checkpoint is not None:
         cp = recorded.checkpoint
         answer["checkpoint"] = {"id": cp.pk, "seq": cp.seq, "step": cp.step, "hash": cp.hash}
@@ -339,7 +341,7 @@ def _ride_along(actor: Actor, run_id, body: EffectIn) -> dict:
 @router.post("/runs/{run_id}/checkpoints", response={201: out.CheckpointWrittenOut, **ERRORS_WRITE})
 def write_checkpoint(request: HttpRequest, run_id: UUID, body: CheckpointIn):
     actor = _worker_for_run(request, run_id)
-    cp = services.write_checkpoint(
+    cp = records.write_checkpoint(
         actor=actor,
         run_id=run_id,
         fencing_token=body.fencing_token,
@@ -352,7 +354,7 @@ def write_checkpoint(request: HttpRequest, run_id: UUID, body: CheckpointIn):
 @router.post("/runs/{run_id}/events", response={201: out.EventsAppendedOut, **ERRORS_WRITE})
 def append_events(request: HttpRequest, run_id: UUID, body: EventsIn):
     actor = _worker_for_run(request, run_id)
-    seqs = services.append_events(
+    seqs = records.append_events(
         actor=actor,
         run_id=run_id,
         fencing_token=body.fencing_token,
@@ -364,7 +366,7 @@ def append_events(request: HttpRequest, run_id: UUID, body: EventsIn):
 @router.post("/runs/{run_id}/approvals", response={201: out.ApprovalRequestedOut, **ERRORS_WRITE})
 def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
     actor = _worker_for_run(request, run_id)
-    approval = services.request_approval(
+    approval = records.request_approval(
         actor=actor,
         run_id=run_id,
         fencing_token=body.fencing_token,
@@ -391,7 +393,7 @@ def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
 @router.post("/runs/{run_id}/finish", response={200: out.RunStateOut, **ERRORS_WRITE})
 def finish(request: HttpRequest, run_id: UUID, body: FinishIn):
     actor = _worker_for_run(request, run_id)
-    run = services.finish_attempt(
+    run = lifecycle.finish_attempt(
         actor=actor,
         run_id=run_id,
         fencing_token=body.fencing_token,

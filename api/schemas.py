@@ -1,4 +1,4 @@
-"""Request bodies of the worker protocol (DESIGN §5). Field names are part of the contract."""
+"""Request bodies of the worker protocol (docs/concepts/worker-protocol.md). Field names are part of the contract."""
 
 from __future__ import annotations
 

@@ -18,8 +18,9 @@ from api.auth import caller, refuse
 from api.schemas import Schema
 from core.actors import Actor
 from core.errors import LeaseHeld, NotClaimable
-from runs import services, work
+from runs import work
 from runs.directive_bus import get_bus
+from runs.services import lifecycle
 
 router = Router(tags=["worker protocol"])
 
@@ -45,7 +46,7 @@ def _agents(request: HttpRequest, body: WorkIn) -> dict[str, int]:
 def _try_claim(actor: Actor, ids: list[int], body: WorkIn) -> dict[str, Any] | None:
     for run_id in work.claimable_runs(ids, body.worker):
         try:
-            claim = services.claim_run(
+            claim = lifecycle.claim_run(
                 actor=actor, run_id=run_id, worker=body.worker, versions=body.versions
             )
         except (LeaseHeld, NotClaimable):

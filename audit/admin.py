@@ -31,4 +31,4 @@ class AuditEventAdmin(admin.ModelAdmin):
         return False
 
 
-from audit import admin_accounts  # noqa: E402,F401  (audited User and Group admin pages)
+from audit.access import admin as access_admin  # noqa: E402,F401  (audited User and Group pages)

@@ -6,8 +6,8 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
-        from .integrity import register_append_only
         from .models import AuditEvent
+        from .registry import register_append_only
 
         register_append_only(AuditEvent)
-        from . import signals  # noqa: F401  (connects the login/logout/lockout receivers)
+        from .access import receivers  # noqa: F401  (connects the login/logout/lockout receivers)

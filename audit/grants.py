@@ -3,7 +3,7 @@
 PostgreSQL checks privileges before any trigger runs, so an application role without UPDATE, DELETE and
 TRUNCATE on the append-only tables is refused by the server itself, whatever happens to the triggers.
 The owner of a table (and any superuser) can still do anything, including disable its triggers: that
-is what the signed anchors (audit.anchors) are for. Statements are built from the live schema, so run
+is what the signed anchors (audit/anchors/) are for. Statements are built from the live schema, so run
 them again after every migration (they are idempotent).
 """
 
@@ -13,7 +13,7 @@ import re
 
 from django.db import connection
 
-from .integrity import append_only_tables
+from .registry import append_only_tables
 
 ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 READ_ONLY_TABLES = {"django_migrations"}  # the schema is the owner's business

@@ -1,56 +1,19 @@
-"""Everything ``audit_verify`` checks, in one database snapshot.
-
-The audit chain is audit's own; the apps above it (runs: every run's history chain, the effect ledger)
-register their checks here when Django starts (``AppConfig.ready``), so audit never imports them and
-the command still verifies the whole record. The tables that must stay append-only are registered the
-same way: ``db_grants`` grants the application role INSERT and SELECT only on them.
+"""Everything ``audit_verify`` checks, in one database snapshot: the audit chains, every check the apps
+above registered (audit/registry.py: runs' history chains and effect ledger) and, on request, the
+signed anchors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Model
-
+from .anchors.sink import read_anchor_lines
+from .anchors.verify import verify_anchors
+from .chain.verify import verify_chains
+from .registry import checks
 from .services import snapshot
-from .verify import verify_chains
-
-Check = Callable[[], dict[str, Any]]  # returns at least {"ok": bool}
-# Given every valid anchor's (time, value) of one part, says whether the database still matches them.
-AnchorCheck = Callable[[list[tuple[str, Any]]], dict[str, Any]]
-
-_checks: dict[str, Check] = {}
-_append_only: dict[str, type[Model]] = {}
-_anchor_parts: dict[str, tuple[Callable[[], Any], AnchorCheck]] = {}
-
-
-def register_check(name: str, check: Check) -> None:
-    """``check`` runs inside ``audit_verify``'s snapshot; its report appears under ``name``."""
-    _checks[name] = check
-
-
-def register_append_only(model: type[Model]) -> None:
-    _append_only[model._meta.label] = model
-
-
-def register_anchor_part(name: str, collect: Callable[[], Any], check: AnchorCheck) -> None:
-    """``collect()`` runs in the snapshot the chain head is read in; its JSON value is signed with the
-    head in every anchor. ``audit_verify --anchors`` hands all of them back to ``check``."""
-    _anchor_parts[name] = (collect, check)
-
-
-def anchor_parts() -> dict[str, tuple[Callable[[], Any], AnchorCheck]]:
-    return dict(_anchor_parts)
-
-
-def checks() -> dict[str, Check]:
-    return dict(_checks)
-
-
-def append_only_tables() -> list[str]:
-    return sorted(m._meta.db_table for m in _append_only.values())
 
 
 def verify_all(*, anchors: bool = False, batch: int = 2000) -> dict[str, Any]:
@@ -60,8 +23,6 @@ def verify_all(*, anchors: bool = False, batch: int = 2000) -> dict[str, Any]:
     before the snapshot began, so a checkpoint written during the walk cannot look like a cut tail."""
     anchor_lines: Iterable[tuple[int, str]] = ()
     if anchors:
-        from .anchors import read_anchor_lines
-
         anchor_lines = list(read_anchor_lines())
     report: dict[str, Any] = {}
     with snapshot():
@@ -69,8 +30,6 @@ def verify_all(*, anchors: bool = False, batch: int = 2000) -> dict[str, Any]:
         for name, check in checks().items():
             report[name] = check()
         if anchors:
-            from .anchors import verify_anchors
-
             report["anchors"] = verify_anchors(anchor_lines)
     return {"ok": all(part["ok"] for part in report.values()), **report}
 
@@ -99,8 +58,6 @@ def verify_for_people() -> dict[str, Any]:
     """What the console and the API show: the same checks as ``audit_verify`` (the anchors too, once
     any have been written), with the answer first: "Intact: 12,345 events in 210 chains, anchored
     …" or the first break, named."""
-    from .anchors import read_anchor_lines
-
     anchored = next(iter(read_anchor_lines()), None) is not None
     report = verify_all(anchors=anchored)
     chain = report["chain"]

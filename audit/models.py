@@ -2,7 +2,7 @@
 decision, hash-chained per chain: each run has its own chain (``run:<id>``), everything else
 (accounts, tokens, agents, policies, refusals outside a run) goes to the ``system`` chain, and the rows
 written before chains were split stay verifiable as the frozen ``legacy`` chain. A periodic signed
-Merkle checkpoint over every chain's head (audit/anchors.py) ties the chains together."""
+Merkle checkpoint over every chain's head (audit/anchors/) ties the chains together."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class AuditEvent(models.Model):
 
 class AuditChain(models.Model):
     """The head of one chain: its last position and hash. Every append moves it in the same statement
-    as the INSERT (audit/append.py), so its row lock, held to COMMIT, orders that chain's writers and
+    as the INSERT (audit/chain/append.py), so its row lock, held to COMMIT, orders that chain's writers and
     nothing else: decisions on different runs never wait for each other here.
 
     ``prev_hash`` is the hash before the last append, so the append's RETURNING can hand the new row

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 from django.db.models import Q, QuerySet
 
+from core import pg
 from core.filters import BadFilter, parse_id_prefix, prefix_range
 
 from .models import AuditEvent
@@ -69,7 +71,7 @@ def audit_events(
 # would move its cursor past 10 and never see it. So readers that page forwards hand out only events
 # at or below the *settled* horizon: a seq no transaction still in flight can hold.
 #
-# Why the horizon below is sound: the append statement (audit/append.py) writes the chain head (which
+# Why the horizon below is sound: the append statement (audit/chain/append.py) writes the chain head (which
 # gives the transaction its id) before it calls nextval, so a transaction holding a seq ≤ L, where L
 # is the sequence's last value read at some moment, already had a transaction id at that moment.
 # Once every transaction of this database that had an id then has ended, every seq ≤ L is committed
@@ -90,7 +92,7 @@ def settled_seq(
     rather than skip an event, and ask again. Call it outside a repeatable-read snapshot: the page
     query that follows must see what committed meanwhile."""
     connection = connections[using]
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         return None
     deadline = time.monotonic() + wait_s
     with connection.cursor() as cursor:
@@ -116,3 +118,23 @@ def settled_seq(
             if time.monotonic() >= deadline:
                 return floor
             time.sleep(_POLL_S)
+
+
+def object_types() -> QuerySet:
+    """Every object type the trail names, for the audit page's filter."""
+    return AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
+
+
+def components() -> QuerySet:
+    """Every component that wrote to the trail, for the audit page's filter."""
+    return AuditEvent.objects.order_by().values_list("component", flat=True).distinct()
+
+
+def chain_event(chain: str, chain_seq: int) -> AuditEvent | None:
+    """The event at ``chain_seq`` of ``chain`` (the first broken link a verification names)."""
+    return AuditEvent.objects.filter(chain=chain, chain_seq=chain_seq).first()
+
+
+def run_audit_events(run_id: Any, limit: int) -> list[AuditEvent]:
+    """A run's newest audit events."""
+    return list(AuditEvent.objects.filter(run_id=run_id).order_by("-seq")[:limit])

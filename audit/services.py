@@ -11,12 +11,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from core import pg
 from core.actors import Actor
 
-from .append import append, chain_for
-from .chain import normalise
+from .chain.append import append, chain_for
+from .chain.hashing import normalise
+from .chain.verify import ChainReport, verify_chains
 from .models import AuditEvent
-from .verify import ChainReport, verify_chains
 
 
 def record_audit(
@@ -43,7 +44,7 @@ def record_audit(
                 run_id=run_id,
                 context=context,
             )
-    # One statement: the INSERT and the move of this chain's head (audit/append.py). The head row's
+    # One statement: the INSERT and the move of this chain's head (audit/chain/append.py). The head row's
     # lock is that chain's alone: no global serialisation point.
     return append(
         audit_event(
@@ -71,7 +72,7 @@ def audit_event(
     context: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """The event ``record_audit`` appends, not yet written: for a decision that writes it in the same
-    statement as its other rows (``audit.append.appending`` in ``core.rows.write_rows``)."""
+    statement as its other rows (``audit.chain.append.appending`` in ``core.pg.rows.write_rows``)."""
     return AuditEvent(
         chain=chain_for(run_id),
         event_id=uuid.uuid4(),
@@ -104,7 +105,7 @@ def snapshot() -> Iterator[None]:
     the caller's) or on SQLite (whose transactions are serialised anyway) it reads as it is.
     """
     conn = transaction.get_connection()
-    if conn.in_atomic_block or conn.vendor != "postgresql":
+    if conn.in_atomic_block or not pg.enabled(conn):
         yield
         return
     with transaction.atomic():
@@ -114,7 +115,7 @@ def snapshot() -> Iterator[None]:
 
 
 def verify_chain(batch: int = 2000) -> ChainReport:
-    """Walk every chain in one snapshot and name the first broken link (audit/verify.py)."""
+    """Walk every chain in one snapshot and name the first broken link (audit/chain/verify.py)."""
     with snapshot():
         return verify_chains(batch)
 
@@ -123,7 +124,7 @@ def export_jsonl(stream, since_seq: int = 0) -> int:
     """One line per event in reading order (global ``seq`` after ``since_seq``). Each line carries what
     its link needs (the hashed fields, ``prev_hash``, ``hash``) under ``link``-checkable keys, plus
     ``order`` (the global seq)."""
-    from .chain import canonical
+    from .chain.hashing import canonical
     from .selectors import settled_seq
 
     # Up to the settled horizon: an export resumed from its last ``order`` must not have passed an

@@ -6,7 +6,7 @@
 Per sample: create and claim a run over HTTP, then a thread long-polls
 ``POST /leases/{id}/heartbeat {"wait_s": 20}``. Once its first beat has committed (the server subscribed
 to the run before that beat, so it is listening), this process changes the run's
-directive through the service layer -- ``runs.services.request_approval`` with the run's fencing token
+directive through the service layer -- ``runs.services.records.request_approval`` with the run's fencing token
 (the worker asking for a planned approval from a second connection), which moves the run to
 awaiting_approval (directive ``wait``) and sends ``pg_notify`` in the same transaction. Wake-up latency =
 heartbeat response received − the service call returned (i.e. the change was committed), on the one
@@ -48,7 +48,7 @@ def _django(env: dict[str, str]):
 
     django.setup()
     from core.actors import Actor
-    from runs import services
+    from runs.services import records
 
     actor = Actor(
         kind="worker",
@@ -57,7 +57,7 @@ def _django(env: dict[str, str]):
         agents=(harness.AGENT,),
         component="bench.longpoll",
     )
-    return services, actor
+    return records, actor
 
 
 def _post(client, url: str, body: dict, ok=(200, 201)) -> dict:

@@ -1,9 +1,10 @@
-"""The README's benchmark tables, generated from bench/results/summary.json (bench/suite.py).
+"""The benchmark tables of docs/benchmarks.md, generated from bench/results/summary.json (bench/suite.py).
 
-    .venv/bin/python -m bench.report [--summary bench/results/summary.json] [--readme README.md]
+    .venv/bin/python -m bench.report [--summary bench/results/summary.json] [--page docs/benchmarks.md]
 
-Without --readme it prints the Markdown; with it, it replaces the README's block between
+Without --page it prints the Markdown; with it, it replaces the page's block between
 ``<!-- bench-summary:start -->`` and ``<!-- bench-summary:end -->`` (`make bench` does this).
+``--readme`` is the old name of ``--page``.
 """
 
 from __future__ import annotations
@@ -166,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.report", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--summary", default=str(harness.RESULTS_DIR / "summary.json"))
-    parser.add_argument("--readme", default=None, help="README to update in place")
+    parser.add_argument(
+        "--page", "--readme", dest="page", default=None, help="Markdown page to update in place"
+    )
     args = parser.parse_args(argv)
     block = render(json.loads(Path(args.summary).read_text()))
-    if args.readme:
-        write_readme(Path(args.readme), block)
-        print(f"updated {args.readme}")
+    if args.page:
+        write_readme(Path(args.page), block)
+        print(f"updated {args.page}")
     else:
         sys.stdout.write(block)
     return 0

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 
 from audit.integrity import verify_for_people
 from audit.models import AuditEvent
-from audit.selectors import audit_events, settled_seq
+from audit.selectors import audit_events, chain_event, components, object_types, settled_seq
 from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
@@ -116,12 +116,10 @@ def audit_context(request: ConsoleRequest) -> dict:
 def audit_page(request: ConsoleRequest) -> HttpResponse:
     ctx = audit_context(request)
     if is_fragment(request):
-        return render(request, "audit/list.html#events", ctx)
-    ctx["object_types"] = (
-        AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()
-    )
-    ctx["components"] = AuditEvent.objects.order_by().values_list("component", flat=True).distinct()
-    return render(request, "audit/list.html", ctx)
+        return render(request, "console/audit_list.html#events", ctx)
+    ctx["object_types"] = object_types()
+    ctx["components"] = components()
+    return render(request, "console/audit_list.html", ctx)
 
 
 @console_view
@@ -134,14 +132,14 @@ def audit_verify(request: ConsoleRequest) -> HttpResponse:
     result = verify_for_people()
     chain = result["report"]["chain"]
     broken = (
-        AuditEvent.objects.filter(chain=chain["chain"], chain_seq=chain["first_broken_seq"]).first()
+        chain_event(chain["chain"], chain["first_broken_seq"])
         if not chain["ok"] and chain.get("first_broken_seq")
         else None
     )
     anchored_at = result["anchored_at"]
     return render(
         request,
-        "audit/list.html#verify",
+        "console/audit_list.html#verify",
         {
             "result": result,
             "broken": broken,

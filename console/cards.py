@@ -1,5 +1,5 @@
 """Preview cards: each contract's preview as the answers an operator needs, in the order they need
-them (RUN_CONTROL_TEST.md), drawn by templates/interventions/card.html.
+them (docs/operator/scenarios.md), drawn by console/templates/console/intervention_card.html.
 
 A card is plain data: a verdict line, the blocking problems (Confirm is disabled while any is shown),
 the answers -- each a label with a sentence and/or a small table -- and folded extras. Nothing is

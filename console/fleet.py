@@ -29,6 +29,7 @@ from interventions.fleet import (
 )
 from interventions.fleet_views import operation_dict, recent_operations
 from interventions.models import FleetOperation
+from interventions.selectors import operation_by_id
 
 FORM_KEYS = frozenset(
     {
@@ -103,7 +104,7 @@ def fleet_page(request: ConsoleRequest) -> HttpResponse:
         "form": request.GET,
         "operations": list(recent_operations()),
     }
-    return render(request, "fleet/index.html", ctx)
+    return render(request, "console/fleet_operations.html", ctx)
 
 
 @console_view
@@ -120,9 +121,9 @@ def fleet_preview(request: ConsoleRequest) -> HttpResponse:
         )
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "fleet/index.html#preview", ctx, status=err.status)
+        return render(request, "console/fleet_operations.html#preview", ctx, status=err.status)
     ctx["label"] = kind_label(ctx["kind"])
-    return render(request, "fleet/index.html#preview", ctx)
+    return render(request, "console/fleet_operations.html#preview", ctx)
 
 
 @console_view
@@ -140,12 +141,12 @@ def fleet_start(request: ConsoleRequest) -> HttpResponse:
         )
     except DomainError as err:
         ctx = {"form": data, "filter": _filter_of(data), "error": error_dict(err)}
-        return render(request, "fleet/index.html#preview", ctx, status=err.status)
+        return render(request, "console/fleet_operations.html#preview", ctx, status=err.status)
     return HttpResponseClientRedirect(reverse("console:fleet-operation", args=[op.pk]))
 
 
 def _operation_or_404(operation_id: UUID) -> FleetOperation:
-    op = FleetOperation.objects.filter(pk=operation_id).first()
+    op = operation_by_id(operation_id)
     if op is None:
         raise Http404("no such fleet operation")
     return op
@@ -177,7 +178,11 @@ def progress_context(user_id: Any, roles: frozenset[str], op: FleetOperation) ->
 @require_GET
 def fleet_operation(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
     ctx = _progress_ctx(request, _operation_or_404(operation_id))
-    template = "fleet/operation.html#progress" if is_fragment(request) else "fleet/operation.html"
+    template = (
+        "console/fleet_operation.html#progress"
+        if is_fragment(request)
+        else "console/fleet_operation.html"
+    )
     return render(request, template, ctx)
 
 
@@ -190,7 +195,7 @@ def _decide(request: ConsoleRequest, operation_id: UUID, service, **kwargs) -> H
     except DomainError as err:
         status, error = err.status, error_dict(err)
     ctx = _progress_ctx(request, op) | {"error": error}
-    return render(request, "fleet/operation.html#progress", ctx, status=status)
+    return render(request, "console/fleet_operation.html#progress", ctx, status=status)
 
 
 @console_view
@@ -216,8 +221,8 @@ def fleet_cancel(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
 def render_progress_push(user, roles: frozenset[str], operation_id: Any) -> str:
     """The progress section as an out-of-band swap, for the operation's live socket
     (console/consumers.py FleetConsumer); "" once the operation is gone."""
-    op = FleetOperation.objects.filter(pk=operation_id).first()
+    op = operation_by_id(operation_id)
     if op is None:
         return ""
     ctx = progress_context(user.pk, roles, op) | {"oob": True}
-    return render_to_string("fleet/operation.html#progress", ctx)
+    return render_to_string("console/fleet_operation.html#progress", ctx)

@@ -12,7 +12,6 @@ import re
 from typing import Any
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -29,7 +28,7 @@ from console.common import (
 )
 from console.receipts import receipt_context
 from console.reports import report_for
-from console.runs import detail_context
+from console.run_page import detail_context
 from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
@@ -42,10 +41,19 @@ from interventions.models import Intervention
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
+from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
-from runs.models import Approval, AuthorityGrant, Effect, Run
-from runs.selectors import visible_runs
-from runs.services.effects import effect_dict
+from runs.models import AuthorityGrant, Run
+from runs.selectors import (
+    approvals_to_decide,
+    checkpoint_choices,
+    effect_dict,
+    effect_with_run,
+    grants_in,
+    pending_approvals,
+    people_with_roles,
+    run_with_people,
+)
 from runs.states import State, as_table
 
 # Form fields -> options, per kind. Anything not listed for a kind is ignored.
@@ -141,12 +149,12 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
     """Sensible first values so the first preview says something: the pending approval, the grant."""
     data = params.copy()
     if kind in ("approve", "reject") and not data.get("approval_id"):
-        first = run.approvals.filter(status=Approval.PENDING).order_by("requested_at").first()
+        first = pending_approvals(run).first()
         if first:
             data["approval_id"] = str(first.pk)
     if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
         wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
-        grant = run.grants.filter(status=wanted).order_by("granted_at").first()
+        grant = grants_in(run, wanted).first()
         if grant:
             data["grant_id"] = str(grant.pk)
     if kind == "transfer" and not data.getlist("facets"):
@@ -181,19 +189,14 @@ def dialog_context(
         "origin": form.get("origin", "run"),
     }
     if "checkpoint_seq" in ctx["fields"]:
-        ctx["checkpoints"] = run.checkpoints.order_by("-seq").values("seq", "step")
+        ctx["checkpoints"] = checkpoint_choices(run)
     if "to" in ctx["fields"]:
-        ctx["users"] = (
-            get_user_model()
-            .objects.filter(is_active=True, groups__name__in=ROLES)
-            .distinct()
-            .order_by("username")
-        )
+        ctx["users"] = people_with_roles(ROLES)
         ctx["all_facets"] = FACETS
     if "approval_id" in ctx["fields"]:
-        ctx["approvals"] = run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
+        ctx["approvals"] = pending_approvals(run)
     if "grant_id" in ctx["fields"]:
-        ctx["grants"] = run.grants.order_by("granted_at")
+        ctx["grants"] = grants_in(run)
     if "prefer" in ctx["fields"]:
         ctx["preferences"] = PREFERENCES
     return ctx
@@ -253,14 +256,14 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             "label": kind_label(kind),
             "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}")),
         }
-        return render(request, "interventions/dialog.html#dialog", ctx, status=403)
+        return render(request, "console/intervention_dialog.html#dialog", ctx, status=403)
     form = _defaults(run, kind, request.GET)
     req = _safe_request(kind, form)
     ctx = dialog_context(request, run, req, form)
     with_preview(
         request, run, req, ctx
     )  # a preview refusal is shown in the dialog, which itself opened fine
-    return render(request, "interventions/dialog.html#dialog", ctx)
+    return render(request, "console/intervention_dialog.html#dialog", ctx)
 
 
 @console_view
@@ -274,7 +277,7 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         req = request_from(kind, request.POST)
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#preview", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
     refresh = bool(request.POST.get("refresh"))
     status = with_preview(
         request, run, req, ctx, seen=request.POST.get("preview_digest", "") if refresh else ""
@@ -285,7 +288,7 @@ def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         ctx["changed"] = changed_sections(
             request.POST.get("preview_sections", ""), ctx["section_digests"]
         )
-    return render(request, "interventions/dialog.html#preview", ctx, status=status)
+    return render(request, "console/intervention_dialog.html#preview", ctx, status=status)
 
 
 @console_view
@@ -319,7 +322,7 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
                     request.POST.get("preview_sections", ""), ctx["section_digests"]
                 )
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#dialog", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#dialog", ctx, status=err.status)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
 
 
@@ -333,11 +336,9 @@ def _safe_request(kind: str, data: QueryDict) -> base.Request:
 def receipt_response(
     request: ConsoleRequest, intervention: Intervention, origin: str
 ) -> HttpResponse:
-    run = Run.objects.select_related("agent", "assignee", "decision_authority").get(
-        pk=intervention.run_id
-    )
+    run = run_with_people(intervention.run_id)
     ctx = job_context(intervention) | receipt_context(intervention) | {"run": run}
-    html: str = render_to_string("interventions/dialog.html#receipt", ctx, request=request)
+    html: str = render_to_string("console/intervention_dialog.html#receipt", ctx, request=request)
     # The page behind the dialog refreshes in the same response, so it is current even without a socket.
     html += out_of_band(request, run, origin)
     return HttpResponse(html)
@@ -346,10 +347,10 @@ def receipt_response(
 def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
     if origin == "inbox":
         return render_to_string(
-            "interventions/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
+            "console/approvals.html#inbox", inbox_context(request.actor) | {"oob": True}
         )
     return render_to_string(
-        "runs/detail.html#sections",
+        "console/run_detail.html#sections",
         detail_context(run, request.user, request.roles) | {"oob": True},
     )
 
@@ -358,15 +359,15 @@ def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
 @require_GET
 def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's job status, re-read after every push (and every few seconds while pending)."""
-    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    intervention = intervention_by_id(intervention_id)
     if intervention is None:
         raise Http404("no such intervention")
     visible_run_or_404(request.actor, intervention.run_id)
-    return render(request, "interventions/dialog.html#job", job_context(intervention))
+    return render(request, "console/intervention_dialog.html#job", job_context(intervention))
 
 
 def job_context(intervention: Intervention) -> dict[str, Any]:
-    """The receipt's follow-up job: its report when the kind has one (templates/interventions/reports.html),
+    """The receipt's follow-up job: its report when the kind has one (console/templates/console/job_reports.html),
     else the generic job record."""
     return {
         "i": intervention,
@@ -381,7 +382,7 @@ def job_context(intervention: Intervention) -> dict[str, Any]:
 @console_view
 @require_http_methods(["GET", "POST"])
 def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
-    effect = Effect.objects.filter(pk=effect_id).select_related("run").first()
+    effect = effect_with_run(effect_id)
     if effect is None:
         raise Http404("no such effect")
     run = visible_run_or_404(request.actor, effect.run_id)
@@ -394,9 +395,9 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         ctx["error"] = error_dict(
             Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects")
         )
-        return render(request, "interventions/dialog.html#reconcile", ctx, status=403)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=403)
     if request.method == "GET":
-        return render(request, "interventions/dialog.html#reconcile", ctx)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx)
     try:
         if (
             not request.POST.get("evidence", "").strip()
@@ -415,10 +416,10 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         )
     except DomainError as err:
         ctx["error"] = error_dict(err)
-        return render(request, "interventions/dialog.html#reconcile", ctx, status=err.status)
+        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=err.status)
     ctx |= {"effect": effect_dict(settled), "done": present(settled.reconciliation)}
     html = render_to_string(
-        "interventions/dialog.html#reconciled", ctx, request=request
+        "console/intervention_dialog.html#reconciled", ctx, request=request
     ) + out_of_band(request, run, "run")
     return HttpResponse(html)
 
@@ -433,13 +434,7 @@ def inbox_context(actor) -> dict[str, Any]:
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
     rows, seen = [], set()
     if may(roles, "approve") or may(roles, "reject"):
-        pending = (
-            Approval.objects.filter(
-                status=Approval.PENDING, required_role__in=decidable, run__in=visible_runs(actor)
-            )
-            .select_related("run__agent")
-            .order_by("deadline", "requested_at")
-        )
+        pending = approvals_to_decide(actor, decidable)
         for a in pending:
             if (a.run_id, a.digest) in seen:
                 continue  # the same decision asked twice: it is decided once
@@ -462,16 +457,14 @@ def approvals_inbox(request: ConsoleRequest) -> HttpResponse:
     ctx = inbox_context(request.actor) | {"nav": "approvals"}
     return render(
         request,
-        "interventions/approvals.html#inbox"
-        if is_fragment(request)
-        else "interventions/approvals.html",
+        "console/approvals.html#inbox" if is_fragment(request) else "console/approvals.html",
         ctx,
     )
 
 
 def render_inbox_push(user) -> str:
     return render_to_string(
-        "interventions/approvals.html#inbox",
+        "console/approvals.html#inbox",
         inbox_context(actor_for_user(user, None, component="console")) | {"oob": True},
     )
 
@@ -492,7 +485,7 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
     ]
     return render(
         request,
-        "interventions/contracts.html",
+        "console/contracts.html",
         {
             "contracts": [
                 {"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()

@@ -61,7 +61,7 @@ class View:
 
     @classmethod
     def parse(cls, query: str) -> View | None:
-        from console.runs import _filter_or_400
+        from console.run_list import _filter_or_400
 
         try:
             flt, after, before = _filter_or_400(QueryDict(query))
@@ -104,7 +104,7 @@ def _named(pending: dict[str, Any]) -> dict[str, Any]:
 
 def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) -> ListUpdate:
     """One read for every socket of a view: the named runs that match (one query) and the counts."""
-    from console.runs import counts_context, run_row
+    from console.run_list import counts_context, run_row
 
     actor = actor_for_user(user, None, component="console")
     flt = view.flt
@@ -122,7 +122,7 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
     keys: dict[str, tuple] = {}
     for run in runs:
         row = run_row(run, now)
-        rows[row["id"]] = render_to_string("runs/list.html#run-row", {"r": row}).strip()
+        rows[row["id"]] = render_to_string("console/run_list.html#run-row", {"r": row}).strip()
         keys[row["id"]] = sort_key_of(run, flt)
     created = {r for r in rows if kinds[r] is None or "run_created" in kinds[r]}
     moved_in = flt.states or flt.attention
@@ -135,7 +135,8 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
     if with_counts:
         try:
             counts = render_to_string(
-                "runs/list.html#run-counts", counts_context(actor, flt) | {"counts_oob": True}
+                "console/run_list.html#run-counts",
+                counts_context(actor, flt) | {"counts_oob": True},
             )
         except BadFilter:
             counts = ""
@@ -265,7 +266,7 @@ _full_lock = threading.Lock()
 def full_render(user, view: View, key: tuple, ttl_s: float) -> tuple[str, ListPage | None]:
     """The whole table (out of band) and the page it shows; sockets of one view that ask within
     ``ttl_s`` of each other (a reconnect wave) share one render."""
-    from console.runs import list_context
+    from console.run_list import list_context
 
     now = time.monotonic()
     with _full_lock:
@@ -276,7 +277,7 @@ def full_render(user, view: View, key: tuple, ttl_s: float) -> tuple[str, ListPa
             ctx = list_context(actor, view.flt, after=view.after, before=view.before)
         except BadFilter:
             return "", None
-        table: str = render_to_string("runs/list.html#run-table", ctx | {"oob": True})
+        table: str = render_to_string("console/run_list.html#run-table", ctx | {"oob": True})
         ids = [r["id"] for r in ctx["runs"]]
         page = {
             "keys": dict(zip(ids, ctx["row_keys"], strict=True)),

@@ -427,7 +427,7 @@ def receipt_page(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse
     run = visible_run_or_404(request.actor, intervention.run_id)
     return render(
         request,
-        "interventions/receipt.html",
+        "console/intervention_receipt.html",
         receipt_context(intervention)
         | {"run": run, "job": present((intervention.receipt or {}).get("job"))},
     )

@@ -1,5 +1,5 @@
 """Job reports on the run page and in receipts: a resume's revalidation, a compensation plan, a
-recovery. Read-only; nothing is recomputed, only arranged for templates/interventions/reports.html."""
+recovery. Read-only; nothing is recomputed, only arranged for console/templates/console/job_reports.html."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from runs.models import Run
 
 # --- job reports: a resume's revalidation, a compensation plan, a recovery --------------------------
 # Each *_view turns a recorded report (receipt["job"], a CompensationPlan row) into what
-# templates/interventions/reports.html draws. Read-only; nothing is recomputed, only arranged.
+# console/templates/console/job_reports.html draws. Read-only; nothing is recomputed, only arranged.
 
 CHECKS = {
     "boundary": "Checkpoint boundary",

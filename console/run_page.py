@@ -1,7 +1,7 @@
 """The run page: its sections, the effects ledger page by page, the timeline, and the fragments a
 live push sends when one fact changes (console/consumers.py).
 
-One template (templates/runs/detail.html) serves the page, each section alone (``?part=NAME``), each
+One template (console/templates/console/run_detail.html) serves the page, each section alone (``?part=NAME``), each
 section as an out-of-band swap, one effect row, and new timeline entries: every fragment a push sends
 is a partial of the template that drew the page. Each section is built from its own context builder,
 so a push that only needs the header does not read the ledger, the reports or the audit trail.
@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
 
-from audit.models import AuditEvent
+from audit.selectors import run_audit_events
 from console import timeline as tl
 from console.common import (
     ConsoleRequest,
@@ -37,11 +37,20 @@ from core.roles import may, roles_of
 from interventions.base import descendants
 from interventions.contracts import CONTRACT_SPECS
 from interventions.jobs import attention
-from interventions.selectors import receipt_dict
+from interventions.selectors import receipt_dict, recent_interventions
 from interventions.transfer import holders
-from runs.models import AuthorityGrant, Effect, Run
-from runs.selectors import run_detail, visible_runs
-from runs.services.effects import effect_dict
+from runs.models import Effect, Run
+from runs.selectors import (
+    discrepancies,
+    effect_count,
+    effect_dict,
+    effects_by_ids,
+    effects_newest,
+    recent_checkpoints,
+    run_detail,
+    run_grants,
+    visible_runs,
+)
 from runs.states import State, allowed_events
 
 EFFECTS_PAGE = 50  # a screenful; older effects are a click away ("older", keyset on declared_at)
@@ -129,14 +138,8 @@ def parse_effects_cursor(value: str | None) -> tuple[datetime, UUID] | None:
 
 def effects_page(run: Run, before: str | None = None) -> dict[str, Any]:
     """The newest EFFECTS_PAGE effects (or those before the cursor), and the cursor of the next page."""
-    from django.db.models import Q
-
-    qs = Effect.objects.filter(run=run)
     cursor = parse_effects_cursor(before)
-    if cursor is not None:
-        at, pk = cursor
-        qs = qs.filter(Q(declared_at__lt=at) | Q(declared_at=at, pk__lt=pk))
-    rows = list(qs.order_by("-declared_at", "-pk")[: EFFECTS_PAGE + 1])
+    rows = effects_newest(run, cursor, EFFECTS_PAGE + 1)
     now = timezone.now()
     more = len(rows) > EFFECTS_PAGE
     rows = rows[:EFFECTS_PAGE]
@@ -163,21 +166,14 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
         "offered": offered_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
-        "discrepancies": [
-            effect_dict(e)
-            for e in Effect.objects.filter(run=run, status=Effect.DISCREPANCY).order_by(
-                "declared_at"
-            )
-        ],
-        "effects_total": Effect.objects.filter(run=run).count(),
+        "discrepancies": [effect_dict(e) for e in discrepancies(run)],
+        "effects_total": effect_count(run),
         "parent": run.parent,
     }
 
 
 def reports_context(run: Run) -> dict[str, Any]:
-    interventions = list(
-        run.interventions.select_related("actor").order_by("-created_at")[:INTERVENTIONS_SHOWN]
-    )
+    interventions = recent_interventions(run, INTERVENTIONS_SHOWN)
     reports = run_reports(run, interventions)  # revalidation, compensation plans, recovery gate
     return {
         "interventions": [
@@ -209,8 +205,8 @@ def timeline_context(run: Run, params: QueryDict | None = None) -> dict[str, Any
 
 
 def other_context(run: Run) -> dict[str, Any]:
-    grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
-    checkpoints = list(run.checkpoints.order_by("-seq")[:CHECKPOINTS_SHOWN])
+    grants = run_grants(run)
+    checkpoints = recent_checkpoints(run, CHECKPOINTS_SHOWN)
     return {
         "grants": [{"g": g, "status": g.effective_status()} for g in grants],
         "tree": _tree(run),
@@ -222,8 +218,7 @@ def other_context(run: Run) -> dict[str, Any]:
 def audit_context(run: Run) -> dict[str, Any]:
     return {
         "audit": [
-            {"a": a, "context": present(a.context)}
-            for a in AuditEvent.objects.filter(run_id=run.pk).order_by("-seq")[:AUDIT_LIMIT]
+            {"a": a, "context": present(a.context)} for a in run_audit_events(run.pk, AUDIT_LIMIT)
         ],
     }
 
@@ -282,12 +277,12 @@ def run_page(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         parts = None if part == "sections" else [part]
         ctx = detail_context(run, request.user, request.roles, parts, request.GET)
         if part == "ledger" and request.GET.get("effects_before"):
-            return render(request, "runs/detail.html#effect-rows", ctx)  # "older": more rows
+            return render(request, "console/run_detail.html#effect-rows", ctx)  # "older": more rows
         if part == "timeline" and request.GET.get("tl_before"):
-            return render(request, "runs/detail.html#timeline-entries", ctx)
-        return render(request, f"runs/detail.html#{part}", ctx)
+            return render(request, "console/run_detail.html#timeline-entries", ctx)
+        return render(request, f"console/run_detail.html#{part}", ctx)
     ctx = detail_context(run, request.user, request.roles, params=request.GET)
-    return render(request, "runs/detail.html", ctx)
+    return render(request, "console/run_detail.html", ctx)
 
 
 # --- live pushes ------------------------------------------------------------------------------------
@@ -363,7 +358,7 @@ class RunPagePush:
             return ""
         ctx = detail_context(run, self.user, roles_of(self.user), params=self._first_pages())
         self._remember(ctx)
-        return render_to_string("runs/detail.html#sections", ctx | {"oob": True})
+        return render_to_string("console/run_detail.html#sections", ctx | {"oob": True})
 
     def _first_pages(self) -> QueryDict:
         q = self.params.copy()
@@ -396,24 +391,26 @@ class RunPagePush:
         sections.discard("ledger-rows")
         ctx = detail_context(run, self.user, roles, parts=sections, params=self._first_pages())
         ctx["oob"] = True
-        html: list[str] = [render_to_string(f"runs/detail.html#{s}", ctx) for s in sorted(sections)]
+        html: list[str] = [
+            render_to_string(f"console/run_detail.html#{s}", ctx) for s in sorted(sections)
+        ]
         effect_ids = {oid for kind in EFFECT_FACTS for oid in own.get(kind, ()) if oid}
         if rows:
             effect_ids |= self.known_effects  # a compensation step changes the rows' status
         new, changed = self._effect_rows(run, effect_ids) if effect_ids else ([], [])
         if new or changed:
-            html.append(render_to_string("runs/detail.html#effects-count", ctx))
+            html.append(render_to_string("console/run_detail.html#effects-count", ctx))
         if own:
             html.append(self._new_entries(run, own, ctx))
         frames = ["".join(html)]
         if new:
             frames.append(
-                render_to_string("runs/detail.html#effects-new", ctx | {"new_effects": new})
+                render_to_string("console/run_detail.html#effects-new", ctx | {"new_effects": new})
             )
         if changed:
             frames.append(
                 render_to_string(
-                    "runs/detail.html#effects-changed", ctx | {"changed_effects": changed}
+                    "console/run_detail.html#effects-changed", ctx | {"changed_effects": changed}
                 )
             )
         return [f.strip() for f in frames if f.strip()]
@@ -424,7 +421,7 @@ class RunPagePush:
         """(new rows, newest first; changed rows). A row is new unless the page shows it or it is
         older than the oldest row on the page (then it is on an "older" page, or not shown)."""
         now = timezone.now()
-        effects = list(Effect.objects.filter(run=run, pk__in=list(ids)[:EFFECTS_PAGE]))
+        effects = effects_by_ids(run, list(ids)[:EFFECTS_PAGE])
         effects.sort(key=effects_cursor)
         new, changed = [], []
         for e in effects:
@@ -458,7 +455,8 @@ class RunPagePush:
             self.newest_entry = newest
         fresh.sort(key=lambda e: e.at, reverse=True)
         return render_to_string(
-            "runs/detail.html#timeline-push", ctx | {"timeline": {"entries": fresh}, "oob": False}
+            "console/run_detail.html#timeline-push",
+            ctx | {"timeline": {"entries": fresh}, "oob": False},
         )
 
 

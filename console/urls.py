@@ -2,14 +2,14 @@
 
 from django.urls import path
 
-from console import audit, fleet, interventions, receipts, runs
+from console import audit, fleet, interventions, receipts, run_list, run_page
 
 app_name = "console"
 
 urlpatterns = [
-    path("", runs.run_list, name="runs"),
-    path("runs/<uuid:run_id>/", runs.run_page, name="run"),
-    path("runs/<str:prefix>/", runs.run_by_prefix, name="run-prefix"),
+    path("", run_list.run_list, name="runs"),
+    path("runs/<uuid:run_id>/", run_page.run_page, name="run"),
+    path("runs/<str:prefix>/", run_list.run_by_prefix, name="run-prefix"),
     path(
         "runs/<uuid:run_id>/interventions/new/",
         interventions.intervention_new,

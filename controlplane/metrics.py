@@ -135,7 +135,7 @@ class DatabaseCollector(Collector):
         open_ = steps.aggregate(n=Count("*"), oldest=Min("plan__created_at"))
         yield GaugeMetricFamily(
             "controlplane_compensation_steps_open",
-            "Compensation steps pending or running (the compensation job queue).",
+            "Compensation steps pending or running (their plans' jobs are the outbox series, kind compensation).",
             value=open_["n"],
         )
         yield GaugeMetricFamily(

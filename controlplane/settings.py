@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "axes",
     "runs",
     "interventions",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -79,7 +80,7 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-# Input limits (core/limits.py, README "Input limits"): a body past this is a 413/400, not a read.
+# Input limits (core/limits.py, docs/security.md, "Input limits"): a body past this is a 413/400, not a read.
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 
@@ -145,7 +146,7 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # A SIGKILLed worker's unacknowledged message comes back after this long (tasks are idempotent,
-    # so an early redelivery is harmless; the beat sweeps cover a lost message too).
+    # so an early redelivery is harmless; the job sweep covers a lost message too).
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 300)
     }
@@ -201,20 +202,15 @@ CELERY_BEAT_SCHEDULE = {
         "task": "interventions.approvals.expire_approvals",
         "schedule": RECOVERY_SCAN_INTERVAL_S,
     },
-    "sweep-compensation-plans": {
-        "task": "interventions.compensate.sweep_compensation_plans",
-        "schedule": 30,
-    },
-    "sweep-recoveries": {"task": "interventions.recover.sweep_recoveries", "schedule": 30},
     # The run list's counts per state (runs.RunTally): fold the triggers' +1/-1 rows.
     "compact-run-tally": {"task": "runs.tasks.compact_run_tally", "schedule": 30},
 }
 
-# --- audit anchors (README "Security") --------------------------------------------------------------
+# --- audit anchors (docs/security.md) --------------------------------------------------------------
 # The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
 # (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
 ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
-ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.DirectorySink")
+ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.sink.DirectorySink")
 ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
 # Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
 ANCHOR_SIGNING_KEY = env_str("ANCHOR_SIGNING_KEY", "")
@@ -233,7 +229,7 @@ if ANCHOR_INTERVAL_S > 0:
 LEASE_TTL_S = env_int("LEASE_TTL_S", 30)
 HEARTBEAT_MAX_WAIT_S = env_int("HEARTBEAT_MAX_WAIT_S", 25)
 # Sync views running at once per ASGI process (controlplane/handler.py); 0 = unbounded. 2, not 4:
-# a woken long-poll's thread hops then wait on fewer GIL holders (README, "long-poll wake-up").
+# a woken long-poll's thread hops then wait on fewer GIL holders (docs/benchmarks.md, "long-poll wake-up").
 SYNC_VIEW_CONCURRENCY = env_int("SYNC_VIEW_CONCURRENCY", 2)
 # Seconds a process trusts a worker token it has read (core/tokens.py): its bound on refusing a token
 # another process revoked (the revoking process forgets it at once). 0 = read the token on every call.
@@ -287,7 +283,7 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 # /metrics answers these client addresses (REMOTE_ADDR; X-Forwarded-For can be forged) without a
-# token; any other caller needs the bearer token of an admin (README "Metrics").
+# token; any other caller needs the bearer token of an admin (docs/operations/metrics.md).
 METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", ["127.0.0.1", "::1"])
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

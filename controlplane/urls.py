@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from api.app import api
-from console.accounts import LogoutView
+from console.logout import LogoutView
 from controlplane.metrics import metrics
 
 urlpatterns = [

@@ -4,7 +4,7 @@ Whatever an edge accepts is stored, read back and rendered later -- by an operat
 to pause or cancel the run it belongs to. So a value is refused at the edge (a 4xx naming the field)
 unless PostgreSQL can store it, psycopg can read it back and a page can render it: no NUL, no lone
 surrogates or Unicode non-characters, finite numbers inside 64-bit range, datetimes tz-aware and
-inside a sane window, JSON documents of bounded depth and size. The README's "Input limits" lists
+inside a sane window, JSON documents of bounded depth and size. docs/security.md ("Input limits") lists
 these numbers; keep the two in step.
 """
 

@@ -1,4 +1,4 @@
-"""The demo agents: realistic runs through the SDK against the demo world (DESIGN §8).
+"""The demo agents: realistic runs through the SDK against the demo world (docs/operations/demo.md, "The demo world").
 
 They use only the public SDK (``controlplane_sdk``) and the world's HTTP client
 (``world.client.WorldClient``); nothing here imports Django or the control plane's internals.

@@ -1,4 +1,4 @@
-"""The purchasing agent (DESIGN §8, RUN_CONTROL_TEST "the realistic run"). SDK only.
+"""The purchasing agent (docs/operator/scenarios.md, "the run"). SDK only.
 
 Input: ``{"sku": "sku-1", "qty": 2, "address": "1 Main St, 10115 Berlin, DE", "email": "c@example.com",
 "card": "4242424242424242" (optional), "order": "..." (optional, defaults to the run id)}``.

@@ -28,7 +28,8 @@ from interventions.base import Contract, Request, register, user_for
 from interventions.models import Intervention
 from interventions.registry import redact
 from runs.models import Approval, Run
-from runs.services.common import append_history, apply_transition, lock_run
+from runs.services.decisions import apply_transition, lock_run
+from runs.services.history import append_history
 from runs.states import Event, transition
 
 

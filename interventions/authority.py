@@ -28,7 +28,9 @@ from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from runs.models import AuthorityGrant, Effect, Run
-from runs.services.common import append_history, authority_envelope, lock_run, notify_run_changed
+from runs.selectors import authority_envelope
+from runs.services.decisions import lock_run, notify_run_changed
+from runs.services.history import append_history
 from runs.states import State
 
 # kind -> (verb, statuses it acts on, status it sets)

@@ -24,7 +24,8 @@ from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
 from runs.models import Approval, Run
-from runs.services.common import decision, lock_run, run_snapshot
+from runs.selectors import run_snapshot
+from runs.services.decisions import decision, lock_run
 from runs.states import Event, transition
 
 # Contracts that act on the run's course honour its decision authority; an emergency pause and the
@@ -374,7 +375,7 @@ def pending_approvals(run: Run) -> list[dict[str, Any]]:
 
 
 def _jsonable(value: Any) -> Any:
-    from audit.chain import normalise
+    from audit.chain.hashing import normalise
 
     return normalise(value)
 

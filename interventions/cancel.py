@@ -13,7 +13,7 @@ from interventions import facts
 from interventions.base import Contract, Request, children_in_scope, descendants, register
 from interventions.models import Intervention
 from runs.models import Run
-from runs.services.common import apply_transition, lock_run
+from runs.services.decisions import apply_transition, lock_run
 from runs.services.lifecycle import end_live_leases
 from runs.states import Event, State, transition
 

@@ -9,7 +9,7 @@ from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from runs.models import Run
-from runs.services.common import apply_transition
+from runs.services.decisions import apply_transition
 from runs.states import Event
 
 

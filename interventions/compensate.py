@@ -41,8 +41,9 @@ from interventions.base import Contract, Request, finish_job, register
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.registry import CompensationResult, EffectInfo, get_compensator
 from runs.models import Effect, Run
-from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
+from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
+from runs.services.history import append_history
 from runs.states import Event, State, transition
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ COMPENSATED, PENDING, FAILED = (
     "pending",
     "failed",
 )  # Effect.compensation_status values
-STALL_GRACE_S = 30
 
 
 # -- the plan, read from the ledger ---------------------------------------------------------------
@@ -765,37 +765,6 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
         intervention.receipt = {**intervention.receipt, "compensation": result}
         intervention.save(update_fields=["receipt"])
     return {"status": status, "finished": True, "summary": summary}
-
-
-# -- the safety net ---------------------------------------------------------------------------------
-
-
-def stalled_plans(*, now=None, grace_s: int = STALL_GRACE_S) -> list[str]:
-    """Live plans nobody is driving: a step claimed by a worker that died (claim expired), or no
-    message in sight (lost enqueue, lost retry). Re-enqueuing a plan that is fine costs nothing."""
-    now = now or timezone.now()
-    stalled = []
-    for plan in CompensationPlan.objects.filter(status__in=CompensationPlan.LIVE):
-        step = plan.steps.filter(status__in=CompensationStep.OPEN).order_by("position").first()
-        if step is not None and step.status == CompensationStep.RUNNING:
-            due = step.claimed_until
-        elif step is not None and step.next_attempt_at:
-            due = step.next_attempt_at + timedelta(seconds=grace_s)
-        else:
-            due = plan.updated_at + timedelta(seconds=grace_s)
-        if due is None or due <= now:
-            stalled.append(str(plan.pk))
-    return stalled
-
-
-@shared_task(acks_late=True)
-def sweep_compensation_plans() -> list[str]:
-    """Periodic: re-enqueue stalled plans (the broker redelivers a dead worker's message only after
-    its visibility timeout; PostgreSQL, not Redis, is what says a plan is unfinished)."""
-    plan_ids = stalled_plans()
-    for plan_id in plan_ids:
-        execute_compensation_plan.delay(plan_id)
-    return plan_ids
 
 
 jobs.register_kind("compensation", execute_compensation_plan, give_up_plan)

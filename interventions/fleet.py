@@ -37,7 +37,7 @@ from interventions.fleet_selection import (  # noqa: F401  (FLEET_KINDS: re-expo
 from interventions.freeze import scope_of
 from interventions.models import FleetOperation, FleetTarget
 from runs.models import Effect, Run
-from runs.services.common import decision
+from runs.services.decisions import decision
 from runs.states import transition
 
 PREVIEW_ROWS = 25  # runs whose full per-run preview is shown; the rest are counted

@@ -22,7 +22,8 @@ from core.names import scope_problem
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from runs.models import CapabilityFreeze, Effect, Run
-from runs.services.common import append_history, notify_run_changed
+from runs.services.decisions import notify_run_changed
+from runs.services.history import append_history
 from runs.states import State
 
 

@@ -5,7 +5,11 @@ A decision that needs a follow-up job (revalidation, reconcile, compensation, re
 the decision or not at all. Celery is only the delivery: the message is sent after commit, and a
 failed send (Redis down) is logged, never raised -- the decision is committed and its receipt is
 answered. The beat task :func:`sweep_jobs` delivers again every job not finished by its ``due_at``
-(a lost message, a flushed Redis, a killed worker).
+(a lost message, a flushed Redis, a killed worker). It is the only re-delivery: compensation plans
+and recoveries are jobs like any other and have no sweep of their own (a compensation step a dead
+worker had claimed is taken over by the next delivery once its claim expires), and their attempts are
+the job's. Runs orphaned without a recovery are found where lease expiry is scanned
+(``recover.scan_expired_leases``).
 
 Tasks wrap their work in :func:`perform`: a delivery of a job already ``done`` (or given up) does
 nothing, the job is marked done exactly once, and a delivery that raises (or, seen by the sweep, never
@@ -35,7 +39,8 @@ from core.live import announce
 from interventions.base import _load, finish_job
 from interventions.models import Intervention, Job
 from runs.models import Run
-from runs.services.common import append_history, apply_transition, lock_run, notify_run_changed
+from runs.services.decisions import apply_transition, lock_run, notify_run_changed
+from runs.services.history import append_history
 from runs.states import Event, transition
 
 log = logging.getLogger(__name__)

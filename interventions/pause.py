@@ -14,7 +14,9 @@ from interventions import facts
 from interventions.base import Contract, Request, children_in_scope, descendants, register
 from interventions.models import Intervention
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
-from runs.services.common import append_history, apply_transition, end_lease, lock_run
+from runs.services.decisions import apply_transition, lock_run
+from runs.services.history import append_history
+from runs.services.lifecycle import end_lease
 from runs.states import Event, State, transition
 
 

@@ -33,8 +33,9 @@ from interventions.registry import (
     get_reconciler,
 )
 from runs.models import Effect, ExecutionLease, Run
-from runs.services.common import append_history, decision, lock_run, notify_run_changed
+from runs.services.decisions import decision, lock_run, notify_run_changed
 from runs.services.effects import effect_run_id
+from runs.services.history import append_history
 from runs.states import LEASED_STATES
 
 

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.chain import canonical, normalise
+from audit.chain.hashing import canonical, normalise
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Invalid
@@ -43,18 +43,14 @@ from interventions.models import Intervention
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services.common import (
-    append_history,
-    apply_transition,
-    latest_checkpoint,
-    set_resume_point,
-    verify_history,
-)
-from runs.services.lifecycle import expire_leases
+from runs.selectors import latest_checkpoint, verify_history
+from runs.services.decisions import apply_transition
+from runs.services.history import append_history
+from runs.services.lifecycle import expire_leases, set_resume_point
 from runs.states import Event, State
 
 PREFERENCES = ("redrive", "compensate", "escalate")
-STALL_GRACE_S = 60
+ORPHAN_GRACE_S = 60  # an orphan this long without a recovery: the scan issues one again
 RULES = [
     "history chain broken -> escalate",
     "last checkpoint does not match its hash or its history record -> escalate",
@@ -344,13 +340,25 @@ def on_orphaned(run_id: Any) -> Intervention | None:
 
 
 @shared_task(acks_late=True)
-def scan_expired_leases() -> list[str]:
+def scan_expired_leases(grace_s: int = ORPHAN_GRACE_S) -> list[str]:
     """The beat scan: leases that expired without release orphan their runs (or finish a pause or cancel
-    the worker never acknowledged); each orphan gets its recovery issued."""
+    the worker never acknowledged); each orphan gets its recovery issued. An orphan left ``grace_s``
+    without one (the issue failed after the orphaning committed) gets it on a later scan. Once issued, a
+    recovery is an outbox job: the job sweep (interventions/jobs.py) delivers it until it is done."""
     orphaned = expire_leases(actor=system_actor("recovery-scan"))
     for run_id in orphaned:
         on_orphaned(run_id)
-    return orphaned
+    return orphaned + _recover_forgotten_orphans(grace_s)
+
+
+def _recover_forgotten_orphans(grace_s: int) -> list[str]:
+    cutoff = timezone.now() - timedelta(seconds=grace_s)
+    forgotten = Run.objects.filter(state=State.ORPHANED, state_changed_at__lte=cutoff)
+    return [
+        str(run_id)
+        for run_id in forgotten.values_list("pk", flat=True)
+        if on_orphaned(run_id) is not None
+    ]
 
 
 # -- the job ----------------------------------------------------------------------------------------
@@ -478,36 +486,6 @@ def _enact(
         "from_checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
         "refused_fencing_token": run.fencing_token,
     }
-
-
-# -- the safety net ---------------------------------------------------------------------------------
-
-
-@shared_task(acks_late=True)
-def sweep_recoveries(grace_s: int = STALL_GRACE_S) -> dict[str, list[str]]:
-    """Periodic: orphans nobody started recovering (the scan's call failed after the orphaning
-    committed) and recoveries whose job message was lost. Both jobs are idempotent, so a false alarm
-    costs one no-op delivery."""
-    cutoff = timezone.now() - timedelta(seconds=grace_s)
-    started = [
-        str(run_id)
-        for run_id in Run.objects.filter(
-            state=State.ORPHANED, state_changed_at__lte=cutoff
-        ).values_list("pk", flat=True)
-        if on_orphaned(run_id) is not None
-    ]
-    stuck = [
-        str(i)
-        for i in Intervention.objects.filter(
-            kind="recover",
-            status=Intervention.PENDING,
-            created_at__lte=cutoff,
-            run__state=State.RECOVERING,
-        ).values_list("pk", flat=True)
-    ]
-    for intervention_id in stuck:
-        run_recovery.delay(intervention_id)
-    return {"started": started, "requeued": stuck}
 
 
 jobs.register_kind("recovery", run_recovery, jobs.give_up_intervention)

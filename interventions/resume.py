@@ -16,12 +16,10 @@ from interventions.base import Contract, Request, finish_job, lock_pending_job, 
 from interventions.models import Intervention
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.services.common import (
-    append_history,
-    apply_transition,
-    set_resume_point,
-    starting_checkpoint,
-)
+from runs.selectors import starting_checkpoint
+from runs.services.decisions import apply_transition
+from runs.services.history import append_history
+from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
 
 

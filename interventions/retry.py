@@ -15,7 +15,9 @@ from interventions import facts
 from interventions.base import Contract, Request, register
 from interventions.models import Intervention
 from runs.models import Attempt, Checkpoint, Run
-from runs.services.common import apply_transition, latest_checkpoint, set_resume_point
+from runs.selectors import latest_checkpoint
+from runs.services.decisions import apply_transition
+from runs.services.lifecycle import set_resume_point
 from runs.states import Event
 
 DEFAULT_POLICY = {

@@ -16,7 +16,7 @@ from core.times import is_unreadable
 from interventions import facts
 from interventions.registry import get_assumption_checker
 from runs.models import Assumption, AuthorityGrant, Checkpoint, Effect, Run
-from runs.services.common import latest_checkpoint, starting_checkpoint
+from runs.selectors import latest_checkpoint, starting_checkpoint
 
 
 @dataclass

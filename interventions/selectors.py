@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from interventions.models import Intervention
+from interventions.models import FleetOperation, Intervention
 
 
 def receipt_dict(i: Intervention) -> dict[str, Any]:
@@ -25,3 +25,16 @@ def receipt_dict(i: Intervention) -> dict[str, Any]:
         "created_at": i.created_at.isoformat(),
         "completed_at": i.completed_at.isoformat() if i.completed_at else None,
     }
+
+
+def intervention_by_id(intervention_id: Any) -> Intervention | None:
+    return Intervention.objects.filter(pk=intervention_id).first()
+
+
+def operation_by_id(operation_id: Any) -> FleetOperation | None:
+    return FleetOperation.objects.filter(pk=operation_id).first()
+
+
+def recent_interventions(run: Any, limit: int) -> list[Intervention]:
+    """A run's newest interventions, with who asked."""
+    return list(run.interventions.select_related("actor").order_by("-created_at")[:limit])

@@ -28,7 +28,8 @@ from interventions import facts
 from interventions.base import Contract, Request, pending_approvals, register
 from interventions.models import Intervention
 from runs.models import ExecutionLease, Run
-from runs.services.common import append_history, notify_run_changed
+from runs.services.decisions import notify_run_changed
+from runs.services.history import append_history
 from runs.states import State
 
 FACETS = ("assignment", "decision_authority", "execution_lease")

@@ -14,7 +14,7 @@ from runs.models import (
     HistoryEvent,
     Run,
 )
-from runs.services.accounts import delete_token, revoke_token
+from runs.services.access import delete_token, revoke_token
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -66,7 +66,7 @@ class ApprovalPolicyAdmin(ReadOnlyAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(ReadOnlyAdmin):
-    """Read-only, with a revoke action and delete (runs.services.accounts, audited). Tokens are
+    """Read-only, with a revoke action and delete (runs.services.access, audited). Tokens are
     issued by create_worker_token / create_api_token, which show the secret once; nothing
     un-revokes one."""
 

@@ -9,7 +9,7 @@ class RunsConfig(AppConfig):
         # audit_verify lives below runs and may not import it: runs hands it its checks instead.
         from django.db.backends.signals import connection_created
 
-        from audit.integrity import register_anchor_part, register_append_only, register_check
+        from audit.registry import register_anchor_part, register_append_only, register_check
         from core.times import install_safe_time_loader
 
         from . import integrity

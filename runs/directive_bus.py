@@ -14,7 +14,8 @@ from collections import defaultdict
 
 from django.db import connection
 
-from runs.services.common import NOTIFY_CHANNEL
+from core import pg
+from runs.work import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 FALLBACK_POLL_S = 0.25
@@ -28,7 +29,7 @@ class RunChangeBus:
 
     @property
     def uses_notify(self) -> bool:
-        return connection.vendor == "postgresql"
+        return pg.enabled(connection)
 
     def subscribe(self, run_id: str) -> asyncio.Event:
         event = asyncio.Event()

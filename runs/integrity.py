@@ -1,6 +1,6 @@
 """What runs/ keeps, verified: every run's history chain, and the effect ledger against the history.
 
-Registered with ``audit.integrity`` at startup (``RunsConfig.ready``), so ``audit_verify`` checks these
+Registered with ``audit.registry`` at startup (``RunsConfig.ready``), so ``audit_verify`` checks these
 in the same snapshot as the audit chain. Each check names its first broken position.
 
 The ledger rule: every effect row was written together with a history event (services are the only
@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.chain import GENESIS, link_hash
+from audit.chain.hashing import GENESIS, link_hash
 from runs.models import Effect, HistoryEvent, Run
 
 # History kinds that change an effect's status, and the data key holding the new status.

@@ -30,6 +30,7 @@ from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.utils import timezone
 
+from core import pg
 from core.actors import Actor
 from core.filters import (
     BadFilter,
@@ -475,7 +476,7 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     set. A filter through the effects or the goal's text would make that a join or a scan of every
     run, so it counts the first COUNT_CAP matches and says so (``complete`` False)."""
     qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
-    if connection.vendor == "postgresql" and flt.replace(agents=(), states=(), sort="").is_empty:
+    if pg.enabled(connection) and flt.replace(agents=(), states=(), sort="").is_empty:
         return StateCounts(_tally(actor, flt.agents), complete=True)
     if flt.attention and not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
         # Runs in an attention state, counted in the state index, plus the (few) runs in other

@@ -1,20 +1,32 @@
-"""Read models: the JSON shapes of runs, attempts, leases and grants (selectors read, services write)."""
+"""Read models: the JSON shapes of runs, attempts, leases, grants, checkpoints and effects, and the
+snapshots decisions record in their audit context (selectors read, services write; a selector never
+imports a service: pyproject.toml's import-linter contracts)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.roles import may
-from runs.models import Approval, Effect, ExecutionLease, HistoryEvent, Run, Timer
-from runs.services.common import authority_envelope, checkpoint_summary, starting_checkpoint
-from runs.services.effects import effect_dict
+from runs.integrity import walk_history
+from runs.models import (
+    Agent,
+    Approval,
+    AuthorityGrant,
+    Checkpoint,
+    Effect,
+    ExecutionLease,
+    HistoryEvent,
+    Run,
+    Timer,
+)
 from runs.states import allowed_events, directive_for
 
 
@@ -179,4 +191,238 @@ def _woken_sql() -> str:
         f"FROM {approval} a WHERE a.run_id = r.id ORDER BY a.requested_at DESC LIMIT 1), "
         f"EXISTS (SELECT 1 FROM {timer} t WHERE t.run_id = r.id AND t.status = %s) "
         f"FROM {lease} l JOIN {run} r ON r.id = l.run_id WHERE l.id = %s AND l.run_id = %s"
+    )
+
+
+def verify_history(run: Run) -> dict[str, Any]:
+    """Walk a run's history chain against its head; name the first broken link (runs.integrity)."""
+    return walk_history(
+        HistoryEvent.objects.filter(run=run).order_by("seq"), run.history_seq, run.history_head
+    )
+
+
+def latest_checkpoint(run: Run) -> Checkpoint | None:
+    return Checkpoint.objects.filter(run=run).order_by("-seq").first()
+
+
+def starting_checkpoint(run: Run) -> Checkpoint | None:
+    """The checkpoint the next attempt starts from: the named one if set, else the latest."""
+    return run.resume_checkpoint or latest_checkpoint(run)
+
+
+def checkpoint_summary(cp: Checkpoint | None) -> dict[str, Any] | None:
+    if cp is None:
+        return None
+    return {
+        "id": cp.id,
+        "seq": cp.seq,
+        "step": cp.step,
+        "state": cp.state,
+        "hash": cp.hash,
+        "created_at": cp.created_at.isoformat(),
+    }
+
+
+def authority_envelope(
+    run: Run, grants: list[AuthorityGrant] | None = None
+) -> list[dict[str, Any]]:
+    """The run's grants as previews, receipts and snapshots show them; ``grants``: already in hand
+    (a run being created), else read in grant order."""
+    now = timezone.now()
+    if grants is None:
+        grants = list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
+    return [
+        {
+            "id": str(g.id),
+            "scope": g.scope,
+            "status": g.effective_status(now),
+            "expires_at": g.expires_at.isoformat(),
+        }
+        for g in grants
+    ]
+
+
+def unresolved_effects(run: Run) -> list[dict[str, Any]]:
+    """The run's unresolved effects (``Effect.objects.unresolved()``), as previews, receipts, audit
+    context and guards name them."""
+    rows = Effect.objects.filter(run=run).unresolved()
+    return [
+        {
+            "id": str(e.id),
+            "step": e.step,
+            "tool": e.tool,
+            "action": e.action,
+            "idempotency_key": e.idempotency_key,
+            "status": e.status,
+        }
+        for e in rows.order_by("declared_at")
+    ]
+
+
+def run_snapshot(run: Run, new_grants: list[AuthorityGrant] | None = None) -> dict[str, Any]:
+    """What was known at a decision: recorded in audit context for run-control events.
+    ``new_grants``: the run is being created with these grants (nothing else to read yet: no
+    checkpoint, no effects, no people)."""
+    if new_grants is not None:
+        return {
+            "state": run.state,
+            "attempt": None,
+            "fencing_token": run.fencing_token,
+            "checkpoint": None,
+            "authority": authority_envelope(run, new_grants),
+            "unresolved_effects": [],
+            "assignee": None,
+            "decision_authority": None,
+        }
+    cp = starting_checkpoint(run)
+    return {
+        "state": run.state,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
+        "fencing_token": run.fencing_token,
+        "checkpoint": {"seq": cp.seq, "step": cp.step} if cp else None,
+        "authority": authority_envelope(run),
+        "unresolved_effects": unresolved_effects(run),
+        "assignee": run.assignee.username if run.assignee else None,
+        "decision_authority": run.decision_authority.username if run.decision_authority else None,
+    }
+
+
+def protocol_snapshot(run: Run) -> dict[str, Any]:
+    """What a worker-protocol transition (claim, finish) decided on, from the locked run row alone:
+    the audit context of the worker's own moves, without ``run_snapshot``'s five queries inside the
+    write. The operator's moves keep the full snapshot (authority, unresolved effects, assignee)."""
+    return {
+        "state": run.state,
+        "attempt": {"id": str(run.current_attempt_id), "number": run.attempt_count}
+        if run.current_attempt_id
+        else None,
+        "fencing_token": run.fencing_token,
+        "checkpoint_seq": run.checkpoint_seq,
+        "history_seq": run.history_seq,
+    }
+
+
+def effect_dict(e: Effect) -> dict[str, Any]:
+    return {
+        "id": str(e.id),
+        "run_id": str(e.run_id),
+        "attempt_id": str(e.attempt_id) if e.attempt_id else None,
+        "kind": e.kind,
+        "step": e.step,
+        "tool": e.tool,
+        "action": e.action,
+        "idempotency_key": e.idempotency_key,
+        "fingerprint": e.fingerprint,
+        "args": e.args,
+        "decision": e.decision,
+        "reason": e.denial_reason or None,
+        "status": e.status,
+        "compensation": e.compensation,
+        "irreversible": e.irreversible,
+        "compensation_status": e.compensation_status or None,
+        "external_ref": e.external_ref,
+        "outcome_detail": e.outcome_detail,
+        "declared_at": e.declared_at.isoformat(),
+        "outcome_at": e.outcome_at.isoformat() if e.outcome_at else None,
+        "late": e.late,
+        "stale_lease": e.stale_lease,
+        "reconciled": e.reconciled,
+        "reconciliation": e.reconciliation,
+        "discrepancy": e.discrepancy,
+        "compensates": str(e.compensates_id) if e.compensates_id else None,
+    }
+
+
+def agent_names() -> QuerySet:
+    """Registered agents' names, for the run list's agent filter."""
+    return Agent.objects.order_by("name").values_list("name", flat=True)
+
+
+def active_usernames() -> QuerySet:
+    """Active people's usernames, for the run list's owner filter."""
+    return (
+        get_user_model()
+        .objects.filter(is_active=True)
+        .order_by("username")
+        .values_list("username", flat=True)
+    )
+
+
+def effect_with_run(effect_id: Any) -> Effect | None:
+    """One effect with its run (the reconcile dialog), or None."""
+    return Effect.objects.filter(pk=effect_id).select_related("run").first()
+
+
+def effects_newest(run: Run, cursor: tuple[Any, Any] | None, limit: int) -> list[Effect]:
+    """The run's newest ``limit`` effects, or those before ``cursor`` (declared_at, pk)."""
+    qs = Effect.objects.filter(run=run)
+    if cursor is not None:
+        at, pk = cursor
+        qs = qs.filter(Q(declared_at__lt=at) | Q(declared_at=at, pk__lt=pk))
+    return list(qs.order_by("-declared_at", "-pk")[:limit])
+
+
+def effects_by_ids(run: Run, ids: list[Any]) -> list[Effect]:
+    return list(Effect.objects.filter(run=run, pk__in=ids))
+
+
+def discrepancies(run: Run) -> list[Effect]:
+    """The run's effects whose reported outcome contradicts the record, oldest first."""
+    return list(Effect.objects.filter(run=run, status=Effect.DISCREPANCY).order_by("declared_at"))
+
+
+def effect_count(run: Run) -> int:
+    return Effect.objects.filter(run=run).count()
+
+
+def run_grants(run: Run) -> list[AuthorityGrant]:
+    return list(AuthorityGrant.objects.filter(run=run).order_by("granted_at"))
+
+
+def recent_checkpoints(run: Run, limit: int) -> list[Checkpoint]:
+    return list(run.checkpoints.order_by("-seq")[:limit])
+
+
+def pending_approvals(run: Run) -> QuerySet[Approval]:
+    """The run's pending approvals, oldest first."""
+    return run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
+
+
+def grants_in(run: Run, status: str | None = None) -> QuerySet[AuthorityGrant]:
+    """The run's grants in grant order (``status``: only those with that stored status)."""
+    grants = run.grants.order_by("granted_at")
+    return grants if status is None else grants.filter(status=status)
+
+
+def checkpoint_choices(run: Run) -> QuerySet:
+    """The run's checkpoints as (seq, step), newest first: what a resume may name."""
+    return run.checkpoints.order_by("-seq").values("seq", "step")
+
+
+def people_with_roles(roles: Any) -> QuerySet:
+    """Active people holding any of ``roles`` (who a run can be handed to)."""
+    return (
+        get_user_model()
+        .objects.filter(is_active=True, groups__name__in=roles)
+        .distinct()
+        .order_by("username")
+    )
+
+
+def run_with_people(run_id: Any) -> Run:
+    """One run with its agent, assignee and decision authority loaded."""
+    return Run.objects.select_related("agent", "assignee", "decision_authority").get(pk=run_id)
+
+
+def approvals_to_decide(actor: Actor, required_roles: list[str]) -> QuerySet[Approval]:
+    """Pending approvals of the runs ``actor`` sees that ``required_roles`` may decide, soonest
+    deadline first (the approvals inbox)."""
+    return (
+        Approval.objects.filter(
+            status=Approval.PENDING, required_role__in=required_roles, run__in=visible_runs(actor)
+        )
+        .select_related("run__agent")
+        .order_by("deadline", "requested_at")
     )

@@ -220,7 +220,7 @@ FINISHED_STATES = frozenset(
 )
 
 # States in which a pending approval can still be decided. Entering any other state supersedes the
-# run's pending approvals (runs.services.common.apply_transition): the run moved on without them.
+# run's pending approvals (runs.services.decisions.apply_transition): the run moved on without them.
 APPROVAL_LIVE_STATES = frozenset({S.AWAITING_APPROVAL, S.PAUSING})
 
 # Statuses of an effect in the ledger (runs.models.Effect). ``discrepancy``: a late outcome

@@ -3,13 +3,13 @@
 from celery import shared_task
 
 from core.actors import system_actor
-from runs import services
+from runs.services.records import fire_due_timers as fire_timers
 from runs.services.tally import compact_tally
 
 
 @shared_task(acks_late=True)
 def fire_due_timers() -> int:
-    return services.fire_due_timers(actor=system_actor("timers"))
+    return fire_timers(actor=system_actor("timers"))
 
 
 @shared_task(acks_late=True)

@@ -11,6 +11,10 @@ from django.utils import timezone
 from runs.models import Agent, Run
 from runs.states import State
 
+# The channel services NOTIFY on in the deciding transaction (runs/services/decisions.py) and the
+# directive bus LISTENs on (runs/directive_bus.py): a run id wakes its heartbeats, a work_key its workers.
+NOTIFY_CHANNEL = "cp_runs"
+
 
 def work_key(agent_id: int) -> str:
     """The NOTIFY payload for "a run of this agent became claimable" (cf. a run id for a directive)."""

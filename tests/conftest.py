@@ -229,6 +229,23 @@ def declare(api: Api, run_id: str, token: int, key: str = "order-42-charge", **o
     return api.post(f"/runs/{run_id}/effects", body)
 
 
+def committed_with_next(token: int, next_key: str) -> dict:
+    """An outcome body: committed, with a checkpoint, carrying the next declaration (a charge)."""
+    return {
+        "fencing_token": token,
+        "status": "committed",
+        "checkpoint": {"step": "s0", "state": {"i": 0}},
+        "next": {
+            "fencing_token": token,
+            "step": "charge",
+            "tool": "payments",
+            "action": "charge",
+            "idempotency_key": next_key,
+            "args": {"amount": 101},
+        },
+    }
+
+
 def place_run_in(run_id, state: str) -> None:
     """Test scaffolding: put a run straight into ``state``, past the database's transition trigger
     (which refuses any edge the state table does not have -- tests that walk the table use this to

@@ -21,7 +21,8 @@ reconcilers (inventory, shipping, payments, notifications) -- ``GET /{tool}/by-k
 
 key voiders (every tool) -- ``POST /{tool}/by-key/{key}/void``: the world refuses the key for good
   ("failed": it can never commit), or says it already committed ("committed") / refused it ("failed").
-  A reconciler's "not_found" becomes ``failed`` only after this (DESIGN §9, unknown until known).
+  A reconciler's "not_found" becomes ``failed`` only after this (unknown until known:
+  docs/concepts/contracts.md, "Reconcile").
 
 redaction -- payments ``card`` / ``card_number`` are shown masked to the last four digits.
 

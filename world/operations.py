@@ -15,10 +15,16 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
-if TYPE_CHECKING:
-    from .store import World
+
+class Books(Protocol):
+    """What a business rule works on: the open connection of ``store.World`` (inside its ``mutate``
+    transaction) and how long a send takes. A protocol, so this module needs nothing from store.py."""
+
+    conn: sqlite3.Connection
+    send_delay_s: float
+
 
 CHARGE_LIMIT = 5000.0  # payments refuses larger amounts with 402 amount_over_limit
 DECLINED_CARD = "4000000000000002"  # like Stripe's test card: always 402 card_declined
@@ -72,7 +78,7 @@ def _num(body: dict[str, Any], name: str, integer: bool = False, default: Any = 
 
 
 # -- business operations: (world, body, key) -> (status, result); raise Failure / BadRequest --------
-def _reserve(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _reserve(w: Books, body: dict, key: str) -> tuple[int, dict]:
     sku, qty = _str(body, "sku"), _num(body, "qty", integer=True, default=1)
     if qty < 1:
         raise BadRequest("'qty' must be >= 1")
@@ -105,7 +111,7 @@ def _reserve(w: World, body: dict, key: str) -> tuple[int, dict]:
 
 
 def _undo(
-    w: World,
+    w: Books,
     body: dict,
     key: str,
     *,
@@ -142,7 +148,7 @@ def _undo(
     return 200, {"id": extra.get("refund_id", ident), field: ident, "status": done, **extra}
 
 
-def _release(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _release(w: Books, body: dict, key: str) -> tuple[int, dict]:
     def give_back(row: sqlite3.Row) -> dict:
         w.conn.execute("UPDATE items SET stock=stock+? WHERE sku=?", (row["qty"], row["sku"]))
         return {"sku": row["sku"], "qty": row["qty"]}
@@ -160,7 +166,7 @@ def _release(w: World, body: dict, key: str) -> tuple[int, dict]:
     )
 
 
-def _create_label(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _create_label(w: Books, body: dict, key: str) -> tuple[int, dict]:
     order, address = _str(body, "order"), body.get("address")
     if not address or not isinstance(address, (str, dict)):
         raise BadRequest("'address' must be a non-empty string or object")
@@ -180,13 +186,13 @@ def _create_label(w: World, body: dict, key: str) -> tuple[int, dict]:
     }
 
 
-def _void_label(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _void_label(w: Books, body: dict, key: str) -> tuple[int, dict]:
     return _undo(
         w, body, key, table="labels", field="label_id", noun="label", live="active", done="voided"
     )
 
 
-def _charge(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _charge(w: Books, body: dict, key: str) -> tuple[int, dict]:
     amount = _num(body, "amount")
     card = _str(body, "card", default="4242424242424242")
     currency = _str(body, "currency", default="EUR")
@@ -213,7 +219,7 @@ def _charge(w: World, body: dict, key: str) -> tuple[int, dict]:
     }
 
 
-def _refund(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _refund(w: Books, body: dict, key: str) -> tuple[int, dict]:
     def pay_back(row: sqlite3.Row) -> dict:
         refund_id = _new_id("re")
         w.conn.execute("UPDATE charges SET refund_id=? WHERE id=?", (refund_id, row["id"]))
@@ -232,7 +238,7 @@ def _refund(w: World, body: dict, key: str) -> tuple[int, dict]:
     )
 
 
-def _enqueue(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _enqueue(w: Books, body: dict, key: str) -> tuple[int, dict]:
     to, message = _str(body, "to"), _str(body, "message")
     nid, now = _new_id("ntf"), time.time()
     send_at = now + w.send_delay_s
@@ -250,7 +256,7 @@ def _enqueue(w: World, body: dict, key: str) -> tuple[int, dict]:
     }
 
 
-def _cancel(w: World, body: dict, key: str) -> tuple[int, dict]:
+def _cancel(w: Books, body: dict, key: str) -> tuple[int, dict]:
     # A sent notification cannot be recalled: _undo answers 409 already_sent (stored under the key).
     return _undo(
         w,
@@ -264,7 +270,7 @@ def _cancel(w: World, body: dict, key: str) -> tuple[int, dict]:
     )
 
 
-OPERATIONS: dict[tuple[str, str], Callable[[World, dict, str], tuple[int, dict]]] = {
+OPERATIONS: dict[tuple[str, str], Callable[[Books, dict, str], tuple[int, dict]]] = {
     ("inventory", "reserve"): _reserve,
     ("inventory", "release"): _release,
     ("shipping", "create_label"): _create_label,

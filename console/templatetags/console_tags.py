@@ -6,7 +6,7 @@ They are template builtins (settings.TEMPLATES OPTIONS), so no template needs ``
   whose ``datetime`` is machine-readable. Accepts a datetime, an ISO string or an epoch number.
   Never shows microseconds.
 - ``{% copyable_id value %}``: the first 8 characters, the full id in ``title``, and a copy button
-  (static/console/console.js copies ``data-copy``); the markup of templates/_id.html.
+  (static/console/console.js copies ``data-copy``); the markup of console/templates/console/_id.html.
 - ``{% value_table value %}``: a recorded JSON value (args, versions, a checkpoint state) as a
   key/value table; long text and nested values fold into ``<details>``; ids and times as above.
   It masks what core.redaction masks (a tool adapter's own rules: interventions.registry.redact).
@@ -104,7 +104,7 @@ def reltime(value: Any, now: datetime | None = None) -> SafeString:
 
 @register.simple_tag
 def copyable_id(value: Any, length: int = 8, url: str = "") -> SafeString:
-    """The same markup as templates/_id.html (static/console/console.js copies ``data-copy``)."""
+    """The same markup as console/templates/console/_id.html (static/console/console.js copies ``data-copy``)."""
     if value in (None, ""):
         return format_html('<span class="muted">{}</span>', "—")
     full = str(value)
@@ -223,7 +223,7 @@ def value_table(value: Any) -> SafeString:
 
 @register.simple_tag
 def value_tree(node: dict[str, Any]) -> SafeString:
-    """A tree of console.common.present() as HTML (templates/_value.html is this tag): the markup
+    """A tree of console.common.present() as HTML (console/templates/console/_value.html is this tag): the markup
     the recursive template drew, built in one pass here (an include per node cost a page with a
     timeline of 50 entries more than the rest of its timeline)."""
     out: list[str] = []

@@ -79,7 +79,7 @@ class Run(models.Model):
     history_seq = models.PositiveIntegerField(default=0)
     checkpoint_seq = models.PositiveIntegerField(default=0)
 
-    # Not a column: set by runs.services.create_run on the instance it returns (the grants it wrote
+    # Not a column: set by runs.services.lifecycle.create_run on the instance it returns (the grants it wrote
     # with the run), so runs.selectors.run_detail need not read back what was just written.
     new_grants: list[Any] | None = None
 

@@ -13,7 +13,7 @@ from core.names import name_problem, scope_problem
 from runs.conditions import ConditionError, PolicySpec, parse_policy_spec
 from runs.models import Agent, ApprovalPolicy
 
-from .common import decision
+from .decisions import decision
 
 
 def parse_scopes(scopes: list[str]) -> list[str]:

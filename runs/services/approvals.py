@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from audit.chain import canonical
+from audit.chain.hashing import canonical
+from core.pg.rows import select_row, select_rows
 from core.roles import approver_rank
-from core.rows import select_row, select_rows
 from runs.conditions import ConditionError, parse_condition
 from runs.models import Approval, ApprovalPolicy, Run
 

@@ -1,4 +1,4 @@
-"""A late outcome that contradicts a reconciliation: an outcome is always recorded (DESIGN §5).
+"""A late outcome that contradicts a reconciliation: an outcome is always recorded (docs/concepts/worker-protocol.md).
 
 The reconciler (or an operator) concluded ``committed`` or ``failed`` from the evidence it had; the
 worker then reports the opposite. Neither fact is thrown away: the reconciliation stays on the
@@ -14,7 +14,8 @@ from audit.services import record_audit
 from core.actors import Actor
 from runs.models import Effect, Run
 
-from .common import append_history, notify_run_changed
+from .decisions import notify_run_changed
+from .history import append_history
 
 
 def reported_again(effect: Effect, status: str, external_ref: str) -> bool:

@@ -9,10 +9,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from audit.append import appending
-from audit.chain import canonical
+from audit.chain.append import appending
+from audit.chain.hashing import canonical
 from audit.models import AuditEvent
 from audit.services import audit_event, record_audit
+from core import pg
 from core.actors import Actor
 from core.errors import (
     Conflict,
@@ -23,7 +24,7 @@ from core.errors import (
     LeaseLost,
     NotFound,
 )
-from core.rows import from_json, hot_cursor, select_rows, write_rows
+from core.pg.rows import from_json, hot_cursor, select_rows, write_rows
 from runs.models import (
     Approval,
     ApprovalPolicy,
@@ -33,12 +34,14 @@ from runs.models import (
     ExecutionLease,
     Run,
 )
+from runs.selectors import effect_dict
 from runs.states import EFFECT_STATES, State, denial_reason
 
 from .approvals import approval_denial
-from .common import decision, history_head, lock_run, next_history
+from .decisions import decision, lock_run
 from .discrepancy import record_discrepancy, reported_again
 from .freeze import FREEZE_JSON_SQL, capability_frozen, live_freeze
+from .history import history_head, next_history
 from .lifecycle import check_lease
 
 OUTCOMES = (Effect.COMMITTED, Effect.FAILED, Effect.UNKNOWN)
@@ -55,37 +58,6 @@ class Declaration:
 
     def as_dict(self) -> dict[str, Any]:
         return effect_dict(self.effect) | {"decision": self.decision}
-
-
-def effect_dict(e: Effect) -> dict[str, Any]:
-    return {
-        "id": str(e.id),
-        "run_id": str(e.run_id),
-        "attempt_id": str(e.attempt_id) if e.attempt_id else None,
-        "kind": e.kind,
-        "step": e.step,
-        "tool": e.tool,
-        "action": e.action,
-        "idempotency_key": e.idempotency_key,
-        "fingerprint": e.fingerprint,
-        "args": e.args,
-        "decision": e.decision,
-        "reason": e.denial_reason or None,
-        "status": e.status,
-        "compensation": e.compensation,
-        "irreversible": e.irreversible,
-        "compensation_status": e.compensation_status or None,
-        "external_ref": e.external_ref,
-        "outcome_detail": e.outcome_detail,
-        "declared_at": e.declared_at.isoformat(),
-        "outcome_at": e.outcome_at.isoformat() if e.outcome_at else None,
-        "late": e.late,
-        "stale_lease": e.stale_lease,
-        "reconciled": e.reconciled,
-        "reconciliation": e.reconciliation,
-        "discrepancy": e.discrepancy,
-        "compensates": str(e.compensates_id) if e.compensates_id else None,
-    }
 
 
 @dataclass
@@ -130,8 +102,8 @@ def declaration_facts(
 ) -> Facts:
     from django.db import connection
 
-    if connection.vendor != "postgresql":  # the SQLite demo: the same reads, one by one
-        from core.rows import select_row
+    if not pg.enabled(connection):  # the SQLite demo: the same reads, one by one
+        from core.pg.rows import select_row
 
         return Facts(
             select_row(ExecutionLease, run=run.pk, fencing_token=int(fencing_token)),
@@ -458,8 +430,8 @@ def _lock_effect(run: Run, effect_id: Any, fencing_token: Any) -> tuple[Effect |
     statement, read after the run lock (every lease writer takes it first)."""
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        from core.rows import select_row
+    if not pg.enabled(connection):
+        from core.pg.rows import select_row
 
         lease = None
         if fencing_token is not None:
@@ -595,11 +567,13 @@ def record_outcome_with(
                 [appending(audit)],
             )
             if effect.late:
-                from .common import notify_run_changed
+                from .decisions import notify_run_changed
 
                 notify_run_changed(run)
             checkpoint = None  # handled (written or refused) in this transaction
-    if result.checkpoint_refused is not None:  # audited like any refused decision (common.decision)
+    if (
+        result.checkpoint_refused is not None
+    ):  # audited like any refused decision (decisions.decision)
         err = result.checkpoint_refused
         record_audit(
             actor=actor,

@@ -3,7 +3,7 @@
 The run lock is taken first (``lock_run``): in READ COMMITTED the next statement takes a new snapshot,
 so everything committed before the lock was granted is seen (the same reasoning as the declaration's
 facts in ``effects.py``). On PostgreSQL the reads are scalar subqueries of one SELECT, each row as
-``row_to_json`` (``core.rows.from_json`` turns it back into an instance); elsewhere (the SQLite demo)
+``row_to_json`` (``core.pg.rows.from_json`` turns it back into an instance); elsewhere (the SQLite demo)
 the same reads run one by one through the ORM.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 from django.db import connection
 
-from core.rows import from_json, hot_cursor, select_row
+from core import pg
+from core.pg.rows import from_json, hot_cursor, select_row
 from runs.models import Agent, Approval, Attempt, Checkpoint, Effect, ExecutionLease, Run
 
 _SQL: dict[str, str] = {}
@@ -50,8 +51,8 @@ class ClaimFacts:
 
 
 def claim_facts(run: Run) -> ClaimFacts:
-    if connection.vendor != "postgresql":
-        from .common import starting_checkpoint
+    if not pg.enabled(connection):
+        from runs.selectors import starting_checkpoint
 
         return ClaimFacts(
             run.agent.name,
@@ -89,7 +90,7 @@ class FinishFacts:
 
 def finish_facts(run: Run, fencing_token: Any) -> FinishFacts:
     token = None if fencing_token is None else int(fencing_token)
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         lease = None
         if token is not None:
             lease = select_row(ExecutionLease, run=run.pk, fencing_token=token)

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.append import appending
+from audit.chain.append import appending
 from audit.services import audit_event
 from core.actors import Actor
 from core.errors import (
@@ -22,7 +23,8 @@ from core.errors import (
     NotClaimable,
     NotFound,
 )
-from core.rows import select_row, select_rows, write_rows
+from core.live import announce
+from core.pg.rows import select_row, select_rows, write_rows
 from core.telemetry import annotate
 from core.times import iso, unreadable_note
 from runs.models import (
@@ -30,31 +32,26 @@ from runs.models import (
     Approval,
     Attempt,
     AuthorityGrant,
+    Checkpoint,
     ExecutionLease,
     HistoryEvent,
     Run,
     Timer,
 )
+from runs.selectors import checkpoint_summary, protocol_snapshot, run_snapshot
 from runs.states import APPROVAL_LIVE_STATES, LEASED_STATES, Event, State, directive_for
 
-from .common import (
-    append_history,
+from .decisions import (
     apply_transition,
-    checkpoint_summary,
     decision,
-    end_lease,
-    lease_end,
-    lease_ttl,
     lock_run,
-    next_history,
     notifying,
-    protocol_snapshot,
-    run_snapshot,
     supersede_pending_approvals,
     transition_rows,
 )
 from .delegation import check_tree_bounds, delegable_grant
 from .facts import claim_facts, finish_facts
+from .history import append_history, next_history
 
 DEFAULT_GRANT_TTL_S = 3600
 
@@ -293,7 +290,7 @@ def _supersede(run: Run, actor: Actor, event: Event, pending: list[Any]) -> None
 
 def _lease_by_token(run: Run, fencing_token: int) -> ExecutionLease | None:
     """``ExecutionLease.objects.filter(run=run, fencing_token=fencing_token).first()`` (at most one row:
-    (run, fencing_token) is unique) through core.rows: every worker write checks its fencing
+    (run, fencing_token) is unique) through core.pg.rows: every worker write checks its fencing
     token here."""
     if fencing_token is None:  # the ORM would look for IS NULL; the column is NOT NULL, so: none
         return None
@@ -550,3 +547,31 @@ def end_live_leases(run: Run, why: str, *, now=None) -> list[str]:
     if ended:
         _end_attempt(run, Attempt.STOPPED, now, "cancelled", why)
     return ended
+
+
+def lease_ttl() -> int:
+    return settings.LEASE_TTL_S
+
+
+def end_lease(lease: ExecutionLease, status: str, why: str, now) -> None:
+    """Release or expire an execution lease: the one writer of a lease's end (claim superseding a
+    stale one, release, finish, expiry, a pause with nothing in flight); caller holds the run lock."""
+    ExecutionLease.objects.filter(pk=lease.pk).update(**lease_end(lease, status, why, now))
+
+
+def lease_end(lease: ExecutionLease, status: str, why: str, now) -> dict[str, Any]:
+    """``end_lease`` in memory (and announced): the columns to write, for a caller that writes them
+    with its other rows (``core.pg.rows.write_rows``)."""
+    lease.status, lease.ended_at, lease.end_reason = status, now, why
+    announce(lease.run_id, "lease", lease.pk)
+    return {"status": status, "ended_at": now, "end_reason": why}
+
+
+def set_resume_point(run: Run, checkpoint: Checkpoint | None, *, claimable_after) -> None:
+    """Where the next attempt starts, and from when it may be claimed (retry backoff; None = now).
+    The one writer of both (retry, resume and recovery call it; a claim consumes them); caller holds
+    the run lock."""
+    run.resume_checkpoint, run.claimable_after = checkpoint, claimable_after
+    Run.objects.filter(pk=run.pk).update(
+        resume_checkpoint=checkpoint, claimable_after=claimable_after
+    )

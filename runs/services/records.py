@@ -10,25 +10,18 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.chain import canonical
+from audit.chain.hashing import canonical
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
-from core.rows import write_rows
+from core.pg.rows import write_rows
 from core.times import parse_worker_time, unreadable_note
 from runs.models import Approval, Assumption, Checkpoint, HistoryEvent, Run, Timer
 from runs.states import Event
 
 from .approvals import approval_digest, required_policy
-from .common import (
-    append_history,
-    apply_transition,
-    decision,
-    history_head,
-    lock_run,
-    next_history,
-    notify_run_changed,
-)
+from .decisions import apply_transition, decision, lock_run, notify_run_changed
+from .history import append_history, history_head, next_history
 from .lifecycle import check_fencing
 
 MAX_TIMER_S = 10 * 366 * 24 * 3600  # a timer further out than ten years is a bug, not a plan

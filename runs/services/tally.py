@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
+from core import pg
+
 COMPACT_SQL = """
 WITH gone AS (DELETE FROM runs_runtally RETURNING agent_id, state, n)
 INSERT INTO runs_runtally (agent_id, state, n)
@@ -16,7 +18,7 @@ def compact_tally() -> int:
     """One statement: the rows it deletes are summed back in, so every reader sees the same totals
     before and after, and rows the triggers add meanwhile are not in its snapshot and stay. Returns
     the rows left (0 on SQLite, where there is no tally)."""
-    if connection.vendor != "postgresql":
+    if not pg.enabled(connection):
         return 0
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(COMPACT_SQL)

@@ -3,7 +3,7 @@
 (function () {
   "use strict";
 
-  // --- copy ids: <button class="copy" data-copy="…"> (templates/_id.html) -------------------------
+  // --- copy ids: <button class="copy" data-copy="…"> (console/templates/console/_id.html) -------------------------
   function copy(text, button) {
     var done = function () {
       button.classList.add("copied");

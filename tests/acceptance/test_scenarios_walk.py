@@ -1,7 +1,8 @@
-"""The seven scenarios of the operator's run-control test (RUN_CONTROL_TEST.md), walked through the
+"""The seven scenarios of the operator's run-control test (docs/operator/scenarios.md), walked through the
 console in a real browser, as an operator would: log in with the role the scenario needs, find the run
 in the list, open it, open the intervention's dialog, read the preview, confirm, and read the receipt.
-A screenshot of each receipt is saved as ``reports/scenario-<n>-<name>.png`` (``make walk``).
+A screenshot of each receipt is saved as ``reports/scenario-<n>-<name>.png``; ``make walk`` copies them
+into docs/img/ for the operator guide.
 
 The runs and their effects are produced by real agent worker processes (``demo_agents.worker``, the
 SDK) against the demo world, on the same live system as tests/acceptance/test_run_control.py (daphne,

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from audit.anchors import write_anchor
+from audit.anchors.write import write_anchor
 from audit.models import AuditChain, AuditEvent
 from runs.models import Effect
 from tests.conftest import Api, claim, declare, start_run

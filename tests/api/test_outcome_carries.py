@@ -8,8 +8,8 @@ import pytest
 
 from audit.models import AuditEvent
 from core.actors import Actor
-from runs import services
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
+from runs.services import effects
 from tests.conftest import claim, declare, start_run
 
 pytestmark = pytest.mark.django_db
@@ -171,7 +171,7 @@ def test_the_service_records_an_outcome_with_its_checkpoint_in_one_transaction(
     actor = Actor(kind="worker", name="worker-7", role="worker")
     # BEGIN, lock the run, the effect with the lease, one write, the audit (two today), COMMIT
     with django_assert_max_num_queries(8):
-        recorded = services.record_outcome_with(
+        recorded = effects.record_outcome_with(
             actor=actor,
             effect_id=effect["id"],
             fencing_token=1,

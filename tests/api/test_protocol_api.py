@@ -16,9 +16,9 @@ from django.test import AsyncClient, Client
 
 from audit.models import AuditEvent
 from core.actors import Actor, system_actor
-from runs import services
 from runs.models import Agent, ApiToken, Effect, ExecutionLease, Run
-from runs.services.common import apply_transition, lock_run
+from runs.services import lifecycle, records
+from runs.services.decisions import apply_transition, lock_run
 from runs.states import Event
 from tests.conftest import Api, claim, declare, start_run
 
@@ -80,7 +80,7 @@ def test_long_poll_heartbeat_returns_as_soon_as_the_directive_changes(
     actor = Actor(kind="worker", name="worker-1", role="worker")
     changer = _later(
         1.0,
-        lambda: services.request_approval(
+        lambda: records.request_approval(
             actor=actor, run_id=run["id"], fencing_token=1, tool="payments", action="charge"
         ),
     )
@@ -140,7 +140,7 @@ def test_long_poll_heartbeat_keeps_waiting_through_a_wake_up_that_changed_nothin
     from django.db import transaction
 
     from runs.models import Run
-    from runs.services.common import notify_run_changed
+    from runs.services.decisions import notify_run_changed
 
     run = start_run(worker)
     c = claim(worker, run["id"])
@@ -169,7 +169,7 @@ def test_a_woken_long_poll_whose_lease_was_fenced_meanwhile_answers_lease_lost(
     from django.db import transaction
 
     from runs.models import Run
-    from runs.services.common import notify_run_changed
+    from runs.services.decisions import notify_run_changed
 
     run = start_run(worker)
     c = claim(worker, run["id"])
@@ -442,7 +442,7 @@ def test_outcome_from_a_fenced_out_worker_after_takeover_is_recorded_and_flagged
     claim(worker, run["id"], "worker-a")
     effect = declare(worker, run["id"], 1).json()
     ExecutionLease.objects.filter(run_id=run["id"]).update(expires_at="2000-01-01T00:00:00Z")
-    services.expire_leases(actor=SYSTEM)
+    lifecycle.expire_leases(actor=SYSTEM)
     _move(run["id"], Event.RECOVER, Event.RECOVERY_REDRIVE)
     taken = claim(worker, run["id"], "worker-b")
     assert taken["lease"]["fencing_token"] == 2 and taken["attempt"]["number"] == 2

@@ -22,8 +22,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from core.actors import Actor
-from runs import services
 from runs.models import Agent, ApiToken
+from runs.services import effects, lifecycle
 from tests.conftest import PURCHASING_SCOPES
 
 WORKER = Actor(kind="worker", name="fuzz-worker", role="worker")
@@ -32,14 +32,14 @@ EXAMPLES_PER_OPERATION = 10
 
 def _seed() -> dict[str, str]:
     Agent.objects.create(name="purchasing", allowed_scopes=PURCHASING_SCOPES)
-    run = services.create_run(
+    run = lifecycle.create_run(
         actor=WORKER,
         agent="purchasing",
         goal="fuzz target",
         authority=[{"scope": "payments:charge", "ttl_s": 3600}],
     )
-    claim = services.claim_run(actor=WORKER, run_id=run.pk, worker="fuzz-worker")
-    effect = services.declare_effect(
+    claim = lifecycle.claim_run(actor=WORKER, run_id=run.pk, worker="fuzz-worker")
+    effect = effects.declare_effect(
         actor=WORKER,
         run_id=run.pk,
         fencing_token=1,

@@ -196,7 +196,7 @@ def test_an_admin_password_reset_is_audited_without_the_password(cast, admin_cli
 
 def test_a_failed_audit_write_undoes_the_admin_change(cast, admin_client, monkeypatch):
     """The audit row is part of the change's transaction: no audit, no change."""
-    from audit import accounts
+    from audit.access import events as accounts
 
     def broken(**kwargs):
         raise RuntimeError("audit store unavailable")

@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit.anchors.merkle import merkle_root
 from audit.integrity import verify_all
-from audit.merkle import merkle_root
 from audit.models import SYSTEM, AuditChain
 from audit.services import record_audit
 from core.actors import system_actor

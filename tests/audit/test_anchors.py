@@ -19,10 +19,12 @@ from django.conf import settings as django_settings
 from django.core.management import ManagementUtility, call_command
 from django.db import connection
 
-from audit import anchors
-from audit.chain import GENESIS, link_hash
+from audit.anchors.merkle import merkle_root
+from audit.anchors.signing import key_id, public_pem, signed_bytes, signing_key
+from audit.anchors.sink import DirectorySink
+from audit.anchors.write import AnchorRefused, current_heads, write_anchor
+from audit.chain.hashing import GENESIS, link_hash
 from audit.integrity import verify_all
-from audit.merkle import merkle_root
 from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from audit.tasks import write_anchor as write_anchor_task
@@ -50,7 +52,7 @@ def anchor_config(settings, tmp_path):
 
 
 def _sink_path():
-    return anchors.DirectorySink().path
+    return DirectorySink().path
 
 
 def _write(n: int) -> None:
@@ -68,7 +70,7 @@ def _write_anchored(n: int) -> None:
     """n events, an anchor after each: the resolution of an anchor check is one event."""
     for _ in range(n):
         _write(1)
-        anchors.write_anchor()
+        write_anchor()
 
 
 @contextmanager
@@ -206,9 +208,9 @@ def test_the_chain_alone_is_fooled_by_what_only_the_anchors_catch(kind):
 
 def test_sparse_anchors_bound_a_rewrite_between_the_last_good_anchor_and_the_first_bad_one():
     _write(2)
-    anchors.write_anchor()
+    write_anchor()
     _write(4)
-    anchors.write_anchor()  # anchors at seq 2 and seq 6 only
+    write_anchor()  # anchors at seq 2 and seq 6 only
     with superuser_tampering():
         _at(4).update(reason="nothing to see")
         _rehash_from(4)
@@ -241,27 +243,27 @@ def test_a_cut_tail_followed_by_new_events_is_a_rewrite_at_the_anchored_position
 def test_an_anchor_is_the_signed_head_and_is_appended_also_when_nothing_happened():
     _write(3)
     head = AuditChain.objects.get(key=SYSTEM)
-    first = anchors.write_anchor()
-    second = anchors.write_anchor()  # idle: no new event, still a fresh anchor
+    first = write_anchor()
+    second = write_anchor()  # idle: no new event, still a fresh anchor
     assert first["root"] == second["root"] == merkle_root([(SYSTEM, head.seq, head.hash)])
     assert (first["chains"], first["events"]) == (1, 3)
     assert first["heads"] == [[SYSTEM, head.seq, head.hash]]
     assert second["at"] > first["at"]
     lines = _sink_path().read_text().splitlines()
     assert [json.loads(line) for line in lines] == [first, second]
-    public = anchors.signing_key().public_key()
-    public.verify(base64.b64decode(first["sig"]), anchors.signed_bytes(first))  # raises if invalid
+    public = signing_key().public_key()
+    public.verify(base64.b64decode(first["sig"]), signed_bytes(first))  # raises if invalid
     report = verify_all(anchors=True)["anchors"]
     assert report["ok"] and report["anchors"] == 2 and report["anchored_events"] == 3
 
 
 def test_the_sink_only_grows_earlier_lines_are_never_rewritten():
     _write(1)
-    anchors.write_anchor()
+    write_anchor()
     before = _sink_path().read_bytes()
     _write(2)
-    anchors.write_anchor()
-    anchors.write_anchor()
+    write_anchor()
+    write_anchor()
     after = _sink_path().read_bytes()
     assert after.startswith(before) and after.count(b"\n") == 3
 
@@ -285,15 +287,15 @@ def test_audit_anchor_command_appends_one_and_prints_the_public_key(capsys):
     call_command("audit_anchor", "--public-key")
     pem = capsys.readouterr().out
     assert pem.startswith("-----BEGIN PUBLIC KEY-----")
-    assert anchors.key_id(serialization.load_pem_public_key(pem.encode())) == printed["key"]
+    assert key_id(serialization.load_pem_public_key(pem.encode())) == printed["key"]
 
 
 def test_no_anchor_for_a_head_the_database_contradicts():
     _write(3)
     with superuser_tampering():
         _set_head(2, _at(2).get().hash)
-    with pytest.raises(anchors.AnchorRefused):
-        anchors.write_anchor()
+    with pytest.raises(AnchorRefused):
+        write_anchor()
     assert not _sink_path().exists()
     assert "refused" in write_anchor_task.apply().get()  # the beat task logs it and carries on
     assert not _sink_path().exists()
@@ -304,13 +306,13 @@ def test_no_anchor_for_a_head_the_database_contradicts():
 
 def test_a_forged_or_edited_anchor_line_is_named_by_its_line():
     _write(3)
-    anchors.write_anchor()
+    write_anchor()
     good = json.loads(_sink_path().read_text())
     forged = good | {"root": merkle_root([(SYSTEM, 2, _at(2).get().hash)])}  # signed for seq 3
     other_key = Ed25519PrivateKey.generate()
-    foreign = good | {"key": anchors.key_id(other_key.public_key())}
-    foreign["sig"] = base64.b64encode(other_key.sign(anchors.signed_bytes(foreign))).decode()
-    sink = anchors.DirectorySink()
+    foreign = good | {"key": key_id(other_key.public_key())}
+    foreign["sig"] = base64.b64encode(other_key.sign(signed_bytes(foreign))).decode()
+    sink = DirectorySink()
     sink.append(json.dumps(forged))
     sink.append(json.dumps(foreign))
     sink.append("{not json")
@@ -325,9 +327,9 @@ def test_a_forged_or_edited_anchor_line_is_named_by_its_line():
 
 def test_verification_keys_can_be_given_as_public_key_files(settings, tmp_path):
     _write(1)
-    anchors.write_anchor()
+    write_anchor()
     pub = tmp_path / "anchor.pub"
-    pub.write_text(anchors.public_pem(anchors.signing_key().public_key()))
+    pub.write_text(public_pem(signing_key().public_key()))
     settings.ANCHOR_SIGNING_KEY = str(tmp_path / "missing.pem")  # the verifier needs no private key
     settings.ANCHOR_VERIFY_KEYS = [str(pub)]
     assert verify_all(anchors=True)["anchors"]["ok"]
@@ -346,14 +348,14 @@ def test_no_anchors_at_all_fails_the_anchor_check():
 def test_a_demo_key_is_generated_into_var_once_with_a_log_line(settings, tmp_path, caplog):
     settings.ANCHOR_SIGNING_KEY = ""
     settings.ANCHOR_DEMO_KEY_FILE = str(tmp_path / "var" / "anchor-signing-key.pem")
-    with caplog.at_level("WARNING", logger="audit.anchors"):
-        first = anchors.key_id(anchors.signing_key().public_key())
+    with caplog.at_level("WARNING", logger="audit.anchors.signing"):
+        first = key_id(signing_key().public_key())
     assert "generated a demo anchor signing key" in caplog.text
-    assert anchors.key_id(anchors.signing_key().public_key()) == first
+    assert key_id(signing_key().public_key()) == first
     settings.PRODUCTION = True
     settings.ANCHOR_DEMO_KEY_FILE = str(tmp_path / "elsewhere.pem")
     with pytest.raises(Exception, match="production needs a provisioned key"):
-        anchors.signing_key()
+        signing_key()
 
 
 # --- each anchor also signs the history heads of the runs that moved --------------------------------
@@ -390,11 +392,11 @@ def _anchored_run(worker) -> tuple[str, list[int]]:
     from tests.conftest import claim, declare, start_run
 
     run = start_run(worker)
-    anchors.write_anchor()
+    write_anchor()
     claim(worker, run["id"])
-    anchors.write_anchor()
+    write_anchor()
     declare(worker, run["id"], 1)
-    record = anchors.write_anchor()
+    record = write_anchor()
     head = Run.objects.get(pk=run["id"])
     assert [run["id"], head.history_seq, head.history_head] in record["parts"]["runs"]
     seqs = sorted(
@@ -446,18 +448,18 @@ def test_a_run_history_tail_cut_with_its_head_moved_back_is_caught_by_the_anchor
 def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
     settings.ANCHOR_INTERVAL_S = 60
     _write(1)
-    key = anchors.signing_key()
+    key = signing_key()
     old = {
         "v": 2,
-        **anchors.current_heads(None),
+        **current_heads(None),
         "at": "2026-01-01T00:00:00+00:00",
-        "key": anchors.key_id(key.public_key()),
+        "key": key_id(key.public_key()),
     }
-    old["sig"] = base64.b64encode(key.sign(anchors.signed_bytes(old))).decode()
-    anchors.DirectorySink().append(json.dumps(old))
+    old["sig"] = base64.b64encode(key.sign(signed_bytes(old))).decode()
+    DirectorySink().append(json.dumps(old))
     report = verify_all(anchors=True)["anchors"]
     assert report["ok"] and report["stale"] and report["latest_at"].startswith("2026-01-01")
-    anchors.write_anchor()
+    write_anchor()
     assert not verify_all(anchors=True)["anchors"]["stale"]
 
 
@@ -477,7 +479,7 @@ def test_cutting_the_tail_of_one_runs_chain_is_named_with_its_chain_against_the_
     _run_events(quiet, 3)
     for _ in range(3):
         _run_events(busy, 2)
-        anchors.write_anchor()
+        write_anchor()
     chain = f"run:{busy}"
     assert AuditChain.objects.get(key=chain).seq == 6
     assert verify_all(anchors=True)["ok"]
@@ -498,7 +500,7 @@ def test_rewriting_and_rehashing_one_runs_chain_names_that_chain_only():
     runs = [uuid.uuid4() for _ in range(3)]
     for run_id in runs:
         _run_events(run_id, 4)
-    anchors.write_anchor()
+    write_anchor()
     chain = f"run:{runs[1]}"
     with superuser_tampering():
         _at(2, chain).update(reason="nothing to see")
@@ -517,10 +519,10 @@ def test_a_deleted_anchor_line_shows_as_a_root_that_does_not_add_up():
     import uuid
 
     _write(1)
-    first = anchors.write_anchor()
+    first = write_anchor()
     _run_events(uuid.uuid4(), 1)
-    second = anchors.write_anchor()
-    third = anchors.write_anchor()  # idle
+    second = write_anchor()
+    third = write_anchor()  # idle
     assert len(first["heads"]) == 1 and len(second["heads"]) == 1 and third["heads"] == []
     assert verify_all(anchors=True)["ok"]
     lines = _sink_path().read_text().splitlines()

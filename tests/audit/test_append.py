@@ -9,8 +9,8 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from audit.append import chain_for, split_payload
-from audit.chain import GENESIS, canonical, link_hash
+from audit.chain.append import chain_for, split_payload
+from audit.chain.hashing import GENESIS, canonical, link_hash
 from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor

@@ -1,4 +1,4 @@
-"""The audit chain (DESIGN §6): written with the change, append-only in the database, verified link by
+"""The audit chain (docs/concepts/audit.md): written with the change, append-only in the database, verified link by
 link, exported as JSON Lines. Tampering is done the way an attacker with database access would: with
 the append-only trigger switched off for the session."""
 
@@ -12,14 +12,14 @@ import pytest
 from django.core.management import ManagementUtility, call_command
 from django.db import DatabaseError, connection, transaction
 
-from audit.append import appending
-from audit.chain import GENESIS, link_hash
+from audit.chain.append import appending
+from audit.chain.hashing import GENESIS, link_hash
 from audit.models import SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import system_actor
-from runs import services
 from runs.models import Attempt, Checkpoint, ExecutionLease, HistoryEvent, Run
-from runs.services import common, lifecycle
+from runs.selectors import verify_history
+from runs.services import decisions, lifecycle
 from tests.conftest import claim, declare, start_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("postgres_only")]
@@ -107,7 +107,7 @@ def test_if_the_audit_write_fails_the_change_does_not_happen(worker):
               FOR EACH ROW EXECUTE FUNCTION test_refuse_audit();
         """)
     with pytest.raises(DatabaseError, match="audit store unavailable"):
-        services.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")
+        lifecycle.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")
     with connection.cursor() as cur:
         cur.execute(
             "DROP TRIGGER test_refuse_audit ON audit_auditevent; DROP FUNCTION test_refuse_audit();"
@@ -136,11 +136,11 @@ def test_if_the_decision_fails_after_its_audit_write_neither_survives(worker, mo
     def broken_step_after_the_write(*args, **kwargs):
         raise RuntimeError("crash after the audit row was written")
 
-    monkeypatch.setattr(common, "appending", audit_then_remember)
+    monkeypatch.setattr(decisions, "appending", audit_then_remember)
     monkeypatch.setattr(lifecycle, "_supersede", broken_step_after_the_write)
     head_before = AuditChain.objects.get(key=f"run:{run['id']}").seq
     with pytest.raises(RuntimeError):
-        services.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")
+        lifecycle.claim_run(actor=ACTOR, run_id=run["id"], worker="w-1")
     assert written, "the audit row was written inside the transaction"
     assert not AuditEvent.objects.filter(pk__in=written).exists()
     assert AuditChain.objects.get(key=f"run:{run['id']}").seq == head_before
@@ -309,7 +309,7 @@ def test_tampering_with_run_history_is_caught_by_its_own_chain(worker):
     declare(worker, run["id"], 1)
     with tampering():
         HistoryEvent.objects.filter(run_id=run["id"], seq=2).update(data={"worker": "someone else"})
-    report = common.verify_history(Run.objects.get(pk=run["id"]))
+    report = verify_history(Run.objects.get(pk=run["id"]))
     assert (report["ok"], report["first_broken_seq"], report["problem"]) == (False, 2, "edited")
 
 

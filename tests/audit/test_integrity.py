@@ -11,8 +11,9 @@ import pytest
 from django.core.management import ManagementUtility
 from django.db import connection
 
-from audit.chain import link_hash
-from audit.integrity import checks, verify_all
+from audit.chain.hashing import link_hash
+from audit.integrity import verify_all
+from audit.registry import checks
 from core.actors import system_actor
 from interventions.reconcile import reconcile_effect
 from runs.integrity import history_fields

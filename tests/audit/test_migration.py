@@ -13,8 +13,10 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from audit import anchors
-from audit.chain import GENESIS, link_hash
+from audit.anchors.signing import key_id, signed_bytes, signing_key
+from audit.anchors.sink import DirectorySink
+from audit.anchors.write import write_anchor
+from audit.chain.hashing import GENESIS, link_hash
 from audit.integrity import verify_all
 from audit.models import LEGACY, SYSTEM, AuditChain, AuditEvent
 from audit.services import record_audit, verify_chain
@@ -92,17 +94,17 @@ def _write_old_chain(n: int) -> list[str]:
 
 
 def _v1_anchor(seq: int, value: str) -> None:
-    key = anchors.signing_key()
+    key = signing_key()
     record = {
         "v": 1,
         "seq": seq,
         "hash": value,
         "at": timezone.now().isoformat(),
-        "key": anchors.key_id(key.public_key()),
+        "key": key_id(key.public_key()),
         "parts": {},
     }
-    record["sig"] = base64.b64encode(key.sign(anchors.signed_bytes(record))).decode()
-    anchors.DirectorySink().append(json.dumps(record))
+    record["sig"] = base64.b64encode(key.sign(signed_bytes(record))).decode()
+    DirectorySink().append(json.dumps(record))
 
 
 def test_the_old_chain_becomes_the_legacy_chain_and_still_verifies_with_its_old_anchors():
@@ -124,7 +126,7 @@ def test_the_old_chain_becomes_the_legacy_chain_and_still_verifies_with_its_old_
     )
     assert (new.chain, new.chain_seq, new.prev_hash) == (SYSTEM, 1, GENESIS)
     assert new.seq == 6  # the reading order carries on after the legacy rows
-    anchors.write_anchor()  # v2, over the legacy and system heads
+    write_anchor()  # v2, over the legacy and system heads
     full = verify_all(anchors=True)
     assert full["ok"], full
     assert full["anchors"]["anchors"] == 3 and full["chain"]["chains"] == 2

@@ -1,5 +1,5 @@
-"""bench.suite: `make bench`'s summary has every figure issue 11 asks for, in the shape the README
-table is generated from. The slow test runs the real suite at tiny sizes (shape, not timing)."""
+"""bench.suite: `make bench`'s summary has every figure issue 11 asks for, in the shape the table of
+docs/benchmarks.md is generated from. The slow test runs the real suite at tiny sizes (shape, not timing)."""
 
 from __future__ import annotations
 
@@ -96,6 +96,22 @@ def test_readme_block_is_replaced_in_place(tmp_path):
     readme.write_text(f"# x\n\nbefore\n{report.START}\nold table\n{report.END}\nafter\n")
     report.write_readme(readme, "new table\n")
     assert readme.read_text() == f"# x\n\nbefore\n{report.START}\nnew table\n{report.END}\nafter\n"
+
+
+def test_make_bench_writes_the_benchmarks_page(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n{report.START}\nold\n{report.END}\nnotes\n")
+    summary = ROOT / "bench" / "results" / "summary.json"
+    assert report.main(["--summary", str(summary), "--page", str(page)]) == 0
+    assert report.render(json.loads(summary.read_text())) in page.read_text()
+    assert page.read_text().endswith(f"{report.END}\nnotes\n")
+
+
+def test_the_committed_benchmarks_page_holds_the_table_of_the_committed_summary():
+    """docs/benchmarks.md shows what bench/results/summary.json says, not an older run."""
+    summary = json.loads((ROOT / "bench" / "results" / "summary.json").read_text())
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert f"{report.START}\n{report.render(summary)}{report.END}" in page
 
 
 def _scratch_url() -> str | None:

@@ -8,7 +8,7 @@ import json
 import pytest
 from django.test import Client
 
-from audit.anchors import write_anchor
+from audit.anchors.write import write_anchor
 from audit.models import AuditChain, AuditEvent
 from tests.conftest import claim, start_run
 

@@ -88,7 +88,9 @@ def test_a_presented_value_is_drawn_in_one_pass_with_everything_escaped():
             "items": [1, {"deep": "y"}],
         }
     )
-    html = Template("{% include '_value.html' with node=node %}").render(Context({"node": node}))
+    html = Template("{% include 'console/_value.html' with node=node %}").render(
+        Context({"node": node})
+    )
     assert html.startswith('<dl class="kv"><dt>who</dt><dd>&lt;b&gt;x&lt;/b&gt;</dd>')
     assert "<dt>ok</dt><dd>no</dd>" in html
     assert '<dt>none</dt><dd><span class="muted">—</span></dd>' in html

@@ -132,11 +132,11 @@ def test_pages_showing_the_same_view_share_one_render(cast, worker, quick_hub, m
     monkeypatch.setattr(
         list_live, "list_update", lambda *a: updates.append(a[1].query) or real_update(*a)
     )
-    from console import runs
+    from console import run_list
 
-    real_context = runs.list_context
+    real_context = run_list.list_context
     monkeypatch.setattr(
-        runs, "list_context", lambda *a, **k: tables.append(1) or real_context(*a, **k)
+        run_list, "list_context", lambda *a, **k: tables.append(1) or real_context(*a, **k)
     )
     sessions = [headers_of(cast, "vera"), headers_of(cast, "vera")]
 

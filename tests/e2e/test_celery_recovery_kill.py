@@ -11,10 +11,11 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import verify_chain
 from core.actors import system_actor
-from interventions.models import Intervention
-from interventions.recover import on_orphaned, sweep_recoveries
+from interventions.jobs import sweep_jobs
+from interventions.models import Intervention, Job
+from interventions.recover import on_orphaned
 from runs.models import Effect, ExecutionLease, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import declare, start_run
 from tests.e2e.test_celery_worker import Process, broker, start_celery, start_world  # noqa: F401 (broker: fixture)
 from tests.live import wait_for
@@ -65,7 +66,11 @@ def test_a_sigkilled_celery_worker_mid_recovery_still_recovers_once(worker, brok
 
             second = start_celery(tmp_path, "recovery-2", broker, world_url)
             processes.append(second)
-            assert sweep_recoveries(grace_s=0)["requeued"] == [str(intervention.pk)]
+            # The killed delivery never reports back: once its job is overdue, the job sweep counts
+            # the failure and delivers it again.
+            job = Job.objects.get(kind="recovery", target_id=str(intervention.pk))
+            Job.objects.filter(pk=job.pk).update(due_at=timezone.now())
+            assert sweep_jobs()["delivered"] == [str(job.pk)]
             done = wait_for(
                 "the recovery to finish",
                 lambda: (

@@ -29,10 +29,10 @@ import pytest
 from django.utils import timezone
 
 from audit.services import verify_chain
-from interventions.compensate import sweep_compensation_plans
-from interventions.models import CompensationPlan, CompensationStep, Intervention
+from interventions.jobs import sweep_jobs
+from interventions.models import CompensationPlan, CompensationStep, Intervention, Job
 from runs.models import Effect, Run
-from runs.services.common import verify_history
+from runs.selectors import verify_history
 from tests.conftest import claim, declare, start_run
 from tests.live import test_database_url, wait_for
 from world.client import WorldClient
@@ -271,7 +271,12 @@ def test_a_sigkilled_worker_mid_plan_still_compensates_each_effect_exactly_once(
                 lambda: steps(plan_id)[2].claimed_until <= timezone.now(),
                 10,
             )
-            sweep_compensation_plans.delay()  # what celery beat runs periodically
+            # The dead delivery's job is overdue once its timeout passes: the one job sweep (what
+            # celery beat runs periodically) delivers it again.
+            Job.objects.filter(kind="compensation", target_id=str(plan_id)).update(
+                due_at=timezone.now()
+            )
+            sweep_jobs.delay()
             plan = wait_for(
                 "the plan to finish",
                 lambda: CompensationPlan.objects.filter(

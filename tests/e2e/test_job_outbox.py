@@ -26,7 +26,7 @@ import pytest
 from core.actors import system_actor
 from interventions.models import CompensationPlan, Intervention, Job
 from runs.models import Effect, ExecutionLease, HistoryEvent, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import claim, declare, start_run
 from tests.interventions.helpers import intervene
 from tests.live import Procs, server_env, start_celery, start_world, wait_for

@@ -12,7 +12,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from core.actors import system_actor
 from runs.models import Approval, HistoryEvent, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import Api, claim, start_run
 from tests.interventions.helpers import intervene, running_run
 

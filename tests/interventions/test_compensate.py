@@ -17,18 +17,17 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from core.actors import system_actor
-from interventions import registry
+from interventions import jobs, registry
 from interventions.compensate import (
     _claim_next_step,
     execute_compensation_plan,
     run_compensation_plan,
-    stalled_plans,
 )
-from interventions.models import CompensationPlan, CompensationStep, Intervention
+from interventions.models import CompensationPlan, CompensationStep, Intervention, Job
 from interventions.registry import CompensationResult, EffectInfo
 from runs.integrity import verify_ledger
 from runs.models import Effect, Run
-from runs.services.common import verify_history
+from runs.selectors import verify_history
 from tests.conftest import claim, declare, start_run
 
 pytestmark = pytest.mark.django_db
@@ -430,19 +429,32 @@ def test_a_crash_between_call_and_record_recalls_with_the_same_key(
     assert CompensationStep.objects.get(plan=plan, position=1).attempts == 2
 
 
-def test_an_expired_claim_is_a_stalled_plan_and_is_taken_over(
-    worker, as_user, world, django_capture_on_commit_callbacks
+def test_a_delivery_that_died_holding_a_step_is_delivered_again_by_the_job_sweep(
+    worker, as_user, world, django_capture_on_commit_callbacks, monkeypatch
 ):
+    """One outbox, one sweep: the plan's job, started and never heard from again, is delivered again
+    by ``sweep_jobs`` (a failure counted on the job), and that delivery takes over the dead one's step
+    once its claim has expired."""
     run = saga_run(worker)
     _, plan = issued_plan(as_user("ian"), run["id"], django_capture_on_commit_callbacks)
-    assert stalled_plans() == []  # just enqueued: not stalled
-    _claim_next_step(str(plan.pk), "task-dead", system_actor("test"))
-    CompensationStep.objects.filter(plan=plan, position=1).update(
-        claimed_until=timezone.now() - timedelta(seconds=1)
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        jobs, "deliver", lambda kind, target, countdown=None: sent.append((kind, target))
     )
-    assert stalled_plans() == [str(plan.pk)]
-    assert run_compensation_plan(str(plan.pk), task_id="sweep-1")["status"] == "completed"
-    assert stalled_plans() == []
+    assert jobs.sweep_jobs() == {"delivered": [], "failed": []}  # just enqueued: not due
+    # A delivery began (the job's attempt), claimed the first step, and its worker died.
+    job = Job.objects.get(kind="compensation", target_id=str(plan.pk))
+    past = timezone.now() - timedelta(seconds=1)
+    Job.objects.filter(pk=job.pk).update(status=Job.RUNNING, attempts=1, due_at=past)
+    _claim_next_step(str(plan.pk), "task-dead", system_actor("test"))
+    CompensationStep.objects.filter(plan=plan, position=1).update(claimed_until=past)
+    assert jobs.sweep_jobs()["delivered"] == [str(job.pk)]
+    assert sent == [("compensation", str(plan.pk))]
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.failures) == (Job.PENDING, 1, 1)
+    assert execute_compensation_plan.run(str(plan.pk))["status"] == "completed"
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Job.DONE, 2)
 
 
 @pytest.mark.django_db(transaction=True)

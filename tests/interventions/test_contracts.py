@@ -11,7 +11,7 @@ from core.actors import system_actor
 from interventions.contracts import CONTRACT_SPECS, contracts_document
 from interventions.resume import revalidate_run
 from runs.models import Timer
-from runs.services import fire_due_timers
+from runs.services.records import fire_due_timers
 from runs.states import TRANSITIONS
 from tests.interventions.helpers import intervene, running_run
 

@@ -14,7 +14,8 @@ from core.auth import actor_for_user
 from core.errors import DomainError
 from interventions.base import Request, issue
 from runs.models import Effect, Run
-from runs.services import claim_run, create_run, declare_effect, finish_attempt
+from runs.services.effects import declare_effect
+from runs.services.lifecycle import claim_run, create_run, finish_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,13 +12,14 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from core.actors import system_actor
+from interventions import jobs as job_outbox
 from interventions import registry
 from interventions.compensate import run_compensation_plan
-from interventions.models import CompensationPlan, Intervention
-from interventions.recover import on_orphaned, run_recovery, scan_expired_leases, sweep_recoveries
+from interventions.models import CompensationPlan, Intervention, Job
+from interventions.recover import on_orphaned, run_recovery, scan_expired_leases
 from interventions.registry import CompensationResult, ReconcileResult
 from runs.models import Agent, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import declare, start_run
 
 pytestmark = pytest.mark.django_db
@@ -332,31 +333,32 @@ def test_recovery_runs_once_however_often_it_is_delivered(
     assert world.asked == ["order-9-charge"]
 
 
-def test_the_sweep_starts_forgotten_recoveries_and_requeues_lost_jobs(
+def test_the_lease_scan_starts_forgotten_recoveries_and_the_job_sweep_delivers_lost_ones(
     worker, world, monkeypatch, django_capture_on_commit_callbacks
 ):
     run = orphaned_run(worker, world)
     assert expire_leases(actor=system_actor("test")) == [
         run["id"]
     ]  # orphaned, but on_orphaned never ran
-    assert sweep_recoveries() == {
-        "started": [],
-        "requeued": [],
-    }  # within the grace period: leave it
+    assert scan_expired_leases() == []  # within the grace period: leave it
     long_ago = timezone.now() - timedelta(minutes=5)
     Run.objects.filter(pk=run["id"]).update(state_changed_at=long_ago)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        assert sweep_recoveries()["started"] == [run["id"]]
+        assert scan_expired_leases() == [run["id"]]
     assert len(jobs(callbacks)) == 1 and Run.objects.get(pk=run["id"]).state == "recovering"
 
+    # Its message was lost: the recovery is an outbox job, and the one job sweep delivers it again.
     intervention = Intervention.objects.get(run_id=run["id"], kind="recover")
-    Intervention.objects.filter(pk=intervention.pk).update(
-        created_at=long_ago
-    )  # its message was lost
-    requeued = []
-    monkeypatch.setattr(run_recovery, "delay", requeued.append)
-    assert sweep_recoveries() == {"started": [], "requeued": [str(intervention.pk)]}
-    assert requeued == [str(intervention.pk)]
+    job = Job.objects.get(kind="recovery", target_id=str(intervention.pk))
+    Job.objects.filter(pk=job.pk).update(due_at=long_ago)
+    sent = []
+    monkeypatch.setattr(
+        job_outbox, "deliver", lambda kind, target, countdown=None: sent.append((kind, target))
+    )
+    assert job_outbox.sweep_jobs() == {"delivered": [str(job.pk)], "failed": []}
+    assert sent == [("recovery", str(intervention.pk))]
+    assert run_recovery.run(str(intervention.pk))["decision"]["action"]
+    assert Job.objects.get(pk=job.pk).status == Job.DONE
 
 
 def test_a_retry_policy_stored_before_the_edge_checked_it_does_not_trap_recovery(

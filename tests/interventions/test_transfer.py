@@ -15,7 +15,7 @@ from audit.models import AuditEvent
 from audit.services import verify_chain
 from interventions.models import Intervention
 from runs.models import ApiToken, HistoryEvent, Run
-from runs.services.common import verify_history
+from runs.selectors import verify_history
 from tests.conftest import Api, claim, declare, start_run
 from tests.interventions.helpers import commit, intervene, running_run
 

@@ -17,7 +17,7 @@ from core.actors import system_actor
 from interventions import registry
 from interventions.reconcile import auto_reconcile
 from runs.models import Effect
-from runs.services import expire_leases
+from runs.services.lifecycle import expire_leases
 from tests.conftest import Api, claim, declare, start_run
 from tests.world.conftest import start_world
 from world.client import WorldClient, WorldError

@@ -8,8 +8,8 @@ from django.db import transaction
 
 from core.actors import system_actor
 from interventions.base import Request, issue
-from runs import services
 from runs.models import Run
+from runs.services import lifecycle
 from tests.conftest import start_run
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 def test_a_worker_decision_inside_an_open_transaction_is_refused(worker):
     run = start_run(worker)
     with pytest.raises(RuntimeError, match="durable"), transaction.atomic():
-        services.claim_run(actor=system_actor("test"), run_id=run["id"], worker="w-1")
+        lifecycle.claim_run(actor=system_actor("test"), run_id=run["id"], worker="w-1")
     assert Run.objects.get(pk=run["id"]).state == "queued"
 
 
@@ -32,5 +32,5 @@ def test_an_intervention_inside_an_open_transaction_is_refused(worker):
 
 def test_a_decision_on_its_own_commits(worker):
     run = start_run(worker)
-    services.claim_run(actor=system_actor("test"), run_id=run["id"], worker="w-1")
+    lifecycle.claim_run(actor=system_actor("test"), run_id=run["id"], worker="w-1")
     assert Run.objects.get(pk=run["id"]).state == "running"

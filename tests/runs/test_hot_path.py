@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from audit.services import verify_chain
 from runs.models import Run
-from tests.conftest import claim, declare, start_run
+from tests.conftest import claim, committed_with_next, declare, start_run
 
 pytestmark = pytest.mark.usefixtures("postgres_only")
 
@@ -35,19 +35,7 @@ def test_each_protocol_call_stays_within_its_statement_budget(worker):
     token = answer["lease"]["fencing_token"]
     effect, sql = _statements(lambda: declare(worker, run["id"], token, key="k-0").json())
     assert len(sql) <= 4, sql
-    body = {
-        "fencing_token": token,
-        "status": "committed",
-        "checkpoint": {"step": "s0", "state": {"i": 0}},
-        "next": {
-            "fencing_token": token,
-            "step": "charge",
-            "tool": "payments",
-            "action": "charge",
-            "idempotency_key": "k-1",
-            "args": {"amount": 101},
-        },
-    }
+    body = committed_with_next(token, "k-1")
     answer, sql = _statements(lambda: worker.post(f"/effects/{effect['id']}/outcome", body))
     assert answer.status_code == 200 and answer.json()["next"]["http_status"] == 201
     assert len(sql) <= 8, sql

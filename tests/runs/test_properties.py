@@ -30,9 +30,10 @@ from audit.models import AuditEvent
 from audit.services import verify_chain
 from core.actors import Actor, system_actor
 from core.errors import Conflict, DomainError
-from runs import services
 from runs.models import Agent, Attempt, Effect, ExecutionLease, HistoryEvent, Run
-from runs.services.common import apply_transition, lock_run, verify_history
+from runs.selectors import verify_history
+from runs.services import effects, lifecycle, records
+from runs.services.decisions import apply_transition, lock_run
 from runs.states import LEASED_STATES, TRANSITIONS, Event, State, directive_for, transition
 from tests.conftest import delete_what_was_written, triggers_off
 
@@ -128,7 +129,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.runs) < 2)
     @rule()
     def create_run(self):
-        run = services.create_run(
+        run = lifecycle.create_run(
             actor=WORKERS["w-a"],
             agent="purchasing",
             goal="property",
@@ -144,7 +145,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         run_pk = self._run(i)
         before = self._state(run_pk)
         try:
-            c = services.claim_run(actor=WORKERS[worker], run_id=run_pk, worker=worker)
+            c = lifecycle.claim_run(actor=WORKERS[worker], run_id=run_pk, worker=worker)
         except DomainError as err:
             assert err.code in ("lease_held", "not_claimable") and before != State.QUEUED
             return
@@ -158,7 +159,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if lease_id is None:
             return
         try:
-            beat = services.heartbeat(actor=actor, lease_id=lease_id, fencing_token=token)
+            beat = lifecycle.heartbeat(actor=actor, lease_id=lease_id, fencing_token=token)
         except DomainError as err:
             assert err.code == "lease_lost"
             return
@@ -176,7 +177,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         before = self._state(run_pk)
         actor, _, token = self._as(run_pk, who)
         try:
-            result = services.declare_effect(
+            result = effects.declare_effect(
                 actor=actor,
                 run_id=run_pk,
                 fencing_token=token,
@@ -206,7 +207,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         run = Run.objects.get(pk=run_pk)
         previous = Effect.objects.get(pk=effect_pk).status
         try:
-            effect = services.record_outcome(
+            effect = effects.record_outcome(
                 actor=actor, effect_id=effect_pk, fencing_token=token, status=status
             )
         except Conflict:  # already committed/failed with another status: facts are not rewritten
@@ -225,7 +226,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         run_pk = self._run(i)
         actor, _, token = self._as(run_pk, who)
         try:
-            services.write_checkpoint(
+            records.write_checkpoint(
                 actor=actor, run_id=run_pk, fencing_token=token, step="s", state={"by": actor.name}
             )
         except DomainError as err:
@@ -236,7 +237,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         run_pk = self._run(i)
         actor, _, token = self._as(run_pk, who)
         try:
-            services.finish_attempt(
+            lifecycle.finish_attempt(
                 actor=actor,
                 run_id=run_pk,
                 fencing_token=token,
@@ -251,7 +252,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         run_pk = self._run(i)
         actor, _, token = self._as(run_pk, who)
         try:
-            services.request_approval(
+            records.request_approval(
                 actor=actor, run_id=run_pk, fencing_token=token, tool="payments", action="charge"
             )
         except DomainError as err:
@@ -264,7 +265,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if lease_id is None:
             return
         try:
-            services.release_lease(actor=actor, lease_id=lease_id, fencing_token=token)
+            lifecycle.release_lease(actor=actor, lease_id=lease_id, fencing_token=token)
         except DomainError as err:
             assert err.code == "lease_lost"
 
@@ -274,7 +275,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         ExecutionLease.objects.filter(run_id=run_pk, status=ExecutionLease.ACTIVE).update(
             expires_at=timezone.now() - timedelta(seconds=1)
         )
-        services.expire_leases(actor=SYSTEM)
+        lifecycle.expire_leases(actor=SYSTEM)
         assert not ExecutionLease.objects.filter(
             run_id=run_pk, status=ExecutionLease.ACTIVE
         ).exists()

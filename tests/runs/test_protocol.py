@@ -100,7 +100,7 @@ def test_stale_fencing_token_is_refused_but_its_outcome_is_recorded(worker):
     # The lease expires; recovery requeues the run and a second worker takes over.
     from core.actors import system_actor
     from runs.models import ExecutionLease
-    from runs.services import expire_leases
+    from runs.services.lifecycle import expire_leases
 
     ExecutionLease.objects.filter(run_id=run["id"]).update(expires_at="2000-01-01T00:00:00Z")
     assert expire_leases(actor=system_actor("test")) == [run["id"]]

@@ -20,9 +20,9 @@ from audit.models import AuditEvent
 from audit.services import record_audit, verify_chain
 from core.actors import Actor, system_actor
 from core.errors import DomainError
-from runs import services
 from runs.models import Agent, Attempt, Effect, ExecutionLease, Run
-from runs.services.common import verify_history
+from runs.selectors import verify_history
+from runs.services import effects, lifecycle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("postgres_only")]
 
@@ -56,7 +56,7 @@ def _queued_run() -> Run:
     Agent.objects.get_or_create(
         name="purchasing", defaults={"allowed_scopes": ["payments:charge", "inventory:*"]}
     )
-    return services.create_run(
+    return lifecycle.create_run(
         actor=WORKER,
         agent="purchasing",
         goal="race",
@@ -76,7 +76,7 @@ def _codes(results) -> Counter:
 def test_fifty_concurrent_claimers_get_exactly_one_lease():
     run = _queued_run()
     results = run_together(
-        50, lambda i: services.claim_run(actor=WORKER, run_id=run.pk, worker=f"w-{i}")
+        50, lambda i: lifecycle.claim_run(actor=WORKER, run_id=run.pk, worker=f"w-{i}")
     )
     codes = _codes(results)
     assert codes["ok"] == 1, codes
@@ -100,10 +100,10 @@ def test_fifty_concurrent_claimers_get_exactly_one_lease():
 
 def test_fifty_concurrent_declarations_of_one_key_make_exactly_one_effect():
     run = _queued_run()
-    token = services.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
+    token = lifecycle.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
 
     def declare(i: int):
-        return services.declare_effect(
+        return effects.declare_effect(
             actor=WORKER,
             run_id=run.pk,
             fencing_token=token,
@@ -133,7 +133,7 @@ def test_fifty_concurrent_declarations_of_one_key_make_exactly_one_effect():
 
 def test_fifty_concurrent_declarations_after_the_outcome_all_replay_the_same_effect():
     run = _queued_run()
-    token = services.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
+    token = lifecycle.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
     kwargs = dict(
         actor=WORKER,
         run_id=run.pk,
@@ -144,15 +144,15 @@ def test_fifty_concurrent_declarations_after_the_outcome_all_replay_the_same_eff
         idempotency_key="k",
         args={"amount": 1},
     )
-    first = services.declare_effect(**kwargs).effect
-    services.record_outcome(
+    first = effects.declare_effect(**kwargs).effect
+    effects.record_outcome(
         actor=WORKER,
         effect_id=first.pk,
         fencing_token=token,
         status="committed",
         external_ref="ch_1",
     )
-    results = run_together(50, lambda i: services.declare_effect(**kwargs))
+    results = run_together(50, lambda i: effects.declare_effect(**kwargs))
     assert _codes(results) == Counter(ok=50)
     assert {(v.decision, v.effect.pk, v.effect.external_ref) for _, v in results} == {
         ("replayed", first.pk, "ch_1")
@@ -200,8 +200,8 @@ def test_sixteen_concurrent_audit_writers_never_fork_a_chain():
 
 
 def _declared(run: Run) -> tuple[int, Effect]:
-    token = services.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
-    effect = services.declare_effect(
+    token = lifecycle.claim_run(actor=WORKER, run_id=run.pk, worker="w-1").lease.fencing_token
+    effect = effects.declare_effect(
         actor=WORKER,
         run_id=run.pk,
         fencing_token=token,
@@ -223,7 +223,7 @@ def test_twenty_concurrent_outcomes_carrying_checkpoints_record_one_outcome_and_
     token, effect = _declared(run)
     results = run_together(
         20,
-        lambda i: services.record_outcome_with(
+        lambda i: effects.record_outcome_with(
             actor=WORKER,
             effect_id=effect.pk,
             fencing_token=token,
@@ -252,14 +252,14 @@ def test_an_outcome_carrying_a_checkpoint_racing_the_finish_never_checkpoints_af
 
         def work(i: int, run=run, token=token, effect=effect):
             if i == 0:
-                return services.record_outcome_with(
+                return effects.record_outcome_with(
                     actor=WORKER,
                     effect_id=effect.pk,
                     fencing_token=token,
                     status="committed",
                     checkpoint={"step": "charge", "state": {}},
                 )
-            return services.finish_attempt(
+            return lifecycle.finish_attempt(
                 actor=WORKER, run_id=run.pk, fencing_token=token, outcome="failed"
             )
 

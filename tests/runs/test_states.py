@@ -13,7 +13,7 @@ from audit.models import AuditEvent
 from core.actors import system_actor
 from core.errors import Conflict
 from runs.models import Approval, ExecutionLease, HistoryEvent, Run
-from runs.services.common import apply_transition, lock_run
+from runs.services.decisions import apply_transition, lock_run
 from runs.states import (
     DENIAL_BY_STATE,
     DIRECTIVES,

@@ -1,6 +1,6 @@
 """A fake control plane for SDK tests: an httpx.MockTransport handler that records every request.
 
-No database, no Django: the SDK only speaks HTTP. Routes answer DESIGN §5 payloads by default;
+No database, no Django: the SDK only speaks HTTP. Routes answer docs/concepts/worker-protocol.md payloads by default;
 a test overrides one with ``server.on(method, path, *responses)`` where each response is a
 ``(status, json)`` tuple, an exception instance to raise (transport failure), or a callable taking the
 recorded request. Queued responses are consumed in order; the last one then repeats.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from audit.accounts import reset_lockouts
+from audit.access.events import reset_lockouts
 from core.actors import system_actor
 
 

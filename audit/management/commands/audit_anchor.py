@@ -2,7 +2,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit import anchors
+from audit.anchors.signing import public_pem, signing_key
+from audit.anchors.write import AnchorRefused, write_anchor
 
 
 class Command(BaseCommand):
@@ -16,10 +17,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, public_key, **opts):
         if public_key:
-            self.stdout.write(anchors.public_pem(anchors.signing_key().public_key()), ending="")
+            self.stdout.write(public_pem(signing_key().public_key()), ending="")
             return
         try:
-            record = anchors.write_anchor()
-        except anchors.AnchorRefused as exc:
+            record = write_anchor()
+        except AnchorRefused as exc:
             raise CommandError(f"no anchor written: {exc}")
         self.stdout.write(json.dumps(record))

@@ -2,7 +2,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
 from audit.grants import grant_statements
-from audit.integrity import append_only_tables
+from audit.registry import append_only_tables
+from core import pg
 
 
 class Command(BaseCommand):
@@ -19,7 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--apply", action="store_true", help="execute instead of printing")
 
     def handle(self, *args, app_role, apply, **opts):
-        if connection.vendor != "postgresql":
+        if not pg.enabled(connection):
             raise CommandError("db_grants is for PostgreSQL (the SQLite demo has no roles)")
         try:
             statements = grant_statements(app_role)

@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from core.actors import system_actor
 from core.errors import DomainError
 from runs.models import ApiToken
-from runs.services.accounts import issue_token
+from runs.services.access import issue_token
 
 
 class Command(BaseCommand):

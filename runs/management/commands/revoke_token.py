@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core.actors import system_actor
 from core.errors import DomainError
-from runs.services.accounts import revoke_token
+from runs.services.access import revoke_token
 
 
 class Command(BaseCommand):

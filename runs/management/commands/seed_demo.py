@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand
 from core.actors import system_actor
 from core.roles import ROLES
 from runs.models import ApiToken
-from runs.services.accounts import create_user, ensure_roles, issue_token, set_user_roles
+from runs.services.access import create_user, ensure_roles, issue_token, set_user_roles
 from runs.services.agents import register_agent
 
 DEMO_AGENTS = {

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand
 
 from core.actors import system_actor
 from core.roles import ROLES
-from runs.services.accounts import ensure_roles
+from runs.services.access import ensure_roles
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from core.actors import system_actor
 from core.errors import DomainError
 from core.roles import ROLES
-from runs.services.accounts import set_user_roles
+from runs.services.access import set_user_roles
 
 
 class Command(BaseCommand):

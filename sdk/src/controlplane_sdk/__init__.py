@@ -1,4 +1,4 @@
-"""controlplane SDK: the worker side of the control plane's protocol (DESIGN §5).
+"""controlplane SDK: the worker side of the control plane's protocol (docs/concepts/worker-protocol.md).
 
 Import as ``controlplane_sdk``. Main entry points:
 

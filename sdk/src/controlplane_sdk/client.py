@@ -1,4 +1,4 @@
-"""HTTP client for the control plane's worker protocol (DESIGN §5).
+"""HTTP client for the control plane's worker protocol (docs/concepts/worker-protocol.md).
 
 This module is the **one place** that knows the worker protocol's paths, request bodies and response
 field names; the runtime (``runtime.py``, ``effects.py``, ``loop.py``) only uses the typed methods below.
@@ -333,8 +333,8 @@ class Client(OperatorCalls):
         )
 
     def release_lease(self, lease_id: str, fencing_token: int, reason: str = "") -> JSON:
-        """``POST /leases/{id}/release`` (not in the DESIGN §5 table): acknowledge a pause/cancel at a step
-        boundary and hand the lease back, so the run is not treated as orphaned."""
+        """``POST /leases/{id}/release`` (step 8 of docs/concepts/worker-protocol.md): acknowledge a
+        pause/cancel at a step boundary and hand the lease back, so the run is not treated as orphaned."""
         body = {"fencing_token": fencing_token, "reason": reason}
         return self._call("POST", f"/leases/{lease_id}/release", body, retry=True)
 

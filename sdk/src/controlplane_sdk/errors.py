@@ -1,8 +1,8 @@
 """Exceptions raised by the SDK.
 
-Every error the server returns is JSON ``{"error": code, "detail": ...}`` (DESIGN §5). The client maps
-the ``error`` code to one of the classes below; anything it does not recognise becomes a plain
-:class:`ApiError` carrying the HTTP status, the code and the detail.
+Every error the server returns is JSON ``{"error": code, "detail": ...}``
+(docs/concepts/worker-protocol.md). The client maps the ``error`` code to one of the classes below;
+anything it does not recognise becomes a plain :class:`ApiError` carrying the HTTP status, the code and the detail.
 
 Directive interrupts (:class:`PauseRequested`, :class:`CancelRequested`, :class:`StopRequested`) are not
 server errors: they are raised by :meth:`RunContext.check_directive` at a step boundary so that agent
@@ -111,8 +111,8 @@ class EffectDenied(ApiError):
     """409 ``denied``: the effect declaration was refused; **nothing may be dispatched**.
 
     ``reason`` is one of ``run_paused``, ``run_cancelled``, ``not_running``, ``authority_missing``,
-    ``authority_suspended``, ``authority_revoked``, ``authority_expired``, ``lease_lost`` (DESIGN §5);
-    the denial itself is recorded in the ledger by the server.
+    ``authority_suspended``, ``authority_revoked``, ``authority_expired``, ``lease_lost``
+    (docs/concepts/worker-protocol.md); the denial itself is recorded in the ledger by the server.
     """
 
     def __init__(

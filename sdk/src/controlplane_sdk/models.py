@@ -1,4 +1,4 @@
-"""Typed views of the worker-protocol responses (DESIGN §5).
+"""Typed views of the worker-protocol responses (docs/concepts/worker-protocol.md).
 
 These are plain frozen dataclasses; the client builds them from JSON (see ``client.py``, the one
 place that knows field names). Each keeps the whole decoded payload in ``raw`` because the server
