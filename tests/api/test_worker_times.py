@@ -12,7 +12,7 @@ from django.test import Client
 from core.actors import system_actor
 from interventions.resume import revalidate_run
 from runs.models import Assumption, Run, Timer
-from runs.services import fire_due_timers
+from runs.services.records import fire_due_timers
 from tests.conftest import claim, start_run
 from tests.interventions.helpers import intervene
 
