@@ -210,6 +210,9 @@ CELERY_BEAT_SCHEDULE = {
 # The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
 # (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
 ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
+# How far an audit event may be dated before the one it follows, or before an anchor it is not under,
+# before audit_verify calls it backdated (audit/anchors/times.py, docs/security/audit-forgery.md).
+AUDIT_CLOCK_TOLERANCE_S = env_int("AUDIT_CLOCK_TOLERANCE_S", 60)
 ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.sink.DirectorySink")
 ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
 # Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
