@@ -29,6 +29,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from core import pg
 from core.errors import Invalid
 from core.limits import DATETIME_MAX, DATETIME_MIN, datetime_problem
 
@@ -132,7 +133,7 @@ def install_safe_time_loader(sender: Any = None, connection: Any = None, **_: An
     loader with one that reads an out-of-range value as an ``UnreadableTime`` instead of raising.
     The class keeps Django's ``timezone`` attribute, so Django's per-cursor re-registration (which
     compares it) leaves ours in place."""
-    if connection is None or connection.vendor != "postgresql":
+    if connection is None or not pg.enabled(connection):
         return
     try:
         from django.db.backends.postgresql.psycopg_any import BaseTzLoader, is_psycopg3
