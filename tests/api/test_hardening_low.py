@@ -151,3 +151,30 @@ def test_a_viewer_reads_the_runs_audit_events_and_not_the_whole_log(worker, as_u
     sam = Client()
     assert sam.login(username="sam", password="pw-sam")
     assert b"token.issue" in sam.get("/audit/").content
+
+
+def test_a_policy_bounds_a_sum_per_run_and_window(worker):
+    from core.actors import system_actor
+    from runs.conditions import ConditionError, parse_condition
+    from runs.services.agents import set_approval_policies
+
+    set_approval_policies(
+        actor=system_actor("test"),
+        agent="purchasing",
+        approvals=["payments:charge sum(amount)>200 per 1h"],
+    )
+    run = start_run(worker)
+    claim(worker, run["id"])
+    decided = [
+        declare(worker, run["id"], 1, key=f"k{i}", args={"amount": 100}).json() for i in range(3)
+    ]
+    assert [d["decision"] for d in decided] == ["authorized", "authorized", "denied"], decided
+    assert decided[2]["reason"] == "approval_required"
+    other = start_run(worker)  # per run: another run's window starts empty
+    claim(worker, other["id"])
+    assert declare(worker, other["id"], 1, key="o1", args={"amount": 150}).json()["decision"] == (
+        "authorized"
+    )
+    assert parse_condition("sum(amount)>=5 per 30m").window_s == 1800
+    with pytest.raises(ConditionError):
+        parse_condition("sum(amount)>5 per 0s")
