@@ -287,6 +287,17 @@ def test_the_low_items_on_the_wire(stack, people):
         b"GET /static/..%2f..%2fcontrolplane%2fsettings.py HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     assert traversal.startswith(b"HTTP/1.1 404"), traversal[:200]
+    # Over-long headers and URLs: the promised 400, not a dropped connection.
+    big_header = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 17000
+    for raw, field in [
+        (big_header + b"\r\nConnection: close\r\n\r\n", b'"field": "headers"'),
+        (
+            b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            b'"field": "url"',
+        ),
+    ]:
+        answer = _raw(stack.base, raw)
+        assert answer.startswith(b"HTTP/1.1 400") and field in answer, answer[:300]
     # A pinned run: naming the pinned worker is not being it.
     run2 = _run(w)
     ian = stack.api(people["ian"])

@@ -178,3 +178,29 @@ def test_a_policy_bounds_a_sum_per_run_and_window(worker):
     assert parse_condition("sum(amount)>=5 per 30m").window_s == 1800
     with pytest.raises(ConditionError):
         parse_condition("sum(amount)>5 per 0s")
+
+
+def test_over_long_urls_and_headers_are_a_400_naming_which():
+    import asyncio
+
+    from controlplane.wire import WireLimits
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        sent.append({"reached": True})
+
+    async def send(message):
+        sent.append(message)
+
+    def call(scope):
+        sent.clear()
+        asyncio.run(WireLimits(app)(scope, None, send))
+        return sent
+
+    ok = {"type": "http", "raw_path": b"/runs/", "query_string": b"", "headers": [(b"a", b"b")]}
+    assert call(ok) == [{"reached": True}]
+    long_url = ok | {"raw_path": b"/" + b"a" * 9000}
+    assert call(long_url)[0]["status"] == 400 and b'"url"' in sent[1]["body"]
+    big = ok | {"headers": [(b"x-big", b"a" * 17000)]}
+    assert call(big)[0]["status"] == 400 and b'"headers"' in sent[1]["body"]
