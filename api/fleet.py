@@ -1,4 +1,4 @@
-"""Fleet operations: preview across a filter, start in waves, follow, halt (interventions/fleet.py)."""
+"""Fleet operations: preview across a filter, start in waves, follow, halt (interventions/fleet/operations.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from api.schemas import Schema, StrictOptions
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.roles import may
-from interventions.fleet import (
+from interventions.fleet.operations import (
     MAX_PAUSE_S,
     MAX_WAVE_SIZE,
     FleetParams,
@@ -26,7 +26,7 @@ from interventions.fleet import (
     preview_fleet_operation,
     start_fleet_operation,
 )
-from interventions.fleet_views import operation_dict, recent_operations
+from interventions.fleet.selectors import operation_dict, recent_operations
 from interventions.models import FleetOperation
 
 router = Router(tags=["fleet operations"])

@@ -18,6 +18,7 @@ from core.metrics import observe_intervention
 from interventions import base
 from interventions.contracts import contracts_document
 from interventions.models import Intervention
+from interventions.plugins import Request
 from interventions.selectors import receipt_dict
 from runs.selectors import get_visible_run
 
@@ -31,8 +32,8 @@ def _operator(request: HttpRequest) -> Actor:
     return actor
 
 
-def _req(body: InterventionIn) -> base.Request:
-    return base.Request(
+def _req(body: InterventionIn) -> Request:
+    return Request(
         kind=body.kind,
         reason=body.reason,
         scope=body.scope,

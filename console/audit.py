@@ -17,7 +17,14 @@ from django.views.decorators.http import require_GET
 
 from audit.integrity import verify_for_people
 from audit.models import AuditEvent
-from audit.selectors import audit_events, chain_event, components, object_types, settled_seq
+from audit.selectors import (
+    audit_events,
+    chain_event,
+    components,
+    events_page,
+    object_types,
+    settled_seq,
+)
 from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
@@ -89,7 +96,7 @@ def audit_context(request: ConsoleRequest) -> dict:
     if not reads_whole_audit_log(request.roles):
         qs = qs.filter(run_id__isnull=False)  # only the runs' events (core.roles "audit_read_all")
     newer_first = not newest or after is None
-    rows = list(qs.order_by("-seq" if newer_first else "seq")[: PAGE + 1])
+    rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)
     more = len(rows) > PAGE
     rows = rows[:PAGE]
     if not newer_first:

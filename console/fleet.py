@@ -1,5 +1,5 @@
 """Fleet operations in the console: choose runs by filter -> preview -> confirm -> live progress
-(waves, per-run receipts, halt). The services (interventions/fleet.py) decide and check everything;
+(waves, per-run receipts, halt). The services (interventions/fleet/operations.py) decide and check everything;
 this edge parses the form and maps domain errors to the page with their HTTP status."""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from console.common import ConsoleRequest, console_view, is_fragment, kind_label
 from console.interventions import error_dict
 from core.errors import DomainError, Invalid
 from core.roles import may
-from interventions.fleet import (
-    FLEET_KINDS,
+from interventions.fleet.operations import (
     FleetParams,
     cancel_fleet_operation,
     confirm_fleet_operation,
@@ -27,7 +26,8 @@ from interventions.fleet import (
     preview_fleet_operation,
     start_fleet_operation,
 )
-from interventions.fleet_views import operation_dict, recent_operations
+from interventions.fleet.selection import FLEET_KINDS
+from interventions.fleet.selectors import operation_dict, recent_operations
 from interventions.models import FleetOperation
 from interventions.selectors import operation_by_id
 

@@ -1,7 +1,7 @@
 """Console intervention dialogs: choose a kind -> preview (interventions.base.preview) -> confirm
 (interventions.base.issue) -> receipt; the reconcile form; the approvals inbox; the contracts page.
 
-The edge parses the form into a :class:`base.Request` and maps domain errors to the dialog with their
+The edge parses the form into a :class:`Request` and maps domain errors to the dialog with their
 HTTP status. The services decide and enforce everything again (role, decision authority, state table).
 """
 
@@ -33,11 +33,12 @@ from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
 from core.metrics import observe_intervention
-from core.roles import PERMISSIONS, ROLES, may, roles_of
+from core.roles import ROLES, may, roles_of
 from interventions import base
 from interventions.approvals import SATISFIES
-from interventions.contracts import CONTRACT_SPECS, contracts_document
+from interventions.contracts import contracts_document, permission_rows
 from interventions.models import Intervention
+from interventions.plugins import REGISTRY, Request, owner_bound
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
@@ -56,21 +57,6 @@ from runs.selectors import (
 )
 from runs.states import State, as_table
 
-# Form fields -> options, per kind. Anything not listed for a kind is ignored.
-OPTION_FIELDS: dict[str, tuple[str, ...]] = {
-    "pause": ("suspend_authority",),
-    "resume": ("reobserve_assumptions",),
-    "retry": ("checkpoint_seq",),
-    "transfer": ("to", "facets", "to_worker"),
-    "approve": ("approval_id",),
-    "reject": ("approval_id",),
-    "revoke_authority": ("grant_id", "grant_scope"),
-    "suspend_authority": ("grant_id", "grant_scope"),
-    "restore_authority": ("grant_id", "grant_scope"),
-    "recover": ("prefer",),
-    "freeze_capability": ("capability",),
-    "restore_capability": ("capability",),
-}
 FLAGS = ("suspend_authority", "reobserve_assumptions")
 PREFERENCES = ("redrive", "compensate", "escalate")
 HEADLINE = ("kind", "run_id", "state", "allowed", "next_state", "scope")
@@ -79,10 +65,16 @@ HEADLINE = ("kind", "run_id", "state", "allowed", "next_state", "scope")
 # --- parsing --------------------------------------------------------------------------------------
 
 
-def request_from(kind: str, data: QueryDict) -> base.Request:
+def _fields(kind: str) -> tuple[str, ...]:
+    """The form fields a kind's dialog reads into options (its contract's own; none if unknown)."""
+    contract = REGISTRY.get(kind)
+    return contract.console.fields if contract else ()
+
+
+def request_from(kind: str, data: QueryDict) -> Request:
     """The form (or the query string) as a service Request. Bad input is a 422 here, at the edge."""
     options: dict[str, Any] = {}
-    for name in OPTION_FIELDS.get(kind, ()):
+    for name in _fields(kind):
         if name in FLAGS:
             if data.get(name) in ("on", "1", "true"):
                 options[name] = True
@@ -103,7 +95,7 @@ def request_from(kind: str, data: QueryDict) -> base.Request:
     scope = data.get("scope", "run") or "run"
     if scope not in ("run", "tree"):
         raise Invalid("scope must be 'run' or 'tree'", field="scope")
-    return base.Request(
+    return Request(
         kind=kind,
         reason=data.get("reason", "").strip(),
         scope=scope,
@@ -163,26 +155,26 @@ def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
 
 
 def dialog_context(
-    request: ConsoleRequest, run: Run, req: base.Request, form: QueryDict
+    request: ConsoleRequest, run: Run, req: Request, form: QueryDict
 ) -> dict[str, Any]:
     roles, owner = request.roles, run.decision_authority
-    not_owner = req.kind in base.OWNER_BOUND and owner is not None and owner.pk != request.user.pk
-    show_override = (
-        (not_owner and may(roles, "override"))
-        or (req.kind == "resume" and may(roles, "override_revalidation"))
-        or (req.kind == "retry" and may(roles, "override"))
+    not_owner = owner_bound(req.kind) and owner is not None and owner.pk != request.user.pk
+    contract = REGISTRY.get(req.kind)
+    guard_note = contract.console.guard_note if contract else ""
+    show_override = (not_owner and may(roles, "override")) or bool(
+        contract and guard_note and may(roles, contract.guard_right)
     )
-    contract = base.get_contract(req.kind) if req.kind in CONTRACT_SPECS else None
     ctx: dict[str, Any] = {
         "run": run,
         "kind": req.kind,
         "label": kind_label(req.kind),
-        "spec": CONTRACT_SPECS.get(req.kind, {}),
+        "spec": contract.spec.as_dict() if contract else {},
         "scoped": bool(contract and contract.scoped),
-        "fields": OPTION_FIELDS.get(req.kind, ()),
+        "fields": _fields(req.kind),
         "form": form,
         "facets_checked": form.getlist("facets"),
         "show_override": show_override,
+        "guard_note": guard_note,
         "not_owner": not_owner,
         "owner": owner,
         "may_override": may(roles, "override"),
@@ -203,7 +195,7 @@ def dialog_context(
 
 
 def with_preview(
-    request: ConsoleRequest, run: Run, req: base.Request, ctx: dict[str, Any], seen: str = ""
+    request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any], seen: str = ""
 ) -> int:
     """Adds the preview card (or the domain error it raised) to ctx; returns the HTTP status: 204 if
     the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
@@ -247,7 +239,7 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     """Open the dialog for one kind, with its first preview."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.GET.get("kind", "")
-    if kind not in CONTRACT_SPECS:
+    if kind not in REGISTRY:
         raise Http404("unknown intervention kind")
     if not may(request.roles, kind):
         ctx = {
@@ -312,10 +304,10 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
         req = _safe_request(kind, request.POST)
         ctx = (
             dialog_context(request, run, req, request.POST)
-            if kind in CONTRACT_SPECS
+            if kind in REGISTRY
             else {"run": run, "kind": kind}
         )
-        if kind in CONTRACT_SPECS and may(request.roles, kind):
+        if kind in REGISTRY and may(request.roles, kind):
             with_preview(request, run, req, ctx)
             if err.status == 409 and "section_digests" in ctx:
                 ctx["changed"] = changed_sections(
@@ -326,11 +318,11 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
 
 
-def _safe_request(kind: str, data: QueryDict) -> base.Request:
+def _safe_request(kind: str, data: QueryDict) -> Request:
     try:
         return request_from(kind, data)
     except DomainError:
-        return base.Request(kind=kind, reason="")
+        return Request(kind=kind, reason="")
 
 
 def receipt_response(
@@ -481,7 +473,7 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
         by_state[str(row["from"])].append(row)
     matrix = [
         {"action": action, "cells": [role in roles for role in ROLES]}
-        for action, roles in PERMISSIONS.items()
+        for action, roles in permission_rows().items()
     ]
     return render(
         request,

@@ -35,8 +35,8 @@ from console.reports import receipt_rest, run_reports
 from core.auth import actor_for_user
 from core.roles import may, roles_of
 from interventions.base import descendants
-from interventions.contracts import CONTRACT_SPECS
 from interventions.jobs import attention
+from interventions.plugins import REGISTRY
 from interventions.selectors import receipt_dict, recent_interventions
 from interventions.transfer import holders
 from runs.models import Effect, Run
@@ -49,7 +49,7 @@ from runs.selectors import (
     recent_checkpoints,
     run_detail,
     run_grants,
-    visible_runs,
+    visible_run,
 )
 from runs.states import State, allowed_events
 
@@ -61,26 +61,17 @@ INTERVENTIONS_SHOWN = 50
 
 def offered_interventions(
     run: Run, roles: frozenset[str], data: dict[str, Any]
-) -> list[tuple[str, str]]:
+) -> list[tuple[str, str, bool]]:
     """Buttons: the kinds the state table allows from this state AND the user's role may issue.
-    The table and the matrix are read, not restated; the data only hides buttons with nothing to
-    act on (no pending approval, no grant to restore). The services check everything again."""
+    The table and the matrix are read, not restated; each contract's ``offered`` only hides a button
+    with nothing to act on (no pending approval, no grant to restore). The services check again."""
     allowed = set(allowed_events(run.state))
-    grants = {g["status"] for g in data["authority"]}
-    has = {
-        "approve": data["pending_approvals"],
-        "reject": data["pending_approvals"],
-        "reconcile": data["unresolved_effects"],
-        "restore_authority": "suspended" in grants,
-        "revoke_authority": bool(grants & {"active", "suspended"}),
-        "suspend_authority": "active" in grants,
-    }
     out = []
-    for kind, spec in CONTRACT_SPECS.items():
-        event = spec["event"]
+    for kind, contract in REGISTRY.items():
+        event = contract.event
         applies = event in allowed if event is not None else run.state != State.CLOSED
-        if applies and has.get(kind, True) and may(roles, kind):
-            out.append((kind, kind_label(kind)))
+        if applies and contract.console.offered(data) and may(roles, kind):
+            out.append((kind, kind_label(kind), contract.console.danger))
     return out
 
 
@@ -350,7 +341,7 @@ class RunPagePush:
 
     def _run(self) -> Run | None:
         actor = actor_for_user(self.user, None, component="console")
-        return visible_runs(actor).filter(pk=self.run_id).first()
+        return visible_run(actor, self.run_id)
 
     def resync(self) -> str:
         run = self._run()

@@ -14,28 +14,15 @@ SECURITY_RESPONDER = "security_responder"
 ADMIN = "admin"
 ROLES = [VIEWER, OPERATOR, APPROVER, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN]
 
-# action -> roles allowed to issue it. "override" is the right to act although someone else holds
-# decision authority over the run (recorded with a reason, never silent).
+# action -> roles allowed to issue it. Each intervention contract declares its own row (its
+# ``may_issue``, interventions/plugins.py), handed in by declare_permission when the app is ready;
+# the rows here are the rights no contract owns. "override" is the right to act although someone
+# else holds decision authority over the run (recorded with a reason, never silent).
 PERMISSIONS: dict[str, frozenset[str]] = {
     "view": frozenset(ROLES),
-    "pause": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-    "resume": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "cancel": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "retry": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "compensate": frozenset({INCIDENT_COMMANDER, ADMIN}),
-    "transfer": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "recover": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "reconcile": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "close": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-    "approve": frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
-    "reject": frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
-    "revoke_authority": frozenset({SECURITY_RESPONDER, INCIDENT_COMMANDER, ADMIN}),
-    "suspend_authority": frozenset({SECURITY_RESPONDER, INCIDENT_COMMANDER, ADMIN}),
-    "restore_authority": frozenset({SECURITY_RESPONDER, ADMIN}),
-    "freeze_capability": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-    "restore_capability": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
-    # Fleet operations (interventions/fleet.py): "fleet" to run one at all, plus the right to issue
-    # its per-run contract (pause, cancel, freeze_capability, ...); take_command is its own right.
+    # Fleet operations (interventions/fleet/operations.py): "fleet" to run one at all, plus the
+    # right to issue its per-run contract (pause, cancel, freeze_capability, ...); take_command is
+    # its own right.
     "fleet": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     "take_command": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "override": frozenset({INCIDENT_COMMANDER, ADMIN}),
@@ -48,6 +35,16 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     # A full verification walks every audit and history row: for those who answer for the trail.
     "audit_verify": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
 }
+
+
+def declare_permission(action: str, roles: frozenset[str]) -> None:
+    """A contract's permission row. Declaring one twice with other roles is a mistake, refused."""
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"permission {action!r}: unknown role(s) {sorted(unknown)}")
+    if PERMISSIONS.get(action, frozenset(roles)) != frozenset(roles):
+        raise ValueError(f"permission {action!r} is declared twice with different roles")
+    PERMISSIONS[action] = frozenset(roles)
 
 
 def roles_of(user) -> frozenset[str]:

@@ -14,6 +14,7 @@ human rejection -- and escalates (``expire_approvals``, a beat job).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from celery import shared_task
@@ -24,8 +25,10 @@ from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
-from interventions.base import Contract, Request, register, user_for
+from interventions import cards
+from interventions.base import user_for
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import redact
 from runs.models import Approval, Run
 from runs.services.decisions import apply_transition, lock_run
@@ -229,19 +232,124 @@ def expire_approvals() -> list[str]:
     return expire_due_approvals(actor=system_actor("approvals-deadline"))
 
 
-register(
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def approval_card(p: Mapping[str, Any]) -> Answers:
+    shown = p.get("shown") or {}
+    return [
+        cards.answer(
+            "decision",
+            "Decides",
+            f"{shown.get('tool')}:{shown.get('action')} in this attempt, once — "
+            f"approval {p.get('approval_status')}",
+        ),
+        cards.answer(
+            "args",
+            "With exactly these args",
+            "",
+            cards.table(["args"], [cards.row(cards.cell("value", shown.get("args") or {}))]),
+            empty="no args",
+        ),
+        cards.answer(
+            "requested",
+            "Requested",
+            f"by {shown.get('requested_by')}: {shown.get('request_reason') or 'no reason given'}",
+        ),
+        cards.answer(
+            "deadline",
+            "Deadline",
+            "",
+            cards.table(
+                ["deadline", "needs role"],
+                [
+                    cards.row(
+                        cards.cell("time", shown.get("deadline")),
+                        cards.cell("text", shown.get("required_role")),
+                    )
+                ],
+            ),
+        ),
+        cards.answer("delivery", "Delivery", p.get("delivery", "")),
+    ]
+
+
+def approval_receipt(r: Mapping[str, Any]) -> Answers:
+    a, shown = r.get("approval") or {}, r.get("shown") or {}
+    return [
+        cards.answer(
+            "decision",
+            "Decision",
+            f"{a.get('decision')} {a.get('tool')}:{a.get('action')} by {a.get('decided_by')} ({a.get('role')})",
+            at=a.get("decided_at"),
+        ),
+        cards.answer("binding", "Binding", r.get("binding", "")),
+        cards.answer(
+            "args",
+            "Args shown",
+            "",
+            cards.table(["args"], [cards.row(cards.cell("value", shown.get("args") or {}))]),
+            empty="no args",
+        ),
+        cards.answer("delivery", "Delivery", r.get("delivery", "")),
+    ]
+
+
+def approval_blocking(p: Mapping[str, Any]) -> list[str]:
+    if p.get("approval_status") in (None, "pending"):
+        return []
+    return [f"the approval is already {p.get('approval_status')}"]
+
+
+# The kinds of this module share their console pieces.
+APPROVAL_CONSOLE = Console(
+    offered=lambda data: bool(data["pending_approvals"]),
+    card=approval_card,
+    receipt=approval_receipt,
+    blocking=approval_blocking,
+    fields=("approval_id",),
+)
+
+CONTRACTS = (
     Contract(
         kind="approve",
         event=Event.APPROVE,
         preview=preview,
         apply=_decide(Approval.APPROVED, Event.APPROVE),
-    )
-)
-register(
+        spec=Spec(
+            summary="a planned human-in-the-loop boundary: approve the exact action",
+            stops=(),
+            continues=("the run, with a single-use approval bound to the action's digest",),
+            cascade="this run only",
+            authority="one declaration matching the digest",
+            claims=(
+                "four_eyes",
+                "digest_bound",
+                "single_use",
+                "policy_required_by_registration",
+                "policy_role_wins",
+                "superseded_when_the_run_moves_on",
+            ),
+        ),
+        may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+        console=APPROVAL_CONSOLE,
+        order=90,
+    ),
     Contract(
         kind="reject",
         event=Event.REJECT,
         preview=preview,
         apply=_decide(Approval.REJECTED, Event.REJECT),
-    )
+        spec=Spec(
+            summary="refuse the requested action",
+            stops=("the requested action",),
+            continues=("the run, which learns the rejection",),
+            cascade="this run only",
+            authority="unchanged",
+            claims=("four_eyes",),
+        ),
+        may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+        console=APPROVAL_CONSOLE,
+        order=100,
+    ),
 )

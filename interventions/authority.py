@@ -17,6 +17,8 @@ the same). Allowed in every state except ``closed``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from django.utils import timezone
@@ -24,11 +26,12 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Invalid
-from interventions import facts
-from interventions.base import Contract, Request, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
+from interventions import cards
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import AuthorityGrant, Effect, Run
-from runs.selectors import authority_envelope
+from runs.selectors import authority_envelope, unresolved_effects
 from runs.services.decisions import lock_run, notify_run_changed
 from runs.services.history import append_history
 from runs.states import State
@@ -256,7 +259,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
                 "authority_before": before[grant.run_id],
                 "authority_after": after[grant.run_id],
                 "in_flight_effects": [e for e in in_flight if e["run"] == str(grant.run_id)],
-                "unresolved_effects": facts.unresolved_effects(runs[grant.run_id]),
+                "unresolved_effects": unresolved_effects(runs[grant.run_id]),
             },
         )
     for pk, r in runs.items():
@@ -290,5 +293,125 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-for _kind in CHANGES:
-    register(Contract(kind=_kind, event=None, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def authority_card(p: Mapping[str, Any]) -> Answers:
+    changing = p.get("will_change") or []
+    cascade = p.get("cascade") or []
+    return [
+        cards.answer(
+            "grants",
+            f"Grants to {p.get('change')}",
+            f"{len(changing)} grant(s), {len(cascade)} of them delegated from the selected ones"
+            if changing
+            else "",
+            cards.grants_table(changing),
+            empty="no grant matches",
+        ),
+        cards.answer("declarations", "New declarations", p.get("new_declarations", "")),
+        cards.answer(
+            "may_still_complete",
+            "Already dispatched",
+            p.get("cannot_recall") or "",
+            cards.in_flight_table(p.get("in_flight_effects") or []),
+            empty="nothing in flight under these grants",
+        ),
+    ]
+
+
+def authority_receipt(r: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer(
+            "changed",
+            f"Grants {r.get('change')}d",
+            "",
+            cards.grants_table(r.get("changed") or [], was=True),
+            empty="none",
+        ),
+        cards.answer("declarations", "New declarations", r.get("new_declarations", "")),
+        cards.answer(
+            "may_still_complete",
+            "Already dispatched",
+            r.get("cannot_recall") or "",
+            cards.in_flight_table(r.get("in_flight_effects") or []),
+            empty="nothing in flight under these grants",
+        ),
+    ]
+
+
+def authority_blocking(p: Mapping[str, Any]) -> list[str]:
+    out = list(p.get("blocked_by") or [])
+    if not p.get("will_change") and not p.get("blocked_by"):
+        out.append(f"no grant to {p.get('change')}: choose an active grant or another scope")
+    return out
+
+
+def _grants(data: Mapping[str, Any]) -> set[str]:
+    """The statuses among the run's grants (the run page's facts): what a button has to act on."""
+    return {g["status"] for g in data["authority"]}
+
+
+# The kinds of this module share their console pieces.
+AUTHORITY_CONSOLE = Console(
+    card=authority_card,
+    receipt=authority_receipt,
+    blocking=authority_blocking,
+    fields=("grant_id", "grant_scope"),
+)
+
+CONTRACTS = (
+    Contract(
+        kind="revoke_authority",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="withdraw grants for future use",
+            stops=("declarations needing the grant, from the commit on",),
+            continues=("requests a remote system already accepted cannot be recalled (listed)",),
+            cascade="grants delegated from it (child runs) are revoked too",
+            authority="revoked (final)",
+            claims=("denied_after_commit", "cascades_to_delegations"),
+        ),
+        may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+        console=replace(
+            AUTHORITY_CONSOLE,
+            danger=True,
+            offered=lambda d: bool(_grants(d) & {"active", "suspended"}),
+        ),
+        order=110,
+    ),
+    Contract(
+        kind="suspend_authority",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="suspend grants until restored",
+            stops=("declarations needing the grant",),
+            continues=("in-flight requests",),
+            cascade="delegated grants too",
+            authority="suspended",
+        ),
+        may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+        console=replace(AUTHORITY_CONSOLE, offered=lambda d: "active" in _grants(d)),
+        order=120,
+    ),
+    Contract(
+        kind="restore_authority",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="restore suspended grants",
+            stops=(),
+            continues=("declarations may be authorised again",),
+            cascade="delegated grants too",
+            authority="active again (never a revoked grant)",
+        ),
+        may_issue=frozenset({SECURITY_RESPONDER, ADMIN}),
+        console=replace(AUTHORITY_CONSOLE, offered=lambda d: "suspended" in _grants(d)),
+        order=130,
+    ),
+)

@@ -1,8 +1,9 @@
 """What every intervention shares: request, permission and decision-authority checks, scope,
 preview -> issue -> receipt, and the one transaction each decision runs in.
 
-Each contract module (pause.py, resume.py, ...) registers a :class:`Contract` with a ``preview``
-(pure read) and an ``apply`` (the change, called with the run locked inside the transaction).
+Each contract module (pause.py, resume.py, ...) declares a :class:`~interventions.plugins.Contract`
+with a ``preview`` (pure read) and an ``apply`` (the change, called with the run locked inside the
+transaction); interventions/plugins.py registers it when the app is ready.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
@@ -23,86 +23,11 @@ from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority, Prev
 from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
+from interventions.plugins import Contract, Request, get_contract, owner_bound
 from runs.models import Approval, Run
 from runs.selectors import run_snapshot
 from runs.services.decisions import decision, lock_run
 from runs.states import Event, transition
-
-# Contracts that act on the run's course honour its decision authority; an emergency pause and the
-# security responder's authority changes do not wait for the owner (recorded all the same).
-OWNER_BOUND = {
-    "resume",
-    "cancel",
-    "retry",
-    "compensate",
-    "close",
-    "transfer",
-    "recover",
-    "reconcile",
-}
-
-
-@dataclass
-class Request:
-    kind: str
-    reason: str
-    scope: str = "run"
-    options: dict[str, Any] = field(default_factory=dict)
-    override_reason: str = ""
-
-    @property
-    def override(self) -> bool:
-        return bool(self.override_reason)
-
-
-@dataclass
-class Contract:
-    kind: str
-    event: Event | None  # the state-machine event, or None for contracts that do not move state
-    preview: Callable[[Run, Request, Actor], dict[str, Any]]
-    apply: Callable[[Run, Request, Actor, Intervention], dict[str, Any]]
-    scoped: bool = False  # may cascade to descendants (scope=tree)
-
-
-CONTRACTS: dict[str, Contract] = {}
-
-
-def register(contract: Contract) -> Contract:
-    CONTRACTS[contract.kind] = contract
-    return contract
-
-
-def get_contract(kind: str) -> Contract:
-    _load()
-    if kind not in CONTRACTS:
-        raise Invalid(
-            f"unknown intervention kind {kind!r}; one of {sorted(CONTRACTS)}", field="kind"
-        )
-    return CONTRACTS[kind]
-
-
-CONTRACT_MODULES = [
-    "pause",
-    "resume",
-    "cancel",
-    "retry",
-    "reconcile",
-    "compensate",
-    "transfer",
-    "recover",
-    "approvals",
-    "authority",
-    "close",
-    "freeze",
-    "fleet",  # no contract of its own: registers its wave job
-]
-
-
-def _load() -> None:
-    import importlib
-
-    for name in CONTRACT_MODULES:
-        importlib.import_module(f"interventions.{name}")
 
 
 def descendants(run: Run) -> list[Run]:
@@ -150,7 +75,7 @@ def authorize(actor: Actor, run: Run, req: Request) -> dict[str, Any]:
             f"role(s) {sorted(actor.roles) or ['none']} may not {req.kind}", kind=req.kind
         )
     owner = run.decision_authority
-    if req.kind in OWNER_BOUND and owner is not None and owner.pk != actor.user_id:
+    if owner_bound(req.kind) and owner is not None and owner.pk != actor.user_id:
         if not req.override:
             raise NotDecisionAuthority(
                 f"{owner.username} holds decision authority over this run; an override "
@@ -171,7 +96,7 @@ def authorize(actor: Actor, run: Run, req: Request) -> dict[str, Any]:
     if req.override:
         # An override of a guard (failing revalidation, a non-retryable failure class) is a decision
         # only some roles may take; it is recorded as an override like any other.
-        right = "override_revalidation" if req.kind == "resume" else "override"
+        right = get_contract(req.kind).guard_right
         if not may(actor.roles, right):
             raise Forbidden(
                 f"role(s) {sorted(actor.roles)} may not override ({right})", kind=req.kind
@@ -285,7 +210,7 @@ def issue(
     ``seen_digest``: the digest of the preview the operator confirmed; checked under the run lock, so
     a change committed between the preview and the confirm is caught (PreviewStale, 409).
 
-    ``parent``: a record this decision belongs to (interventions/fleet.py); its lock is taken before
+    ``parent``: a record this decision belongs to (interventions/fleet/operations.py); its lock is taken before
     the run's, so a halt of the parent and this decision are serialised."""
     with decision(actor, f"intervention.{req.kind}", "run", run_id, run_id):
         if parent is not None:

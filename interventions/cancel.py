@@ -4,14 +4,17 @@ the compensations available -- cancel never marks them undone."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
 
 from core.actors import Actor
-from interventions import facts
-from interventions.base import Contract, Request, children_in_scope, descendants, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
+from interventions import cards, facts
+from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.lifecycle import end_live_leases
@@ -75,4 +78,87 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-register(Contract(kind="cancel", event=Event.CANCEL, preview=preview, apply=apply, scoped=True))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def cancel_card(p: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer("stops", "What stops", p.get("stops", "")),
+        cards.answer(
+            "committed",
+            "Stays committed",
+            p.get("note", ""),
+            cards.committed_table(p.get("committed_effects") or []),
+            empty="nothing committed yet",
+        ),
+        cards.answer(
+            "may_still_complete",
+            "May still complete",
+            "",
+            cards.in_flight_table(p.get("in_flight_effects") or []),
+            empty="nothing in flight",
+        ),
+        cards.answer(
+            "children",
+            "Children",
+            "",
+            cards.children_table(p.get("children") or []),
+            "no child runs",
+        ),
+    ]
+
+
+def cancel_receipt(r: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer(
+            "stops", "New effects", f"{r.get('new_effects', '')} ·", at=r.get("cancelled_at")
+        ),
+        cards.answer(
+            "committed",
+            "Still committed",
+            "cancel never marks them undone; compensate to repair them",
+            cards.committed_table(r.get("committed_effects") or []),
+            empty="nothing had committed",
+        ),
+        cards.answer(
+            "may_still_complete",
+            "May still complete",
+            "",
+            cards.in_flight_table(r.get("in_flight_effects") or []),
+            empty="nothing in flight",
+        ),
+        cards.answer(
+            "children",
+            "Children",
+            "",
+            cards.children_table(r.get("children") or []),
+            "no child runs",
+        ),
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="cancel",
+        event=Event.CANCEL,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="stops future work; committed effects stay committed",
+            stops=(
+                "authorisation of new effects",
+                "new steps (directive 'cancel'); forced at lease expiry, or at once by a second cancel",
+                "a recovery or compensation under way (a compensation step already called finishes)",
+            ),
+            continues=("in-flight effects' outcomes are recorded",),
+            cascade="scope 'run' or 'tree'",
+            authority="unchanged",
+            claims=("committed_effects_listed_with_compensations", "never_marks_undone"),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(card=cancel_card, receipt=cancel_receipt, danger=True),
+        order=30,
+        scoped=True,
+        owner_bound=True,
+    ),
+)

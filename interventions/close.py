@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from core.actors import Actor
-from interventions import facts
-from interventions.base import Contract, Request, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
+from interventions import cards, facts
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.states import Event
 
@@ -16,7 +19,7 @@ from runs.states import Event
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "committed_effects": facts.committed_effects(run),
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "note": "closing is final: no retry, compensation or resume afterwards",
     }
 
@@ -26,4 +29,59 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     return {"state": run.state, "committed_effects": facts.committed_effects(run)}
 
 
-register(Contract(kind="close", event=Event.CLOSE, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def close_card(p: Mapping[str, Any]) -> Answers:
+    unresolved = p.get("unresolved_effects") or []
+    return [
+        cards.answer("final", "Final", p.get("note", "")),
+        cards.answer(
+            "committed",
+            "Stays committed",
+            "",
+            cards.committed_table(p.get("committed_effects") or []),
+            empty="nothing committed",
+        ),
+        cards.answer(
+            "unresolved",
+            "Left unresolved",
+            "",
+            cards.unresolved_table(unresolved),
+            empty="nothing in flight or unknown",
+            tone="bad" if unresolved else "",
+        ),
+    ]
+
+
+def close_receipt(r: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer(
+            "committed",
+            "Stays committed",
+            "closed: nothing further happens to the run",
+            cards.committed_table(r.get("committed_effects") or []),
+            empty="nothing committed",
+        )
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="close",
+        event=Event.CLOSE,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="the accountable owner ends the case",
+            stops=("everything, for good",),
+            continues=(),
+            cascade="this run only",
+            authority="unchanged",
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(card=close_card, receipt=close_receipt),
+        order=160,
+        owner_bound=True,
+    ),
+)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -36,11 +37,14 @@ from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import EffectsUnresolved, Invalid
-from interventions import facts, jobs
-from interventions.base import Contract, Request, finish_job, register
+from core.roles import ADMIN, INCIDENT_COMMANDER
+from interventions import cards, jobs
+from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
-from interventions.registry import CompensationResult, EffectInfo, get_compensator
+from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
 from runs.models import Effect, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
 from runs.services.history import append_history
@@ -188,7 +192,7 @@ def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     return {
         "plan": build_plan(run),
         "options": plan_options(req.options),
@@ -203,7 +207,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def require_resolved(run: Run) -> None:
     """Guard ``no_unresolved_effects``: compensating around an unknown outcome would guess."""
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     if unresolved:
         names = ", ".join(
             f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved
@@ -277,7 +281,135 @@ def start_plan(
     return plan
 
 
-register(Contract(kind="compensate", event=Event.COMPENSATE, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def _irreversible(irreversible: list[dict[str, Any]], outcome: str) -> dict[str, Any]:
+    named = ", ".join(f"{c['tool']}:{c['action']} ({c['idempotency_key']})" for c in irreversible)
+    return cards.answer(
+        "irreversible",
+        "Irreversible",
+        f"{named} — {outcome}" if irreversible else "",
+        empty="none",
+        tone="bad" if irreversible else "",
+    )
+
+
+def compensate_card(p: Mapping[str, Any]) -> Answers:
+    plan = p.get("plan") or {}
+    steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
+    merged = sorted(
+        [("step", s) for s in steps] + [("out", c) for c in called_out],
+        key=lambda pair: pair[1].get("declared_at", ""),
+        reverse=True,
+    )
+    rows = []
+    for what, e in merged:
+        if what == "step":
+            comp = e.get("compensation") or {}
+            rows.append(
+                cards.row(
+                    cards.cell("text", e["position"]),
+                    cards.effect_cell(e),
+                    cards.cell("code", e.get("idempotency_key")),
+                    cards.cell("code", f"{comp.get('tool')}:{comp.get('action')}"),
+                    cards.cell(
+                        "value", redact(comp.get("tool") or "", comp.get("args") or {}), fold=True
+                    ),
+                    testid="plan-step",
+                )
+            )
+        else:
+            rows.append(
+                cards.row(
+                    cards.cell("text", "—"),
+                    cards.effect_cell(e),
+                    cards.cell("code", e.get("idempotency_key")),
+                    cards.cell("flag", "irreversible" if e.get("irreversible") else "not undone"),
+                    cards.cell("text", e.get("why", "")),
+                    mark="irreversible" if e.get("irreversible") else "called-out",
+                    testid="plan-called-out",
+                )
+            )
+    irreversible = [c for c in called_out if c.get("irreversible")]
+    skipped = plan.get("skipped") or []
+    return [
+        cards.answer(
+            "plan",
+            "Plan",
+            f"{len(steps)} compensation{'s' if len(steps) != 1 else ''}, newest first "
+            f"(the reverse of the order the run performed them)",
+            cards.table(["#", "effect", "idempotency key", "undo with", "args / why not"], rows),
+            empty="nothing committed to compensate",
+        ),
+        _irreversible(irreversible, "stays committed; nothing can undo it"),
+        cards.answer(
+            "skipped",
+            "Already compensated",
+            ", ".join(f"{c['tool']}:{c['action']}" for c in skipped),
+            empty="none",
+        ),
+        cards.answer(
+            "retries",
+            "On failure",
+            "each step is retried up to {max_attempts} times with backoff from {backoff_s} s; "
+            "the plan ends completed, partially_failed or failed".format(
+                **{"max_attempts": "?", "backoff_s": "?", **(p.get("options") or {})}
+            ),
+        ),
+    ]
+
+
+def compensate_receipt(r: Mapping[str, Any]) -> Answers:
+    """The plan's table with each step's progress is the report below the card: not drawn twice."""
+    plan = r.get("plan") or {}
+    steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
+    irreversible = [c for c in called_out if c.get("irreversible")]
+    return [
+        cards.answer(
+            "plan",
+            "Plan",
+            f"{len(steps)} compensation{'s' if len(steps) != 1 else ''} in reverse order: "
+            + ", ".join(f"{s['compensation']['tool']}:{s['compensation']['action']}" for s in steps)
+            if steps
+            else "",
+            empty="nothing to compensate",
+        ),
+        _irreversible(irreversible, "stays committed"),
+    ]
+
+
+def compensate_blocking(p: Mapping[str, Any]) -> list[str]:
+    if not p.get("blocked"):
+        return []
+    return [
+        f"reconcile first: {len(p.get('unresolved_effects') or [])} effect(s) in flight or unknown"
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="compensate",
+        event=Event.COMPENSATE,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="semantic repair of committed effects, in reverse order",
+            stops=("the run's execution",),
+            continues=("the compensation plan, executed by Celery with retries",),
+            cascade="this run only",
+            authority="compensations are ledger effects with their own idempotency keys",
+            jobs=("execute the compensation plan; ends completed, partially_failed or failed",),
+            claims=("reverse_order", "irreversible_called_out", "each_compensation_once"),
+        ),
+        may_issue=frozenset({INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            card=compensate_card, receipt=compensate_receipt, blocking=compensate_blocking
+        ),
+        order=60,
+        owner_bound=True,
+    ),
+)
 
 
 # -- the job ----------------------------------------------------------------------------------------

@@ -6,11 +6,12 @@ From the commit on, a declaration of a frozen tool:action is denied ``capability
 freeze's reason (``runs/services/freeze.py``, one indexed lookup on the declaration's path). What is
 already in flight cannot be recalled: the preview and receipt name it. ``restore_capability`` lifts
 the live freeze of exactly that scope. Both are audited per run; a fleet operation issues them across
-a filter (interventions/fleet.py). Not owner-bound, like the authority contracts; not on a closed run.
+a filter (interventions/fleet/operations.py). Not owner-bound, like the authority contracts; not on a closed run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
@@ -19,8 +20,10 @@ from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Invalid
 from core.names import scope_problem
-from interventions.base import Contract, Request, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
+from interventions import cards
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import CapabilityFreeze, Effect, Run
 from runs.services.decisions import notify_run_changed
 from runs.services.history import append_history
@@ -148,5 +151,82 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-for _kind in ("freeze_capability", "restore_capability"):
-    register(Contract(kind=_kind, event=None, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def freeze_card(p: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer("capability", "Capability", f"{p.get('change')} {p.get('capability')}"),
+        cards.answer("declarations", "New declarations", p.get("new_declarations", "")),
+        cards.answer("grants", "Grants", p.get("grants", "")),
+        cards.answer(
+            "may_still_complete",
+            "Already dispatched",
+            p.get("cannot_recall") or "",
+            cards.in_flight_table(p.get("in_flight_effects") or []),
+            empty="nothing in flight under this capability",
+        ),
+    ]
+
+
+def freeze_receipt(r: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer(
+            "capability",
+            "Capability",
+            f"{r.get('capability')} {'frozen' if r.get('frozen') else 'restored'} ·",
+            at=r.get("at"),
+        ),
+        cards.answer("declarations", "New declarations", r.get("new_declarations", "")),
+        cards.answer(
+            "may_still_complete",
+            "Already dispatched",
+            "",
+            cards.in_flight_table(r.get("in_flight_effects") or []),
+            empty="nothing in flight under this capability",
+        ),
+    ]
+
+
+# The kinds of this module share their console pieces.
+FREEZE_CONSOLE = Console(card=freeze_card, receipt=freeze_receipt, fields=("capability",))
+
+CONTRACTS = (
+    Contract(
+        kind="freeze_capability",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="hold back one tool:action on the run, whatever its grants say",
+            stops=("declarations of that tool:action (capability_frozen), from the commit on",),
+            continues=(
+                "in-flight requests (cannot be recalled; listed)",
+                "every other capability",
+                "the grants themselves (unchanged)",
+            ),
+            cascade="this run only; a fleet operation freezes a filter's runs, one decision each",
+            authority="grants unchanged; the capability is frozen until restored",
+            claims=("denied_after_commit",),
+        ),
+        may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+        console=FREEZE_CONSOLE,
+        order=140,
+    ),
+    Contract(
+        kind="restore_capability",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="lift a capability freeze",
+            stops=(),
+            continues=("declarations of that tool:action are decided by the grants again",),
+            cascade="this run only",
+            authority="unchanged",
+        ),
+        may_issue=frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+        console=FREEZE_CONSOLE,
+        order=150,
+    ),
+)

@@ -36,7 +36,7 @@ from audit.models import AuditEvent
 from audit.services import record_audit
 from core.actors import system_actor
 from core.live import announce
-from interventions.base import _load, finish_job
+from interventions.base import finish_job
 from interventions.models import Intervention, Job
 from runs.models import Run
 from runs.services.decisions import apply_transition, lock_run, notify_run_changed
@@ -111,7 +111,6 @@ def enqueue(
 
 def deliver(kind: str, target_id: str, countdown: float | None = None) -> bool:
     """Send one message. Never raises: the row in PostgreSQL is the job; the sweep sends it again."""
-    _load()
     try:
         KINDS[kind].task.apply_async(
             (target_id,), countdown=countdown, retry=True, retry_policy=PUBLISH_RETRY
@@ -210,7 +209,6 @@ def give_up(job: Job) -> None:
     """Inside the caller's transaction, job row locked: end the job ``failed`` and hand the run to an
     operator. The kind's hook locks its target before the run (the order its own job uses)."""
     actor = system_actor("jobs")
-    _load()
     KINDS[job.kind].give_up(job)
     if job.run_id is None:  # about no single run (a fleet wave): the kind's hook concluded it
         job.status, job.finished_at = Job.FAILED, timezone.now()

@@ -5,14 +5,17 @@ active unless the operator also suspends it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
 
 from core.actors import Actor
-from interventions import facts
-from interventions.base import Contract, Request, children_in_scope, descendants, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR, SECURITY_RESPONDER
+from interventions import cards, facts
+from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.history import append_history
@@ -101,4 +104,150 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-register(Contract(kind="pause", event=Event.PAUSE, preview=preview, apply=apply, scoped=True))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def pause_card(p: Mapping[str, Any]) -> Answers:
+    in_flight = p.get("in_flight_effects") or []
+    timers = p.get("timers") or []
+    deadline = p.get("deadline")
+    timer_rows = [
+        cards.row(
+            cards.cell("code", t["name"]),
+            cards.timer_cell(t),
+            cards.cell("status", t["status"]),
+        )
+        for t in timers
+    ]
+    if deadline:
+        timer_rows.append(
+            cards.row(
+                cards.cell("text", "run deadline"),
+                cards.cell("time", deadline["deadline"]),
+                cards.cell("text", ""),
+            )
+        )
+    return [
+        cards.answer("stops", "What stops", p.get("stops", "")),
+        cards.answer(
+            "may_still_complete",
+            "May still complete",
+            f"{len(in_flight)} effect{'s' if len(in_flight) != 1 else ''} already dispatched; "
+            "outcomes are recorded after the pause"
+            if in_flight
+            else "",
+            cards.in_flight_table(in_flight),
+            empty="nothing in flight: the pause completes at once",
+        ),
+        cards.answer(
+            "children",
+            "Children",
+            "the pause reaches them" if p.get("scope") == "tree" else "this run only",
+            cards.children_table(p.get("children") or []),
+            empty="no child runs",
+        ),
+        cards.answer(
+            "authority",
+            "Authority",
+            p.get("authority_change", ""),
+            cards.grants_table(p.get("authority") or []),
+        ),
+        cards.answer(
+            "timers",
+            "Timers keep running",
+            "",
+            cards.table(["timer", "fires", "status"], timer_rows),
+            empty="no pending timer or deadline",
+        ),
+        cards.answer(
+            "resume_from", "A resume starts from", cards.checkpoint_text(p.get("resume_from"))
+        ),
+    ]
+
+
+def pause_receipt(r: Mapping[str, Any]) -> Answers:
+    timers = r.get("timers") or []
+    suspended = r.get("authority_suspended") or []
+    return [
+        cards.answer(
+            "stops", "New effects", f"{r.get('new_effects', 'denied')} ·", at=r.get("paused_at")
+        ),
+        cards.answer(
+            "may_still_complete",
+            "May still complete",
+            "its outcome is recorded after the pause" if r.get("in_flight_effects") else "",
+            cards.in_flight_table(r.get("in_flight_effects") or []),
+            empty="nothing was in flight",
+        ),
+        cards.answer(
+            "children",
+            "Children",
+            "",
+            cards.children_table(r.get("children_listed") or []),
+            empty="no child runs",
+        ),
+        cards.answer(
+            "authority",
+            "Authority still active",
+            ("suspended: " + ", ".join(suspended)) if suspended else "",
+            cards.grants_table(r.get("authority") or []),
+            empty="no active grant",
+        ),
+        cards.answer(
+            "timers",
+            "Timers keep running",
+            "",
+            cards.table(
+                ["timer", "fires", "status"],
+                [
+                    cards.row(
+                        cards.cell("code", t["name"]),
+                        cards.timer_cell(t),
+                        cards.cell("status", t["status"]),
+                    )
+                    for t in timers
+                ],
+            ),
+            empty="no pending timer",
+        ),
+        cards.answer(
+            "resume_from", "A resume starts from", cards.checkpoint_text(r.get("resume_from"))
+        ),
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="pause",
+        event=Event.PAUSE,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="preserves the run: stops new progress",
+            stops=(
+                "authorisation of new effects, from the commit on",
+                "new steps (directive 'pause')",
+            ),
+            continues=(
+                "in-flight effects may complete; outcomes are recorded (flagged late)",
+                "timers fire and are recorded",
+                "deadlines keep running",
+                "signals and operator messages are recorded",
+            ),
+            cascade="operator's choice: scope 'run' or 'tree'; children are listed either way",
+            authority="unchanged by default (receipt lists active grants and expiry); option suspend_authority",
+            claims=(
+                "new_effects_denied_after_commit",
+                "inflight_outcome_recorded",
+                "timers_continue",
+                "children_listed",
+            ),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+        console=Console(
+            card=pause_card, receipt=pause_receipt, fields=("suspend_authority",), danger=True
+        ),
+        order=10,
+        scoped=True,
+    ),
+)

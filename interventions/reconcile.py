@@ -14,6 +14,7 @@ evidence; it needs the same role and decision authority as the reconcile interve
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery import shared_task
@@ -22,10 +23,16 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Forbidden, Invalid
-from core.roles import may
-from interventions import facts, jobs
-from interventions.base import Contract, Request, authorize, register
+from core.roles import (
+    ADMIN,
+    INCIDENT_COMMANDER,
+    OPERATOR,
+    may,
+)
+from interventions import cards, jobs
+from interventions.base import authorize
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import (
     ReconcileResult,
     get_commit_window,
@@ -33,6 +40,7 @@ from interventions.registry import (
     get_reconciler,
 )
 from runs.models import Effect, ExecutionLease, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import decision, lock_run, notify_run_changed
 from runs.services.effects import effect_run_id
 from runs.services.history import append_history
@@ -119,7 +127,7 @@ def reconcile_effect(
                 "evidence": evidence,
                 "source": source,
                 "idempotency_key": effect.idempotency_key,
-                "unresolved_effects": facts.unresolved_effects(run),
+                "unresolved_effects": unresolved_effects(run),
                 **override,
             },
         )
@@ -263,7 +271,7 @@ def _reconcile_all(intervention_id: str) -> dict[str, Any]:
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence",
     }
 
@@ -273,10 +281,86 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     intervention.status = Intervention.PENDING
     job = jobs.enqueue("reconcile", intervention.pk, run)
     return {
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "job": {"status": "queued", "id": str(job.pk)},
     }
 
 
-register(Contract(kind="reconcile", event=None, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def reconcile_card(p: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer(
+            "to_reconcile",
+            "Asked of the world",
+            p.get("how", ""),
+            cards.unresolved_table(p.get("unresolved_effects") or []),
+        ),
+    ]
+
+
+def reconcile_receipt(r: Mapping[str, Any]) -> Answers:
+    job = r.get("job") or {}
+    results = job.get("reconciled") or []
+    return [
+        cards.answer(
+            "asked",
+            "Asked of the world",
+            "",
+            cards.unresolved_table(r.get("unresolved_effects") or []),
+            empty="nothing was unresolved",
+        ),
+        cards.answer(
+            "answers",
+            "Answers",
+            f"{job.get('still_unknown')} still unknown" if results else "",
+            cards.table(
+                ["effect", "outcome", "external ref"],
+                [
+                    cards.row(
+                        cards.cell("id", x.get("effect")),
+                        cards.cell("status", x.get("outcome")),
+                        cards.cell("text", x.get("external_ref") or "—"),
+                    )
+                    for x in results
+                ],
+            ),
+            empty="the job has not answered yet",
+        ),
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="reconcile",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="settle effects of unknown outcome from the external system's answer or evidence",
+            stops=(),
+            continues=("everything",),
+            cascade="this run only",
+            authority="unchanged",
+            jobs=(
+                "ask each registered reconciler by idempotency key; 'never seen' is failed only once the "
+                "lease is fenced and the key voided by the adapter, or the commit window passed",
+            ),
+            claims=(
+                "evidence_recorded",
+                "unknown_until_known",
+                "late_contradiction_is_discrepancy",
+            ),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            offered=lambda data: bool(data["unresolved_effects"]),
+            card=reconcile_card,
+            receipt=reconcile_receipt,
+        ),
+        order=50,
+        owner_bound=True,
+    ),
+)
 jobs.register_kind("reconcile", reconcile_run_effects, jobs.give_up_intervention)

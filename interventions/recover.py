@@ -16,6 +16,7 @@ the run's history and into the audit log.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -29,21 +30,16 @@ from audit.chain.hashing import canonical, normalise
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Invalid
-from interventions import facts, jobs
-from interventions.base import (
-    Contract,
-    Request,
-    finish_job,
-    issue,
-    lock_pending_job,
-    register,
-)
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
+from interventions import cards, facts, jobs
+from interventions.base import finish_job, issue, lock_pending_job
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.selectors import latest_checkpoint, verify_history
+from runs.selectors import latest_checkpoint, unresolved_effects, verify_history
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import expire_leases, set_resume_point
@@ -291,7 +287,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "prefer": _prefer(req),
         "dead_lease": _dead_lease(run),
         "checkpoint": facts.resume_point(run),
-        "to_reconcile": facts.unresolved_effects(run),
+        "to_reconcile": unresolved_effects(run),
         "versions": version_check(run),
         "rules": RULES,
         "how": "a job reconciles every unknown effect with the world, rebuilds state from the last checkpoint "
@@ -318,7 +314,122 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-register(Contract(kind="recover", event=Event.RECOVER, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def recover_card(p: Mapping[str, Any]) -> Answers:
+    lease = p.get("dead_lease") or {}
+    versions = p.get("versions") or {}
+    diffs = versions.get("differences") or []
+    return [
+        cards.answer(
+            "dead_lease",
+            "Lost worker",
+            f"{lease.get('worker')} (fencing token {lease.get('fencing_token')}, "
+            f"lease {lease.get('status')}); its writes will be refused"
+            if lease
+            else "",
+            cards.table(
+                ["worker", "lease expired", "why"],
+                [
+                    cards.row(
+                        cards.cell("text", lease.get("worker")),
+                        cards.cell("time", lease.get("expires_at")),
+                        cards.cell("text", lease.get("end_reason") or ""),
+                    )
+                ]
+                if lease
+                else [],
+            ),
+            empty="no lease was ever granted",
+        ),
+        cards.answer(
+            "to_reconcile",
+            "Asked of the world first",
+            "",
+            cards.unresolved_table(p.get("to_reconcile") or []),
+            empty="nothing to reconcile",
+        ),
+        cards.answer(
+            "rebuild_from",
+            "State rebuilt from",
+            cards.checkpoint_text(p.get("checkpoint")) + ", plus the history after it",
+            cards.checkpoint_table(p.get("checkpoint")),
+        ),
+        cards.answer(
+            "versions",
+            "Versions",
+            versions.get("note", ""),
+            cards.table(
+                ["version", "pinned", "workers now"],
+                [
+                    cards.row(
+                        cards.cell("code", d["key"]),
+                        cards.cell("value", d["then"]),
+                        cards.cell("value", d["now"]),
+                    )
+                    for d in diffs
+                ],
+            ),
+            tone="bad" if versions.get("runnable") is False else "",
+        ),
+        cards.answer(
+            "prefer",
+            "Preferred next action",
+            f"{p.get('prefer')} — the first matching rule decides, and says why it is safe",
+        ),
+    ]
+
+
+def recover_receipt(r: Mapping[str, Any]) -> Answers:
+    lease = r.get("dead_lease") or {}
+    return [
+        cards.answer("fencing", "Zombie writes", r.get("fencing", "")),
+        cards.answer(
+            "dead_lease",
+            "Lost worker",
+            f"{lease.get('worker')} (fencing token {lease.get('fencing_token')})" if lease else "",
+            empty="none",
+        ),
+        cards.answer(
+            "prefer", "Preferred next action", f"{r.get('prefer')}; the recovery gate below decides"
+        ),
+    ]
+
+
+def recover_more(p: Mapping[str, Any]) -> Answers:
+    if not p.get("rules"):
+        return []
+    return [cards.answer("rules", "The rules, in order", "", items=list(p["rules"]))]
+
+
+CONTRACTS = (
+    Contract(
+        kind="recover",
+        event=Event.RECOVER,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="reconcile durable state with the world after a worker disappears",
+            stops=(),
+            continues=(
+                "replay, redrive, retry, compensate or escalate, with the reason it is safe",
+            ),
+            cascade="this run only",
+            authority="the dead worker's fencing token is refused",
+            jobs=(
+                "recovery: rebuild from checkpoint + history, verify chain, check versions, reconcile, choose",
+            ),
+            claims=("orphan_detected", "chain_verified", "zombie_refused"),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            card=recover_card, receipt=recover_receipt, more=recover_more, fields=("prefer",)
+        ),
+        order=80,
+        owner_bound=True,
+    ),
+)
 
 
 def on_orphaned(run_id: Any) -> Intervention | None:
@@ -414,7 +525,7 @@ def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]
             history=verify_history(run),
             checkpoint=_checkpoint_check(run, cp),
             versions=version_check(run),
-            unresolved_after=facts.unresolved_effects(run),
+            unresolved_after=unresolved_effects(run),
             attempts={"used": run.attempt_count, "max": pol["max_attempts"]},
         )
         action, why = choose(report, intervention.options.get("prefer", "redrive"))

@@ -4,6 +4,7 @@ failing ones with a reason -- does the run become claimable again from the named
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery import shared_task
@@ -11,12 +12,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.actors import Actor, system_actor
-from interventions import facts, jobs
-from interventions.base import Contract, Request, finish_job, lock_pending_job, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
+from interventions import cards, facts, jobs
+from interventions.base import finish_job, lock_pending_job
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.selectors import starting_checkpoint
+from runs.selectors import starting_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import set_resume_point
@@ -30,7 +33,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "revalidation": "a job checks the boundary, versions, assumptions, unknown effects, authority and replayed "
         "steps; any failing check blocks the resume unless overridden with a reason",
         "override": bool(req.override_reason),
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
     }
@@ -140,5 +143,134 @@ def conclude_resume(
     return report
 
 
-register(Contract(kind="resume", event=Event.RESUME, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+CHECK_LABELS = {
+    "boundary": "Checkpoint boundary",
+    "versions": "Versions",
+    "assumptions": "Assumptions",
+    "unknown_effects": "Unknown effects",
+    "authority": "Authority now",
+    "replay": "Steps that run again",
+}
+
+
+def checks_table(report: dict[str, Any]) -> dict[str, Any]:
+    return cards.table(
+        ["check", "result", "what it found"],
+        [
+            cards.row(
+                cards.cell("text", CHECK_LABELS.get(c["name"], c["name"])),
+                cards.cell("status", "pass" if c["ok"] else "fail"),
+                cards.cell("text", c.get("summary", "")),
+                mark="" if c["ok"] else "fail",
+                testid=f"check-{c['name']}",
+            )
+            for c in report.get("checks") or []
+        ],
+    )
+
+
+def replay_table(report: dict[str, Any]) -> dict[str, Any]:
+    replay = next((c for c in report.get("checks") or [] if c["name"] == "replay"), None)
+    rows = []
+    for step in (replay or {}).get("details") or []:
+        for e in step.get("effects") or []:
+            rows.append(
+                cards.row(
+                    cards.cell("code", step.get("step")),
+                    cards.effect_cell(e),
+                    cards.cell("code", e.get("idempotency_key")),
+                    cards.cell("status", e.get("status")),
+                    cards.cell(
+                        "text",
+                        "replays the recorded result" if e.get("protected") else "UNPROTECTED",
+                    ),
+                    mark="" if e.get("protected") else "fail",
+                )
+            )
+    return cards.table(
+        ["step", "effect", "idempotency key", "recorded", "when it runs again"], rows
+    )
+
+
+def resume_card(p: Mapping[str, Any]) -> Answers:
+    fired = p.get("timers_fired_while_paused") or []
+    report = p.get("dry_run") or {}
+    failing = report.get("failing") or []
+    if report.get("error"):
+        checks = cards.answer("checks", "Checks now", f"could not check now: {report['error']}")
+    else:
+        checks = cards.answer(
+            "checks",
+            "Checks now",
+            ("every check passes now" if not failing else "failing now: " + ", ".join(failing))
+            + "; the revalidation job checks again on confirm"
+            + (" and your override is used for a failing check" if p.get("override") else ""),
+            checks_table(report),
+            tone="bad" if failing else "",
+        )
+    return [
+        checks,
+        cards.answer(
+            "runs_again",
+            "Runs again",
+            f"from {cards.checkpoint_text(p.get('resume_from'))}",
+            replay_table(report),
+            empty="no step with effects runs again",
+        ),
+        cards.answer(
+            "timers_fired",
+            "Timers fired while paused",
+            "",
+            cards.table(
+                ["timer", "fired"],
+                [cards.row(cards.cell("code", t["name"]), cards.timer_cell(t)) for t in fired],
+            ),
+            empty="none: delivered on resume if any fire",
+        ),
+    ]
+
+
+def resume_receipt(r: Mapping[str, Any]) -> Answers:
+    return [
+        cards.answer("resume_from", "Runs again from", cards.checkpoint_text(r.get("resume_from"))),
+        cards.answer(
+            "checks",
+            "Revalidation",
+            "the report below lists each check as pass or fail and the steps that run again",
+        ),
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="resume",
+        event=Event.RESUME,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="a new decision against a changed world",
+            stops=(),
+            continues=("the run, from the named checkpoint, once revalidation passes",),
+            cascade="this run only",
+            authority="checked, not changed",
+            jobs=(
+                "revalidation: boundary, versions, assumptions, unknown effects, authority, replayed steps",
+            ),
+            claims=("blocked_by_failing_check_unless_override", "resumes_from_named_checkpoint"),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            card=resume_card,
+            receipt=resume_receipt,
+            fields=("reobserve_assumptions",),
+            guard_note="overrides a failing revalidation",
+        ),
+        order=20,
+        guard_right="override_revalidation",
+        owner_bound=True,
+    ),
+)
 jobs.register_kind("revalidation", revalidate_run, jobs.give_up_intervention)

@@ -4,6 +4,7 @@ previous attempt is in flight or unknown: reconcile first."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -11,11 +12,12 @@ from django.utils import timezone
 
 from core.actors import Actor
 from core.errors import Conflict, Invalid
-from interventions import facts
-from interventions.base import Contract, Request, register
+from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
+from interventions import cards
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Attempt, Checkpoint, Run
-from runs.selectors import latest_checkpoint
+from runs.selectors import latest_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.lifecycle import set_resume_point
 from runs.states import Event
@@ -84,7 +86,7 @@ def _backoff(run: Run) -> int:
 def eligibility(run: Run, req: Request) -> dict[str, Any]:
     p, last = policy(run), _last_attempt(run)
     failure = last.failure_class if last else ""
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     problems = []
     if unresolved:
         problems.append(
@@ -164,4 +166,105 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-register(Contract(kind="retry", event=Event.RETRY, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def retry_card(p: Mapping[str, Any]) -> Answers:
+    last = p.get("last_attempt") or {}
+    policy = p.get("policy") or {}
+    cp = p.get("from_checkpoint")
+    return [
+        cards.answer(
+            "next_attempt",
+            "New attempt",
+            f"attempt {p.get('next_attempt')} of {policy.get('max_attempts', '?')}, "
+            f"claimable after {p.get('backoff_s', 0)} s backoff; it gets its own id when claimed",
+        ),
+        cards.answer(
+            "from_checkpoint",
+            "From",
+            cards.checkpoint_text(cp) if isinstance(cp, dict) or cp is None else f"checkpoint {cp}",
+        ),
+        cards.answer("keys", "Idempotency keys", p.get("idempotency_keys", "")),
+        cards.answer(
+            "last_attempt",
+            "Previous attempt",
+            f"attempt {last.get('number')} ended with failure class "
+            f"{last.get('failure_class') or 'none recorded'}"
+            if last
+            else "",
+            empty="no attempt yet",
+        ),
+    ]
+
+
+def retry_receipt(r: Mapping[str, Any]) -> Answers:
+    prev = r.get("previous_attempt") or {}
+    return [
+        cards.answer(
+            "next_attempt",
+            "New attempt",
+            f"attempt {r.get('next_attempt')}; {r.get('note', '')}; claimable",
+            at=r.get("claimable_after"),
+        ),
+        cards.answer("from_checkpoint", "From", cards.checkpoint_text(r.get("from_checkpoint"))),
+        cards.answer(
+            "previous",
+            "Previous attempt",
+            f"attempt {prev.get('number')} ({prev.get('failure_class') or 'no failure class'})"
+            if prev
+            else "",
+            empty="none",
+        ),
+    ]
+
+
+def retry_blocking(p: Mapping[str, Any]) -> list[str]:
+    return [pr["detail"] for pr in p.get("problems") or []]
+
+
+def retry_more(p: Mapping[str, Any]) -> Answers:
+    if not p.get("policy"):
+        return []
+    return [
+        cards.answer(
+            "policy",
+            "Retry policy",
+            "",
+            cards.table(["policy"], [cards.row(cards.cell("value", p["policy"]))]),
+        )
+    ]
+
+
+CONTRACTS = (
+    Contract(
+        kind="retry",
+        event=Event.RETRY,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="another attempt with its own identity",
+            stops=(),
+            continues=("from a named checkpoint, reusing idempotency keys",),
+            cascade="this run only",
+            authority="unchanged",
+            preconditions=(
+                "no effect of the previous attempt in flight or unknown",
+                "attempts left under the policy",
+                "failure class retryable (or override)",
+            ),
+            claims=("refused_while_unknown", "new_attempt_own_id", "keys_reused"),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            card=retry_card,
+            receipt=retry_receipt,
+            blocking=retry_blocking,
+            more=retry_more,
+            fields=("checkpoint_seq",),
+            guard_note="overrides the retry policy's failure class check",
+        ),
+        order=40,
+        owner_bound=True,
+    ),
+)

@@ -7,7 +7,7 @@ together or apart:
   any other worker). Only while no live lease holds the run: a worker mid-step cannot be handed
   over, so the operator pauses first.
 
-The permission and decision-authority checks are base.authorize's (transfer is OWNER_BOUND): someone
+The permission and decision-authority checks are base.authorize's (transfer is owner-bound): someone
 who is not the current decision authority needs a recorded override. A run nobody owns yet is in the
 agent's lane and an operator may simply take it. Every facet moved is its own history event and
 audit row, so "who held what, when" is answerable facet by facet.
@@ -15,6 +15,7 @@ audit row, so "who held what, when" is answerable facet by facet.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -23,11 +24,20 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Invalid
-from core.roles import PERMISSIONS, may, roles_of
-from interventions import facts
-from interventions.base import Contract, Request, pending_approvals, register
+from core.roles import (
+    ADMIN,
+    INCIDENT_COMMANDER,
+    OPERATOR,
+    PERMISSIONS,
+    may,
+    roles_of,
+)
+from interventions import cards, facts
+from interventions.base import pending_approvals
 from interventions.models import Intervention
+from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import ExecutionLease, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import notify_run_changed
 from runs.services.history import append_history
 from runs.states import State
@@ -168,7 +178,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
             "execution_lease": worker or None,
         },
         "blocked_by": blocked,
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "pending_approvals": pending_approvals(run),
         "authority_handed_over": facts.active_grants(run),
     }
@@ -211,7 +221,7 @@ def _move(
         context={
             **record,
             "intervention": str(intervention.pk),
-            "unresolved_effects": facts.unresolved_effects(run),
+            "unresolved_effects": unresolved_effects(run),
         },
     )
     return record
@@ -230,7 +240,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
             state=run.state,
         )
     at_handoff = {
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "pending_approvals": pending_approvals(run),
     }
     moved, unchanged, fields = [], [], {}
@@ -269,4 +279,150 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     }
 
 
-register(Contract(kind="transfer", event=None, preview=preview, apply=apply))
+# --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
+
+
+def _approvals_table(approvals: list[dict[str, Any]]) -> dict[str, Any]:
+    return cards.table(
+        ["approval", "action", "status"],
+        [
+            cards.row(
+                cards.cell("id", a["id"]), cards.effect_cell(a), cards.cell("status", a["status"])
+            )
+            for a in approvals
+        ],
+    )
+
+
+def transfer_card(p: Mapping[str, Any]) -> Answers:
+    current, proposed = p.get("current") or {}, p.get("proposed") or {}
+    facets = p.get("facets") or []
+    lease = current.get("execution_lease") or {}
+    now_text = {
+        "assignment": current.get("assignment"),
+        "decision_authority": current.get("decision_authority"),
+        "execution_lease": (
+            f"{lease.get('worker')} (live)"
+            if lease.get("live")
+            else (lease.get("worker") or "none")
+        )
+        + (f", pinned to {lease['pinned_to']}" if lease.get("pinned_to") else ""),
+    }
+    rows = [
+        cards.row(
+            cards.cell("text", f.replace("_", " ")),
+            cards.cell("text", now_text.get(f) or "—"),
+            cards.cell("text", (proposed.get(f) or "—") if f in facets else "unchanged"),
+            mark="moves" if f in facets else "",
+        )
+        for f in ("assignment", "decision_authority", "execution_lease")
+    ]
+    approvals = p.get("pending_approvals") or []
+    return [
+        cards.answer("facets", "Moves", "", cards.table(["facet", "now", "after"], rows)),
+        cards.answer(
+            "unresolved",
+            "Unresolved at handoff",
+            "",
+            cards.unresolved_table(p.get("unresolved_effects") or []),
+            empty="no effect in flight or unknown",
+        ),
+        cards.answer(
+            "approvals",
+            "Pending decisions",
+            "",
+            _approvals_table(approvals),
+            empty="no pending approval",
+        ),
+        cards.answer(
+            "authority",
+            "Grants handed over as they are",
+            "",
+            cards.grants_table(p.get("authority_handed_over") or []),
+        ),
+    ]
+
+
+def transfer_receipt(r: Mapping[str, Any]) -> Answers:
+    records = r.get("records") or []
+    may = r.get("who_may_now") or {}
+    return [
+        cards.answer(
+            "moved",
+            "Moved",
+            "",
+            cards.table(
+                ["facet", "from", "to"],
+                [
+                    cards.row(
+                        cards.cell("text", m["facet"].replace("_", " ")),
+                        cards.cell("value", m["from"]),
+                        cards.cell("value", m["to"]),
+                    )
+                    for m in records
+                ],
+            ),
+        ),
+        cards.answer(
+            "who_may_now",
+            "Who may now",
+            "",
+            cards.table(
+                ["action", "may act", "by override"],
+                [
+                    cards.row(
+                        cards.cell("text", action),
+                        cards.cell("text", ", ".join(v.get("may_act") or []) or "nobody directly"),
+                        cards.cell("text", ", ".join(v.get("by_override") or []) or "—"),
+                    )
+                    for action, v in may.items()
+                ],
+            ),
+        ),
+        cards.answer(
+            "unresolved",
+            "Unresolved at handoff",
+            "",
+            cards.unresolved_table(r.get("unresolved_effects") or []),
+            empty="no effect in flight or unknown",
+        ),
+        cards.answer(
+            "approvals",
+            "Pending decisions at handoff",
+            "",
+            _approvals_table(r.get("pending_approvals") or []),
+            empty="no pending approval",
+        ),
+        cards.answer("execution", "Execution", r.get("execution_note", "")),
+    ]
+
+
+def transfer_blocking(p: Mapping[str, Any]) -> list[str]:
+    return list(p.get("blocked_by") or [])
+
+
+CONTRACTS = (
+    Contract(
+        kind="transfer",
+        event=None,
+        preview=preview,
+        apply=apply,
+        spec=Spec(
+            summary="changes accountability: assignment, execution lease, decision authority",
+            stops=(),
+            continues=("the run, unchanged",),
+            cascade="this run only",
+            authority="decision rights move to the new owner; grants are handed over as they are",
+            claims=("facets_separate", "former_owner_rejected"),
+        ),
+        may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
+        console=Console(
+            card=transfer_card,
+            receipt=transfer_receipt,
+            blocking=transfer_blocking,
+            fields=("to", "facets", "to_worker"),
+        ),
+        order=70,
+        owner_bound=True,
+    ),
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from interventions.fleet_waves import run_fleet_wave
+from interventions.fleet.waves import run_fleet_wave
 from interventions.models import FleetOperation
 from tests.interventions.helpers import running_run
 

@@ -10,8 +10,8 @@ from django.test import Client
 from django.utils.html import escape
 
 from audit.models import AuditEvent
-from interventions.contracts import CONTRACT_SPECS
 from interventions.models import Intervention
+from interventions.plugins import REGISTRY
 from runs.models import Approval, Effect, Run
 from runs.states import State
 from tests.conftest import Api, claim, declare, start_run
@@ -290,13 +290,13 @@ def test_receipt_job_status_is_served_for_refresh(cast, worker):
 
 def test_contracts_page_lists_every_kind_the_state_table_and_the_matrix(cast):
     html = browser("vera").get("/contracts/").content.decode()
-    for kind, spec in CONTRACT_SPECS.items():
+    for kind, c in REGISTRY.items():
         assert f'id="contract-{kind}"' in html
-        assert escape(spec["summary"]) in html
+        assert escape(c.spec.summary) in html
     assert 'id="state-table"' in html and "no_unresolved_effects" in html and "audit_export" in html
 
 
-@pytest.mark.parametrize("kind", sorted(CONTRACT_SPECS))
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
 def test_every_kinds_dialog_opens_with_a_preview_or_an_inline_refusal(cast, worker, kind):
     run, lease = running_run(worker)
     declare(worker, run["id"], lease["lease"]["fencing_token"], key="k-1")

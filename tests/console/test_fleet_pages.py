@@ -10,7 +10,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from interventions.fleet_waves import run_fleet_wave
+from interventions.fleet.waves import run_fleet_wave
 from interventions.models import FleetOperation
 from tests.console.test_dialogs import browser
 from tests.console.test_live_list import IN_MEMORY_LAYER, headers_of
@@ -74,7 +74,7 @@ def test_bad_input_and_refusals_are_shown_with_their_status(cast, worker):
 
 def test_a_held_operation_is_started_or_cancelled_from_its_page(cast, worker):
     from core.auth import actor_for_user
-    from interventions.fleet import FleetParams, start_fleet_operation
+    from interventions.fleet.operations import FleetParams, start_fleet_operation
 
     ids = [running_run(worker)[0]["id"] for _ in range(2)]
     held = start_fleet_operation(
@@ -101,7 +101,11 @@ def test_the_progress_page_is_pushed_as_waves_are_decided(cast, worker):
     from controlplane.asgi import application
     from core import live
     from core.auth import actor_for_user
-    from interventions.fleet import FleetParams, halt_fleet_operation, start_fleet_operation
+    from interventions.fleet.operations import (
+        FleetParams,
+        halt_fleet_operation,
+        start_fleet_operation,
+    )
 
     ids = [running_run(worker)[0]["id"] for _ in range(2)]
     otto = actor_for_user(cast["otto"][0])

@@ -14,7 +14,7 @@ from django.test import Client, override_settings
 
 from core import live
 from core.roles import may, roles_of
-from interventions.contracts import CONTRACT_SPECS
+from interventions.plugins import REGISTRY
 from runs.models import Run
 from runs.states import State, allowed_events
 from tests.conftest import claim, declare, start_run
@@ -106,8 +106,8 @@ def test_buttons_are_the_state_tables_events_that_the_role_may_issue(cast, worke
     allowed = set(allowed_events(State.RUNNING))
     expected = {
         kind
-        for kind, spec in CONTRACT_SPECS.items()
-        if (spec["event"] in allowed if spec["event"] is not None else True)
+        for kind, c in REGISTRY.items()
+        if (c.event in allowed if c.event is not None else True)
         and may(roles, kind)
         and kind not in ("approve", "reject", "restore_authority")
     }  # nothing pending, nothing suspended

@@ -12,16 +12,16 @@ from django.db import connection
 from audit.models import AuditEvent
 from core.auth import actor_for_user
 from core.errors import Conflict, Forbidden, Invalid
-from interventions.base import CONTRACTS, _load
-from interventions.fleet import (
+from interventions.fleet.operations import (
     FleetParams,
     halt_fleet_operation,
     preview_fleet_operation,
     start_fleet_operation,
     wave_key,
 )
-from interventions.fleet_waves import run_fleet_wave
+from interventions.fleet.waves import run_fleet_wave
 from interventions.models import FleetOperation, Intervention, Job
+from interventions.plugins import REGISTRY
 from runs.models import CapabilityFreeze, Run
 from tests.conftest import declare, place_run_in
 from tests.interventions.helpers import intervene, running_run
@@ -148,8 +148,7 @@ def test_a_raising_dependency_fails_that_run_and_counts_against_the_budget(
     worker, cast, monkeypatch
 ):
     ids = _runs(worker, 3)
-    _load()
-    original = CONTRACTS["pause"].preview
+    original = REGISTRY["pause"].preview
 
     def flaky(run, req, actor):
         if str(run.pk) == ids[0]:
@@ -157,7 +156,7 @@ def test_a_raising_dependency_fails_that_run_and_counts_against_the_budget(
         return original(run, req, actor)
 
     op = _start(cast, "otto", "pause", ids, wave_size=3, max_failures=0)
-    monkeypatch.setattr(CONTRACTS["pause"], "preview", flaky)
+    monkeypatch.setattr(REGISTRY["pause"], "preview", flaky)
     op = _drive(op)
     assert (op.state, op.failed, op.succeeded, op.skipped) == ("halted", 1, 0, 2)
     assert op.targets.get(position=0).error == "ConnectionError"
@@ -288,14 +287,13 @@ def test_a_start_whose_selection_changed_since_the_preview_is_refused(worker, ca
 def test_a_halt_racing_a_wave_ends_consistently(worker, cast, postgres_only, monkeypatch):
     ids = _runs(worker, 8)
     op = _start(cast, "otto", "pause", ids, wave_size=8)
-    _load()
-    original = CONTRACTS["pause"].preview
+    original = REGISTRY["pause"].preview
 
     def slow(run, req, actor):
         time.sleep(0.05)  # each decision holds the operation lock a while: the halt lands mid-wave
         return original(run, req, actor)
 
-    monkeypatch.setattr(CONTRACTS["pause"], "preview", slow)
+    monkeypatch.setattr(REGISTRY["pause"], "preview", slow)
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 

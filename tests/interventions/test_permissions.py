@@ -10,8 +10,8 @@ import pytest
 
 from audit.models import AuditEvent
 from core.roles import PERMISSIONS, ROLES
-from interventions.base import CONTRACTS, OWNER_BOUND, _load
 from interventions.models import Intervention
+from interventions.plugins import REGISTRY
 from tests.conftest import ROLE_USERS
 from tests.interventions.helpers import intervene, running_run
 
@@ -29,6 +29,7 @@ NOT_INTERVENTIONS = {
     "take_command",
 }
 KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS)
+OWNER_BOUND = {kind for kind, c in REGISTRY.items() if c.owner_bound}
 USER_OF_ROLE = {
     role: name for name, role in reversed(list(ROLE_USERS.items()))
 }  # otto for operator
@@ -57,8 +58,7 @@ def test_the_matrix_covers_every_intervention_kind():
 
 
 def _registered(kind: str) -> None:
-    _load()
-    if kind not in CONTRACTS:
+    if kind not in REGISTRY:
         pytest.skip(f"contract {kind!r} is not registered yet")
 
 

@@ -9,7 +9,8 @@ from audit.models import AuditEvent
 from core.actors import system_actor
 from core.auth import actor_for_user
 from core.errors import Forbidden
-from interventions.base import Request, issue
+from interventions.base import issue
+from interventions.plugins import Request
 from runs.models import Run
 from tests.conftest import claim, start_run
 

@@ -12,7 +12,8 @@ from audit.services import verify_chain
 from core.actors import Actor
 from core.auth import actor_for_user
 from core.errors import DomainError
-from interventions.base import Request, issue
+from interventions.base import issue
+from interventions.plugins import Request
 from runs.models import Effect, Run
 from runs.services.effects import declare_effect
 from runs.services.lifecycle import claim_run, create_run, finish_attempt

@@ -7,7 +7,8 @@ import pytest
 from django.db import transaction
 
 from core.actors import system_actor
-from interventions.base import Request, issue
+from interventions.base import issue
+from interventions.plugins import Request
 from runs.models import Run
 from runs.services import lifecycle
 from tests.conftest import start_run

@@ -14,13 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.roles import INCIDENT_COMMANDER, may
-from interventions.base import CONTRACTS, _load
+from interventions.plugins import REGISTRY
 from runs.states import TERMINAL_STATES, TRANSITIONS, Event, State, transition
 
-_load()
 IC = frozenset({INCIDENT_COMMANDER})
 # The events an operator issues: those of a registered intervention contract.
-OPERATOR_EVENTS = frozenset(c.event for c in CONTRACTS.values() if c.event is not None)
+OPERATOR_EVENTS = frozenset(c.event for c in REGISTRY.values() if c.event is not None)
 EXITS = (Event.CANCEL, Event.CLOSE)
 NON_TERMINAL = sorted(set(State) - TERMINAL_STATES)
 

@@ -31,9 +31,11 @@ from core.auth import actor_for_user
 from core.errors import Conflict, DomainError
 from core.live import announce_fleet
 from interventions import jobs
-from interventions.base import Request, issue
-from interventions.fleet import FLEET_KINDS, halt, operation_facts, wave_key, wave_timeout_s
+from interventions.base import issue
+from interventions.fleet.operations import halt, operation_facts, wave_key, wave_timeout_s
+from interventions.fleet.selection import FLEET_KINDS
 from interventions.models import FleetOperation, FleetTarget, Intervention, Job
+from interventions.plugins import Request
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from django.http import QueryDict
 
 from core.actors import Actor
 from core.errors import Invalid
-from interventions.base import OWNER_BOUND, get_contract
+from interventions.plugins import get_contract
 from runs.models import CapabilityFreeze, Run
 from runs.search import BadFilter, RunFilter
 from runs.states import FINISHED_STATES, State, transition
@@ -136,7 +136,7 @@ def refusal(run: Run, kind: str, actor: Actor, frozen: set) -> str:
     owner = run.decision_authority
     if kind == "take_command":
         return "you already hold decision authority" if owner and owner.pk == actor.user_id else ""
-    if contract.kind in OWNER_BOUND and owner is not None and owner.pk != actor.user_id:
+    if contract.owner_bound and owner is not None and owner.pk != actor.user_id:
         return f"{owner.username} holds decision authority over this run"
     if kind == "freeze_capability" and run.state in FINISHED_STATES:
         return f"the run is {run.state}: it can take no new effect, so there is nothing to freeze"

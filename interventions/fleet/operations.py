@@ -3,7 +3,7 @@
 Preview (a pure read) says how many runs match, which the contract applies to and what each would do,
 and what is in flight across them. Start records the parent :class:`FleetOperation` and one
 :class:`FleetTarget` per run in one transaction, with the first wave as an outbox job
-(interventions/jobs.py). Each wave (interventions/fleet_waves.py) issues the per-run contract through
+(interventions/jobs.py). Each wave (interventions/fleet/waves.py) issues the per-run contract through
 ``base.issue`` -- every run's decision is its own transaction, receipt and audit -- counts failures,
 and halts the whole operation once they exceed the budget. An operator may halt it at any time.
 
@@ -27,15 +27,15 @@ from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.live import announce_fleet
 from core.roles import may
 from interventions import jobs
-from interventions.base import Request, get_contract, user_for
-from interventions.fleet_selection import (  # noqa: F401  (FLEET_KINDS: re-exported for the edges)
+from interventions.base import user_for
+from interventions.fleet.selection import (
     FLEET_KINDS,
-    MAX_TARGETS,
     select,
     selection_digest,
 )
 from interventions.freeze import scope_of
 from interventions.models import FleetOperation, FleetTarget
+from interventions.plugins import Request, get_contract
 from runs.models import Effect, Run
 from runs.services.decisions import decision
 from runs.states import transition
@@ -362,6 +362,3 @@ def operation_facts(op: FleetOperation) -> dict[str, Any]:
         "wave_size": op.wave_size,
         "pause_s": op.pause_s,
     }
-
-
-from interventions import fleet_waves  # noqa: E402, F401  (registers the wave job)

@@ -1,0 +1,168 @@
+"""The contract registry: one :class:`Contract` per intervention kind, declared by the module that
+implements it and registered when the app is ready (interventions/apps.py), never by a list.
+
+A contract module ends with ``CONTRACTS = (Contract(...), ...)``: its state-machine event, its
+preview and apply, what it promises (:class:`Spec`, served at /api/v1/contracts and drawn on the
+contracts page), who may issue it (its permission row, handed to core.roles), and its console pieces
+(:class:`Console`: the preview card's and the receipt's answer lines, drawn generically by
+console/cards.py and console/receipts.py). tests/interventions/test_registry.py walks the registry
+and fails for a kind missing any of them. How to add one: docs/concepts/adding-a-contract.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from core.errors import Invalid
+from core.roles import declare_permission
+from runs.states import Event
+
+if TYPE_CHECKING:
+    from core.actors import Actor
+    from interventions.models import Intervention
+    from runs.models import Run
+
+# A card's answer lines (interventions/cards.py draws each piece), built from a preview or a receipt.
+Answers = list[dict[str, Any]]
+Builder = Callable[[Mapping[str, Any]], Answers]
+
+
+def no_answers(_: Mapping[str, Any]) -> Answers:
+    return []
+
+
+def no_problems(_: Mapping[str, Any]) -> list[str]:
+    return []
+
+
+def always(_: Mapping[str, Any]) -> bool:
+    return True
+
+
+@dataclass
+class Request:
+    """What an operator (or a policy) asks of a contract: its kind, reason, scope and options."""
+
+    kind: str
+    reason: str
+    scope: str = "run"
+    options: dict[str, Any] = field(default_factory=dict)
+    override_reason: str = ""
+
+    @property
+    def override(self) -> bool:
+        return bool(self.override_reason)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a contract promises, in the operator's words. Roles and state edges are not repeated
+    here: the contracts document reads them from the permission row and runs.states."""
+
+    summary: str
+    stops: tuple[str, ...]
+    continues: tuple[str, ...]
+    cascade: str
+    authority: str
+    jobs: tuple[str, ...] = ()
+    claims: tuple[str, ...] = ()  # each checked by tests/interventions/test_contracts.py
+    preconditions: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "summary": self.summary,
+            "stops": list(self.stops),
+            "continues": list(self.continues),
+            "cascade": self.cascade,
+            "authority": self.authority,
+        }
+        if self.preconditions:
+            out["preconditions"] = list(self.preconditions)
+        return out | {"jobs": list(self.jobs), "claims": list(self.claims)}
+
+
+@dataclass(frozen=True)
+class Console:
+    """A contract's pieces on the console, as data the generic renderers draw.
+
+    ``card``: the preview's answer lines; ``receipt``: the receipt's (the receipt builder reads a
+    mapping that remembers which keys it read, so the folded rest shows only the others);
+    ``blocking``: what confirm would refuse, as the preview already knows it (Confirm is disabled);
+    ``more``: folded extras under the preview card; ``fields``: the dialog's form fields, read into
+    the request's options; ``danger``: its button is drawn as a dangerous one; ``guard_note``: when
+    set, the dialog offers an override of the contract's guard (to roles holding its
+    ``guard_right``) and says what it overrides; ``offered``: whether the run page offers its button."""
+
+    card: Builder
+    receipt: Builder
+    blocking: Callable[[Mapping[str, Any]], list[str]] = no_problems
+    more: Builder = no_answers
+    fields: tuple[str, ...] = ()
+    danger: bool = False
+    guard_note: str = ""
+    # Given the run page's facts (runs.selectors.run_detail), whether there is anything to act on:
+    # hides the button otherwise (no pending approval, no grant to restore). Services check again.
+    offered: Callable[[Mapping[str, Any]], bool] = always
+
+
+@dataclass
+class Contract:
+    kind: str
+    event: Event | None  # the state-machine event, or None for contracts that do not move state
+    preview: Callable[[Run, Request, Actor], dict[str, Any]]
+    apply: Callable[[Run, Request, Actor, Intervention], dict[str, Any]]
+    spec: Spec
+    may_issue: frozenset[str]  # the roles allowed to issue it (its row in core.roles.PERMISSIONS)
+    console: Console
+    order: int  # its place on the contracts page and among a run's buttons
+    scoped: bool = False  # may cascade to descendants (scope=tree)
+    # Acting on the run's course honours its decision authority; an emergency pause and the
+    # security responder's authority changes do not wait for the owner (recorded all the same).
+    owner_bound: bool = False
+    # The right an override of this contract's own guard takes (a failing revalidation, a
+    # non-retryable failure class): recorded as an override like any other.
+    guard_right: str = "override"
+
+
+REGISTRY: dict[str, Contract] = {}
+
+
+def register(contract: Contract) -> Contract:
+    if contract.kind in REGISTRY and REGISTRY[contract.kind] is not contract:
+        raise ValueError(f"intervention kind {contract.kind!r} is declared twice")
+    REGISTRY[contract.kind] = contract
+    declare_permission(contract.kind, contract.may_issue)
+    return contract
+
+
+def discover() -> None:
+    """Import every module of this app and register the contracts each declares (``CONTRACTS``).
+    Importing them also registers their Celery tasks and outbox job kinds (interventions/jobs.py)."""
+    import interventions
+
+    for info in pkgutil.walk_packages(interventions.__path__, "interventions."):
+        if ".migrations" in info.name or info.name.endswith(".apps"):
+            continue
+        module = importlib.import_module(info.name)
+        for contract in getattr(module, "CONTRACTS", ()):
+            register(contract)
+    ordered = sorted(REGISTRY.values(), key=lambda c: (c.order, c.kind))
+    REGISTRY.clear()
+    REGISTRY.update((c.kind, c) for c in ordered)
+
+
+def get_contract(kind: str) -> Contract:
+    if kind not in REGISTRY:
+        raise Invalid(
+            f"unknown intervention kind {kind!r}; one of {sorted(REGISTRY)}", field="kind"
+        )
+    return REGISTRY[kind]
+
+
+def owner_bound(kind: str) -> bool:
+    contract = REGISTRY.get(kind)
+    return contract is not None and contract.owner_bound

@@ -1,0 +1,97 @@
+"""The contract registry: every registered kind carries every piece of its contract, declared in one
+module (docs/concepts/adding-a-contract.md). A kind missing its permission row, its spec, its card,
+its receipt or its entry on the contracts page fails here, by name."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+from django.test import Client
+from django.utils.html import escape
+
+import interventions
+from core.roles import PERMISSIONS, ROLES
+from interventions.contracts import contracts_document
+from interventions.plugins import REGISTRY, Contract
+
+KINDS = sorted(REGISTRY)
+
+
+def test_it_registers_every_contract_a_module_declares_and_nothing_else():
+    declared: dict[str, str] = {}
+    for info in pkgutil.walk_packages(interventions.__path__, "interventions."):
+        if ".migrations" in info.name:
+            continue
+        for contract in getattr(importlib.import_module(info.name), "CONTRACTS", ()):
+            assert contract.kind not in declared, f"{contract.kind} declared twice"
+            declared[contract.kind] = info.name
+    assert set(declared) == set(REGISTRY)
+    assert len(KINDS) >= 16  # the sixteen contracts of docs/concepts/adding-a-contract.md, at least
+
+
+def test_it_keeps_the_contracts_in_their_declared_order():
+    orders = [c.order for c in REGISTRY.values()]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_gives_every_kind_a_permission_row(kind):
+    contract = REGISTRY[kind]
+    assert contract.may_issue, f"{kind}: nobody may issue it"
+    assert contract.may_issue <= set(ROLES), kind
+    assert PERMISSIONS[kind] == contract.may_issue, f"{kind}: core.roles does not hold its row"
+    assert "viewer" not in contract.may_issue, f"{kind}: a viewer never intervenes"
+    assert contract.guard_right in PERMISSIONS, f"{kind}: its guard override is no known right"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_gives_every_kind_a_spec(kind):
+    spec = REGISTRY[kind].spec
+    assert spec.summary and spec.cascade and spec.authority, kind
+    assert spec.stops or spec.continues, f"{kind}: says neither what stops nor what continues"
+    published = contracts_document()["contracts"][kind]
+    assert published["summary"] == spec.summary and published["may_issue"] == sorted(
+        REGISTRY[kind].may_issue
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_gives_every_kind_a_card_and_a_receipt(kind):
+    pieces = REGISTRY[kind].console
+    for name, builder in (("card", pieces.card), ("receipt", pieces.receipt)):
+        answers = builder({})  # a preview or receipt that recorded nothing still draws its lines
+        assert answers, f"{kind}: its {name} draws no answer line"
+        for line in answers:
+            assert line["key"] and line["label"], f"{kind}: an unlabelled {name} line"
+    assert isinstance(pieces.blocking({}), list) and isinstance(pieces.more({}), list)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_declares_each_kind_in_one_module(kind):
+    """The contract, its preview, its apply and its console pieces live in the same module."""
+    contract: Contract = REGISTRY[kind]
+    home = contract.preview.__module__
+    pieces = contract.console
+    parts = [
+        contract.apply,
+        pieces.card,
+        pieces.receipt,
+        pieces.blocking,
+        pieces.more,
+        pieces.offered,
+    ]
+    parts = [fn for fn in parts if fn.__module__ != "interventions.plugins"]  # the no-op defaults
+    assert all(fn.__module__ == home for fn in parts), (kind, [fn.__module__ for fn in parts])
+    assert contract in importlib.import_module(home).CONTRACTS
+
+
+@pytest.mark.django_db
+def test_it_gives_every_kind_an_entry_on_the_contracts_page(cast):
+    client = Client()
+    client.force_login(cast["vera"][0])
+    html = client.get("/contracts/").content.decode()
+    for kind in KINDS:
+        assert f'id="contract-{kind}"' in html, f"{kind}: not on the contracts page"
+        assert escape(REGISTRY[kind].spec.summary) in html, kind
