@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from runs.models import Agent, ApiToken, Run, Timer
 from tests.conftest import PURCHASING_SCOPES, ROLE_USERS
-from tests.live import ROOT, wait_for
+from tests.live import ROOT, log_in, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -84,21 +84,6 @@ def _declare(w: httpx.Client, run_id: str, **body):
     return w.post(f"/runs/{run_id}/effects", json=base | body)
 
 
-def _log_in(base: str, username: str) -> httpx.Client:
-    browser = httpx.Client(base_url=base, timeout=15)
-    browser.get("/accounts/login/")
-    resp = browser.post(
-        "/accounts/login/",
-        data={
-            "username": username,
-            "password": f"pw-{username}",
-            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-        },
-    )
-    assert resp.status_code == 302, resp.text[:300]
-    return browser
-
-
 def test_unreadable_times_are_refused_and_a_stored_one_stops_nothing(stack, people):
     w, ian = stack.api(people["worker"]), stack.api(people["ian"])
     run, other = _claimed(w), _claimed(w)
@@ -143,7 +128,7 @@ def test_unreadable_times_are_refused_and_a_stored_one_stops_nothing(stack, peop
         30,
         logs=(stack.celery_log,),
     )
-    browser = _log_in(stack.base, "ian")
+    browser = log_in(stack.base, "ian")
     page = browser.get(f"/runs/{run['id']}/")
     assert page.status_code == 200, page.text[:500]
     dialog = browser.get(
@@ -209,14 +194,14 @@ def test_no_card_or_secret_leaves_for_a_person(stack, people):
         json={"fencing_token": 1, "status": "committed", "detail": {"note": f"paid {CARD}"}},
     )
     ian = stack.api(people["ian"])
-    browser = _log_in(stack.base, "ian")
+    browser = log_in(stack.base, "ian")
     for label, resp in {
         "run": ian.get(f"/runs/{run['id']}"),
         "effects": ian.get(f"/runs/{run['id']}/effects"),
         "history": ian.get(f"/runs/{run['id']}/history"),
         "audit": ian.get("/audit", params={"run_id": run["id"]}),
         "page": browser.get(f"/runs/{run['id']}/"),
-        "export": _log_in(stack.base, "ada").get("/audit/export.jsonl"),
+        "export": log_in(stack.base, "ada").get("/audit/export.jsonl"),
     }.items():
         assert resp.status_code == 200, (label, resp.text[:300])
         assert CARD not in resp.text and "plain-secret-123" not in resp.text, label
