@@ -21,6 +21,7 @@ MCP-speaking agent is governed with no code change.
 from __future__ import annotations
 
 import asyncio
+import re
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -33,6 +34,16 @@ from ..runtime import RunContext
 from . import args_digest, recorded
 
 SEP = "__"
+
+
+def canonical_name(name: str) -> str:
+    """The server takes tool and action names in one form only (lowercase a-z 0-9 _ . -, see the
+    server's docs/security/hardening.md, "Names"): an MCP tool ``getWeather`` is declared
+    ``getweather``; the upstream is still called by its own name."""
+    text = re.sub(r"[^a-z0-9_.\-]", "_", name.casefold()).lstrip("_.-")
+    return text[:100] or "tool"
+
+
 _STOPS = ("pause", "cancel", "stop")
 
 
@@ -110,7 +121,7 @@ class McpGateway:
         approval_id: str | None = None
         while True:
             scope = self.ctx.effect(
-                upstream, name, key=key, step=f"mcp:{upstream}{SEP}{name}", args=args,
+                canonical_name(upstream), canonical_name(name), key=key, step=f"mcp:{upstream}{SEP}{name}", args=args,
                 unknown_on=(TimeoutError, asyncio.TimeoutError, OSError), approval_id=approval_id,
             )  # fmt: skip
             try:
@@ -119,7 +130,9 @@ class McpGateway:
             except EffectDenied as denied:
                 if denied.reason != "approval_required" or approval_id is not None:
                     raise
-                approval_id, outcome = await self._approval(upstream, name, args)
+                approval_id, outcome = await self._approval(
+                    canonical_name(upstream), canonical_name(name), args
+                )
                 if approval_id is None:
                     return _error(f"{upstream}{SEP}{name}: the approval was {outcome}")
         if scope.already_done:
