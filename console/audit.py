@@ -92,9 +92,8 @@ def audit_context(request: ConsoleRequest) -> dict:
         after_seq=after if newest else None,
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
+        runs_only=not reads_whole_audit_log(request.roles),  # core.roles "audit_read_all"
     )
-    if not reads_whole_audit_log(request.roles):
-        qs = qs.filter(run_id__isnull=False)  # only the runs' events (core.roles "audit_read_all")
     newer_first = not newest or after is None
     rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)
     more = len(rows) > PAGE
