@@ -20,6 +20,7 @@ from django_htmx.middleware import HtmxDetails
 from console.templatetags.console_tags import epoch_at
 from core.actors import Actor
 from core.auth import actor_for_user
+from core.redaction import redact
 from core.roles import may
 from runs.models import Run
 from runs.selectors import visible_run
@@ -68,7 +69,10 @@ ISO_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d
 def present(value: Any, depth: int = 0, key: Any = "") -> dict[str, Any]:
     """A JSON value (preview, receipt, report) as a tree the recursive template ``_value.html`` draws:
     dicts as definition lists, lists of flat dicts as tables, ids shortened, times as times (an
-    epoch number under a time's key too), nothing dropped."""
+    epoch number under a time's key too), nothing dropped but what core.redaction masks (sensitive
+    keys, card numbers, secrets)."""
+    if depth == 0:
+        value = redact(value)
     if depth > 8:
         return {"t": "text", "v": str(value)}
     if epoch_at(key, value):

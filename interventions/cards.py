@@ -17,6 +17,13 @@ def cell(t: str, v: Any, **extra: Any) -> dict[str, Any]:
     return {"t": t, "v": v, **extra}
 
 
+def timer_cell(t: dict[str, Any]) -> dict[str, Any]:
+    """A timer's fire time, or what core.times says when the stored one could not be read."""
+    if t.get("unreadable"):
+        return cell("text", f"unreadable stored time ({t['unreadable']})")
+    return cell("time", t.get("fire_at"))
+
+
 def table(cols: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cols": cols, "rows": rows}
 

@@ -144,7 +144,7 @@ def pause_card(p: Mapping[str, Any]) -> Answers:
     timer_rows = [
         cards.row(
             cards.cell("code", t["name"]),
-            cards.cell("time", t["fire_at"]),
+            cards.timer_cell(t),
             cards.cell("status", t["status"]),
         )
         for t in timers
@@ -232,7 +232,7 @@ def pause_receipt(r: Mapping[str, Any]) -> Answers:
                 [
                     cards.row(
                         cards.cell("code", t["name"]),
-                        cards.cell("time", t["fire_at"]),
+                        cards.timer_cell(t),
                         cards.cell("status", t["status"]),
                     )
                     for t in timers

@@ -258,10 +258,7 @@ def resume_card(p: Mapping[str, Any]) -> Answers:
             "",
             cards.table(
                 ["timer", "fired"],
-                [
-                    cards.row(cards.cell("code", t["name"]), cards.cell("time", t["fire_at"]))
-                    for t in fired
-                ],
+                [cards.row(cards.cell("code", t["name"]), cards.timer_cell(t)) for t in fired],
             ),
             empty="none: delivered on resume if any fire",
         ),
