@@ -32,6 +32,7 @@ from console.common import (
     visible_run_or_404,
 )
 from console.reports import receipt_rest, run_reports
+from console.run_moved import basis
 from core.auth import actor_for_user
 from core.roles import may, roles_of
 from interventions.base import descendants
@@ -147,6 +148,7 @@ def effects_page(run: Run, before: str | None = None) -> dict[str, Any]:
 def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
     data = run_detail(run)
     data["pending_approvals"] = [a for a in data["approvals"] if a["status"] == "pending"]
+    total = effect_count(run)
     return {
         "run": run,
         "data": data,
@@ -158,7 +160,8 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "offered": offered_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "discrepancies": [effect_dict(e) for e in discrepancies(run)],
-        "effects_total": effect_count(run),
+        "effects_total": total,
+        "basis": basis(run, total, data["unresolved_effects"]),  # an open dialog's "run changed"
         "parent": run.parent,
     }
 

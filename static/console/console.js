@@ -118,6 +118,29 @@
     if (el.matches && el.matches("form")) el.setAttribute("data-wired", "");
     el.querySelectorAll("form").forEach(function (form) { form.setAttribute("data-wired", ""); });
   });
+  // An open dialog holds still under live pushes: nothing a push sends targets it. When the run
+  // header a push redrew has moved past the basis the preview was drawn on, the dialog says so in
+  // place (console/run_moved.py's ``moved`` is the same rule, for pages without a run header).
+  function parse(text) { try { return JSON.parse(text || "null"); } catch (e) { return null; } }
+  function n(count, what) { return count + " " + what + (count === 1 ? "" : "s"); }
+  function runMoved(before, now) {
+    if (!before || !now || !(now.head > before.head)) return [];
+    var parts = [], d;
+    if ((d = now.effects - before.effects) > 0) parts.push(n(d, "new effect"));
+    if ((d = before.unresolved - now.unresolved) > 0) parts.push(n(d, "effect") + " settled");
+    if ((d = now.checkpoints - before.checkpoints) > 0) parts.push(n(d, "new checkpoint"));
+    if (now.state !== before.state) parts.push("state " + before.state + " \u2192 " + now.state);
+    return parts.length ? parts : [n(now.head - before.head, "new event")];
+  }
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    var header = document.getElementById("run-header"), preview = document.getElementById("preview");
+    var note = document.getElementById("preview-note");
+    if (!header || !preview || !note) return;
+    var parts = runMoved(parse(preview.dataset.basis), parse(header.dataset.basis));
+    if (!parts.length) return;
+    note.querySelector("[data-moved]").textContent = parts.join(", ");
+    note.hidden = false;
+  });
   // After an htmx swap of the list, keep the selection on the same position when possible.
   document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });
 })();
