@@ -290,6 +290,7 @@ FACT_SECTIONS: dict[str, tuple[str, ...]] = {
     "lease": ("authority", "attempts"),
     "state_changed": ("tree",),
     "run_created": ("tree",),
+    "child_created": ("tree",),  # announced on the parent (runs/services/lifecycle.py)
     "ownership_transferred": ("authority",),
     "authority_suspended": ("authority",),
     "intervention": REPORTS,
@@ -313,7 +314,13 @@ REFRESH_FACTS = (
     "intervention",
     "compensation_step_done",
 )
-EFFECT_FACTS = ("effect_intent", "effect_outcome", "effect_denied", "effect_discrepancy")
+EFFECT_FACTS = (
+    "effect_intent",
+    "effect_outcome",
+    "effect_denied",
+    "effect_discrepancy",
+    "effect_reconciled",  # by an operator, or by a recovery's reconciler: the row settles live
+)
 
 
 def sections_for(kinds: Iterable[str]) -> set[str]:
@@ -338,6 +345,9 @@ class RunPagePush:
         self.user, self.run_id = user, run_id
         self.params = QueryDict(query)
         self.known_effects: set[str] = set()
+        # Rows sent as in flight: re-read on every push, so whatever settles them (a recovery, a
+        # cancel) never leaves the page counting "in flight 62 s" on a finished run.
+        self.in_flight: set[str] = set()
         self.oldest_effect: str | None = None  # the cursor of the oldest row on screen
         self.sent_entries: set[str] = set()
         self.newest_entry: datetime | None = None
@@ -363,6 +373,7 @@ class RunPagePush:
     def _remember(self, ctx: dict[str, Any]) -> None:
         effects = ctx.get("effects") or []
         self.known_effects = {e["id"] for e in effects}
+        self.in_flight = {e["id"] for e in effects if e.get("in_flight_s") is not None}
         self.oldest_effect = (
             f"{effects[-1]['declared_at']}_{effects[-1]['id']}" if effects else None
         )
@@ -391,6 +402,8 @@ class RunPagePush:
         effect_ids = {oid for kind in EFFECT_FACTS for oid in own.get(kind, ()) if oid}
         if rows:
             effect_ids |= self.known_effects  # a compensation step changes the rows' status
+        if own:
+            effect_ids |= self.in_flight
         new, changed = self._effect_rows(run, effect_ids) if effect_ids else ([], [])
         if new or changed:
             html.append(render_to_string("console/run_detail.html#effects-count", ctx))
@@ -420,6 +433,10 @@ class RunPagePush:
         new, changed = [], []
         for e in effects:
             row = effect_row(e, now)
+            if row.get("in_flight_s") is None:
+                self.in_flight.discard(row["id"])
+            else:
+                self.in_flight.add(row["id"])
             known = row["id"] in self.known_effects
             older = self.oldest_effect is not None and effects_cursor(e) < self.oldest_effect
             if known or older:
@@ -441,6 +458,16 @@ class RunPagePush:
         sources = {"history"} | (set(own) & {"intervention", "lease", "job"})
         page = tl.timeline(run, kinds=tl.parse_kinds(self.params), after=after, sources=sources)
         fresh = [e for e in page["entries"] if e.ref not in self.sent_entries]
+        # An intervention's line carries its status (pending -> completed): sent again when it
+        # changes; the page replaces the line it shows (static/console/console.js).
+        again = {f"i-{oid}" for oid in own.get("intervention", ()) if oid}
+        if again and "intervention" in (tl.parse_kinds(self.params) or tl.KINDS):
+            have = {e.ref for e in fresh}
+            fresh += [
+                e
+                for e in tl.interventions_by_ref(run, again - have)
+                if e.ref in self.sent_entries
+            ]
         if not fresh:
             return ""
         self.sent_entries.update(e.ref for e in fresh)

@@ -226,19 +226,29 @@ def _interventions(run, chosen, before, after, n):
         return [], False
     qs = Intervention.objects.filter(run=run)
     rows = list(_window(qs, "created_at", before, after).order_by("-created_at")[:n])
-    return [
-        Entry(
-            at=i.created_at,
-            kind="intervention",
-            ref=f"i-{i.pk}",
-            title=f"{i.kind.replace('_', ' ')} issued",
-            detail=i.reason,
-            actor=f"{i.actor_label} ({i.role})" if i.role else i.actor_label,
-            status=i.status,
-            audit=f"run={run.pk}&object_type=intervention",
-        )
-        for i in rows
-    ], len(rows) >= n
+    return [_intervention_entry(run, i) for i in rows], len(rows) >= n
+
+
+def interventions_by_ref(run: Run, refs: set[str]) -> list[Entry]:
+    """The lines of these interventions (refs ``i-<id>``) as they read now: a live push re-sends
+    a line whose status changed."""
+    ids = [ref.removeprefix("i-") for ref in refs if ref.startswith("i-")]
+    if not ids:
+        return []
+    return [_intervention_entry(run, i) for i in Intervention.objects.filter(run=run, pk__in=ids)]
+
+
+def _intervention_entry(run: Run, i: Intervention) -> Entry:
+    return Entry(
+        at=i.created_at,
+        kind="intervention",
+        ref=f"i-{i.pk}",
+        title=f"{i.kind.replace('_', ' ')} issued",
+        detail=i.reason,
+        actor=f"{i.actor_label} ({i.role})" if i.role else i.actor_label,
+        status=i.status,
+        audit=f"run={run.pk}&object_type=intervention",
+    )
 
 
 def _leases(run, chosen, before, after, n):
