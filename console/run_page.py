@@ -10,7 +10,7 @@ so a push that only needs the header does not read the ledger, the reports or th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -108,6 +108,8 @@ def _tree(run: Run) -> list[dict[str, Any]]:
 def effect_row(e: Effect, now: datetime | None = None) -> dict[str, Any]:
     row = effect_dict(e)
     row["declared"] = e.declared_at
+    # Its place in the ledger (newest first, as effects_newest sorts): a pushed row is placed by it.
+    row["key"] = f"{e.declared_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%f}_{e.pk}"
     if e.status == Effect.IN_FLIGHT:
         row["in_flight_s"] = max(int(((now or timezone.now()) - e.declared_at).total_seconds()), 0)
     return row

@@ -77,6 +77,12 @@ class Entry:
     fold_key: tuple[str, ...] | None = field(default=None, repr=False)
 
     @property
+    def key(self) -> str:
+        """Its place on the page, as text that sorts like ``at`` (UTC, microseconds): a pushed line
+        is placed by it (static/console/console.js), as the page's own sort placed the others."""
+        return f"{self.at.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%f}"
+
+    @property
     def when(self) -> dict[str, str]:
         """Its time as the line shows it (UTC): machine-readable, the hover, and the label (a
         folded line's span of minutes). Formatted here: three ``date`` filters per line cost the

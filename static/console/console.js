@@ -141,23 +141,33 @@
     note.querySelector("[data-moved]").textContent = parts.join(", ");
     note.hidden = false;
   });
-  // A pushed list entry (a timeline line, a ledger row) that the page already shows replaces it in
-  // place instead of being inserted again: the receipt's out-of-band redraw and the socket's push can
-  // both carry the same new entry, and an entry's status changes (a pending intervention completes).
-  // What the page shows stays what a reload would show (docs/operator/console.md).
+  // A pushed list entry (a timeline line, a ledger row) goes where a reload would draw it: one the
+  // page already shows is replaced in place (the receipt's out-of-band redraw and the socket's push
+  // can both carry the same new line, and a line's status changes), a new one is placed by its
+  // data-key (newest first, the server's sort) rather than on top: pushes do not arrive in commit
+  // order. What the page shows stays what a reload would show (docs/operator/console.md).
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var target = event.detail.target, fragment = event.detail.fragment;
     if (!target || !fragment || !/^(timeline-list|effects-body)$/.test(target.id)) return;
     Array.prototype.slice.call(fragment.children).forEach(function (fresh) {
       var old = fresh.id && document.getElementById(fresh.id);
-      if (!old || old.parentNode !== target) return;
-      fresh.querySelectorAll("[hx-preserve][id]").forEach(function (keep) {
-        var opened = old.querySelector("#" + CSS.escape(keep.id));
-        if (opened) keep.replaceWith(opened); // what the operator unfolded stays unfolded
-      });
-      old.replaceWith(fresh);
+      if (old && old.parentNode === target) {
+        fresh.querySelectorAll("[hx-preserve][id]").forEach(function (keep) {
+          var opened = old.querySelector("#" + CSS.escape(keep.id));
+          if (opened) keep.replaceWith(opened); // what the operator unfolded stays unfolded
+        });
+        old.replaceWith(fresh);
+      } else {
+        var key = fresh.getAttribute("data-key") || "", before = null;
+        for (var row = target.firstElementChild; row; row = row.nextElementSibling) {
+          var at = row.getAttribute("data-key");
+          if (at === null ? /-older$/.test(row.id) : at < key) { before = row; break; }
+        }
+        target.insertBefore(fresh, before);
+      }
       htmx.process(fresh);
     });
+    event.detail.shouldSwap = false; // placed, each one
   });
   // After an htmx swap of the list, keep the selection on the same position when possible.
   document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });

@@ -351,20 +351,6 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
         expect(page.locator(f"#run-tree a[href*='{child['id']}']")).to_have_count(1)
         agree.expect("child created and claimed", time.time())
 
-        # An intervention confirmed in the dialog: its receipt redraws the page behind it, and the
-        # socket pushes the same facts; the timeline shows the intervention once.
-        page.locator("#run-actions button[data-kind=pause]").click()
-        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
-        page.locator("#d-reason").fill("hold while checked")
-        page.locator("[data-testid=confirm-button]").click()
-        expect(page.locator("#dialog [data-testid=receipt-card]")).to_be_visible(timeout=20_000)
-        confirmed = time.time()
-        expect(page.locator("#run-header [data-state]").first).to_have_attribute(
-            "data-state", "pausing"
-        )
-        agree.expect("pause confirmed (timeline: the intervention once)", confirmed)
-        assert page.locator("#timeline-list > [id^=tl-i-]").count() == 1
-
         # The worker dies with an effect in flight: its lease runs out and the scan orphans the
         # run, whose recovery is issued (ORM calls go through another thread: Playwright's loop).
         with ThreadPoolExecutor(1) as other:
@@ -390,6 +376,18 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
         assert answer.status_code == 200, answer.text
         agree.expect("in-flight effect reconciled", time.time())
         expect(page.locator("#effects-body .age")).to_have_count(0)
+        # An intervention confirmed in the dialog: its receipt redraws the page behind it, and the
+        # socket pushes the same facts; the timeline shows each intervention once.
+        page.locator("#run-actions button[data-kind=cancel]").click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        page.locator("#d-reason").fill("the order is void")
+        page.locator("[data-testid=confirm-button]").click()
+        expect(page.locator("#dialog [data-testid=receipt-card]")).to_be_visible(timeout=20_000)
+        confirmed = time.time()
+        expect(page.locator("#timeline-list > [id^=tl-i-]")).to_have_count(2)  # recover, cancel
+        agree.expect("cancel confirmed (each intervention once in the timeline)", confirmed)
+        ids = page.evaluate("[...document.querySelectorAll('#run-live [id]')].map((e) => e.id)")
+        assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
         browser.close()
 
     REPORT.parent.mkdir(exist_ok=True)
