@@ -391,7 +391,8 @@ class RunConsumer(LiveConsumer):
                 if len(self.run_ids) >= TREE_LIMIT:
                     break
                 self.run_ids.add(child)
-                self.joined.append(run_group(child))
+                if self.joined is not None:  # left as it was at connect: the groups to leave
+                    self.joined.append(run_group(child))
                 await self.channel_layer.group_add(run_group(child), self.channel_name)
         self._take(event)
 

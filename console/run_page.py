@@ -466,9 +466,7 @@ class RunPagePush:
         if again and "intervention" in (tl.parse_kinds(self.params) or tl.KINDS):
             have = {e.ref for e in fresh}
             fresh += [
-                e
-                for e in tl.interventions_by_ref(run, again - have)
-                if e.ref in self.sent_entries
+                e for e in tl.interventions_by_ref(run, again - have) if e.ref in self.sent_entries
             ]
         if not fresh:
             return ""

@@ -485,7 +485,10 @@ def test_a_run_that_has_not_moved_answers_the_check_with_204(cast, worker):
     )
     assert again.status_code == 204
     # the check polls only where no live run header says it for free (the approvals inbox)
-    assert b"every 5s [!document.querySelector(" in dialog and b"#run-live.ws-open #run-header" in dialog
+    assert (
+        b"every 5s [!document.querySelector(" in dialog
+        and b"#run-live.ws-open #run-header" in dialog
+    )
     # and no element of the dialog inherits the form's target (#dialog): each names its own
     assert b'id="preview" data-digest' in dialog and b'hx-trigger="every 4s' not in dialog
 

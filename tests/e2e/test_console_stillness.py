@@ -61,7 +61,7 @@ REGIONS = (
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory, e2e_redis):
+def servers(tmp_path_factory, e2e_redis):  # noqa: F811 (the imported fixture)
     """daphne per channel layer, started on first use: the embedded default (in-memory: the API
     calls of this test reach the sockets of the same daphne) and Redis (facts committed in this test
     process, the lease scan's, reach it too)."""
@@ -209,7 +209,9 @@ def test_a_dialog_holds_still_while_the_run_moves_and_confirm_re_previews(
         assert _still(page) == [], f"replaced by a live update: {_still(page)}"
         assert dialog.locator("#d-reason").input_value() == TYPED
         assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
-        assert dialog.get_by_role("checkbox", name="also suspend the run's authority grants").is_checked()
+        assert dialog.get_by_role(
+            "checkbox", name="also suspend the run's authority grants"
+        ).is_checked()
         assert page.evaluate("document.querySelectorAll('#preview').length") == 1
         assert page.evaluate("!!document.querySelector('#dialog #preview')")
         # The dialog says the run changed since its preview, in place (from the pushed header).
@@ -223,8 +225,12 @@ def test_a_dialog_holds_still_while_the_run_moves_and_confirm_re_previews(
         expect(note).to_be_hidden()  # the new preview is current
         assert _still(page) == [], f"replaced by the re-preview: {_still(page)}"
         assert dialog.locator("#d-reason").input_value() == TYPED
-        assert dialog.get_by_role("checkbox", name="also suspend the run's authority grants").is_checked()
-        assert page.locator("#run-header [data-state]").first.get_attribute("data-state") == "running"
+        assert dialog.get_by_role(
+            "checkbox", name="also suspend the run's authority grants"
+        ).is_checked()
+        assert (
+            page.locator("#run-header [data-state]").first.get_attribute("data-state") == "running"
+        )
         # Confirm again: issued, with the reason typed under load.
         dialog.locator("[data-testid=confirm-button]").click()
         receipt = dialog.locator("[data-testid=receipt-card]")
@@ -307,7 +313,9 @@ def _diff(result: dict[str, Any]) -> str:
         at = next(
             (
                 n
-                for n, (x, y) in enumerate(zip(live.get("text", ""), fresh.get("text", "")))
+                for n, (x, y) in enumerate(
+                    zip(live.get("text", ""), fresh.get("text", ""), strict=False)
+                )
                 if x != y
             ),
             min(len(live.get("text", "")), len(fresh.get("text", ""))),
@@ -344,9 +352,7 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
         agree.expect("effects and checkpoints", time.time())
 
         # A child created while the page is open: in the tree, then its own progress.
-        child = sdk.create_run(
-            "purchasing", "check the address", input={}, parent_run_id=run_id
-        )
+        child = sdk.create_run("purchasing", "check the address", input={}, parent_run_id=run_id)
         sdk.claim(str(child["id"]), "worker-8")
         expect(page.locator(f"#run-tree a[href*='{child['id']}']")).to_have_count(1)
         agree.expect("child created and claimed", time.time())
@@ -371,7 +377,11 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
         expect(page.locator(f"#effect-{in_flight} .age")).to_have_count(1)
         answer = operator.post(
             f"/effects/{in_flight}/reconcile",
-            json={"outcome": "committed", "evidence": "the payment provider shows it", "reason": "checked"},
+            json={
+                "outcome": "committed",
+                "evidence": "the payment provider shows it",
+                "reason": "checked",
+            },
         )
         assert answer.status_code == 200, answer.text
         agree.expect("in-flight effect reconciled", time.time())
