@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runs.models import Effect, Run
-from runs.selectors import effect_count
+from runs.models import Run
+from runs.selectors import effect_count, unresolved_count
 
 
 def basis(run: Run, effects: int, unresolved: int) -> str:
@@ -34,7 +34,7 @@ def basis(run: Run, effects: int, unresolved: int) -> str:
 
 def basis_now(run: Run) -> str:
     """``run`` as just read (the dialog's views read it per request)."""
-    return basis(run, effect_count(run), Effect.objects.filter(run=run).unresolved().count())
+    return basis(run, effect_count(run), unresolved_count(run))
 
 
 def _parse(text: str) -> dict[str, Any] | None:

@@ -39,8 +39,13 @@ def visible_runs(actor: Actor) -> QuerySet[Run]:
     return qs
 
 
+def visible_run(actor: Actor, run_id: Any) -> Run | None:
+    """The run, if the actor may see it; None for a run that does not exist or is not theirs."""
+    return visible_runs(actor).filter(pk=run_id).first()
+
+
 def get_visible_run(actor: Actor, run_id: Any) -> Run:
-    run = visible_runs(actor).filter(pk=run_id).first()
+    run = visible_run(actor, run_id)
     if run is None:
         raise NotFound(f"run {run_id} does not exist", object="run")
     return run
@@ -115,7 +120,7 @@ def run_detail(run: Run) -> dict[str, Any]:
             }
             for a in run.approvals.all()
         ],
-        "unresolved_effects": Effect.objects.filter(run=run).unresolved().count(),
+        "unresolved_effects": unresolved_count(run),
     }
 
 
@@ -362,6 +367,10 @@ def effects_newest(run: Run, cursor: tuple[Any, Any] | None, limit: int) -> list
         at, pk = cursor
         qs = qs.filter(Q(declared_at__lt=at) | Q(declared_at=at, pk__lt=pk))
     return list(qs.order_by("-declared_at", "-pk")[:limit])
+
+
+def unresolved_count(run: Run) -> int:
+    return Effect.objects.filter(run=run).unresolved().count()
 
 
 def effects_by_ids(run: Run, ids: list[Any]) -> list[Effect]:
