@@ -109,7 +109,7 @@ def effect_row(e: Effect, now: datetime | None = None) -> dict[str, Any]:
     row = effect_dict(e)
     row["declared"] = e.declared_at
     # Its place in the ledger (newest first, as effects_newest sorts): a pushed row is placed by it.
-    row["key"] = f"{e.declared_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%f}_{e.pk}"
+    row["key"] = f"{e.declared_at.astimezone(UTC):%Y%m%d-%H%M%S-%f}_{e.pk}"
     if e.status == Effect.IN_FLIGHT:
         row["in_flight_s"] = max(int(((now or timezone.now()) - e.declared_at).total_seconds()), 0)
     return row
