@@ -418,3 +418,67 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
         )
         + "\n"
     )
+
+
+def test_an_approval_dialog_on_the_inbox_holds_still_while_approvals_arrive(
+    cast, worker_token, servers
+):
+    """The inbox is redrawn whole by every approval fact; the dialog opened from it is not."""
+    console = servers("redis")
+    server_password(cast["april"][0], "pw-april")
+    sdk, run_id, claim = _running(console, worker_token)
+    sdk.request_approval(
+        run_id,
+        claim.lease.fencing_token,
+        tool="payments",
+        action="charge",
+        args={"amount": 40},
+        reason="over the limit",
+    )
+    others = [_running(console, worker_token)[1:] for _ in range(6)]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page.goto(f"{console}/approvals/")
+        page.fill("#id_username", "april")
+        page.fill("#id_password", "pw-april")
+        page.click("button[type=submit]")
+        expect(page.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1)
+        page.locator("#inbox button", has_text="Approve").first.click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        page.evaluate(
+            "() => { for (const s of ['#dialog', '#intervention-form', '#d-reason'])"
+            " document.querySelector(s).__still = s; }"
+        )
+
+        def arrive() -> None:  # an approval a second on the other runs, while april types
+            for other_id, other_claim in others:
+                time.sleep(0.8)
+                sdk.request_approval(
+                    other_id,
+                    other_claim.lease.fencing_token,
+                    tool="payments",
+                    action="charge",
+                    args={"amount": 41},
+                    reason="over the limit",
+                )
+
+        with ThreadPoolExecutor(1) as pool:
+            arriving = pool.submit(arrive)
+            page.locator("#d-reason").press_sequentially("checked with finance", delay=300)
+            arriving.result(timeout=30)
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1 + len(others))
+        assert (
+            page.evaluate(
+                "() => ['#dialog', '#intervention-form', '#d-reason']"
+                ".filter(s => !(document.querySelector(s) || {}).__still)"
+            )
+            == []
+        )
+        assert page.locator("#d-reason").input_value() == "checked with finance"
+        assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
+        page.locator("#dialog [data-testid=confirm-button]").click()
+        expect(page.locator("#dialog [data-testid=receipt-card]")).to_be_visible(timeout=20_000)
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(len(others))
+        browser.close()
