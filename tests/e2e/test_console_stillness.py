@@ -87,12 +87,12 @@ def servers(tmp_path_factory, e2e_redis):  # noqa: F811 (the imported fixture)
         procs.stop()
 
 
-def _login(p, base: str, path: str):
+def _login(p, base: str, path: str, who: str = "otto"):
     browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     page = browser.new_context(viewport=VIEWPORT).new_page()
     page.goto(f"{base}{path}")
-    page.fill("#id_username", "otto")
-    page.fill("#id_password", "pw-otto")
+    page.fill("#id_username", who)
+    page.fill("#id_password", f"pw-{who}")
     page.click("button[type=submit]")
     expect(page.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
     return browser, page
@@ -161,18 +161,20 @@ def _running(console: str, worker_token: str, **create: Any) -> tuple[Client, st
     return sdk, str(run["id"]), claim
 
 
-def _mark(page: Page) -> None:
+FIELDS = ("#dialog", "#intervention-form", "#d-reason", "input[name=suspend_authority]")
+
+
+def _mark(page: Page, nodes: tuple[str, ...] = FIELDS) -> None:
     """Tag the nodes a live update must never replace: a replaced node loses its tag."""
     page.evaluate(
-        "() => { for (const s of ['#dialog', '#intervention-form', '#d-reason',"
-        " 'input[name=suspend_authority]']) document.querySelector(s).__still = s; }"
+        "(nodes) => { for (const s of nodes) document.querySelector(s).__still = s; }", list(nodes)
     )
 
 
-def _still(page: Page) -> list[str]:
+def _still(page: Page, nodes: tuple[str, ...] = FIELDS) -> list[str]:
+    """The marked nodes that are no longer the ones marked (replaced, or gone)."""
     return page.evaluate(
-        "() => ['#dialog', '#intervention-form', '#d-reason', 'input[name=suspend_authority]']"
-        ".filter(s => !(document.querySelector(s) || {}).__still)"
+        "(nodes) => nodes.filter((s) => !(document.querySelector(s) || {}).__still)", list(nodes)
     )
 
 
@@ -427,55 +429,32 @@ def test_an_approval_dialog_on_the_inbox_holds_still_while_approvals_arrive(
     console = servers("redis")
     server_password(cast["april"][0], "pw-april")
     sdk, run_id, claim = _running(console, worker_token)
-    sdk.request_approval(
-        run_id,
-        claim.lease.fencing_token,
-        tool="payments",
-        action="charge",
-        args={"amount": 40},
-        reason="over the limit",
-    )
+
+    def ask(run: str, token: int) -> None:
+        sdk.request_approval(
+            run, token, tool="payments", action="charge", args={"amount": 40}, reason="over"
+        )
+
+    ask(run_id, claim.lease.fencing_token)
     others = [_running(console, worker_token)[1:] for _ in range(6)]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_context(viewport=VIEWPORT).new_page()
-        page.goto(f"{console}/approvals/")
-        page.fill("#id_username", "april")
-        page.fill("#id_password", "pw-april")
-        page.click("button[type=submit]")
-        expect(page.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
+        browser, page = _login(p, console, "/approvals/", who="april")
         expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1)
         page.locator("#inbox button", has_text="Approve").first.click()
         page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
-        page.evaluate(
-            "() => { for (const s of ['#dialog', '#intervention-form', '#d-reason'])"
-            " document.querySelector(s).__still = s; }"
-        )
+        _mark(page, FIELDS[:3])
 
         def arrive() -> None:  # an approval a second on the other runs, while april types
             for other_id, other_claim in others:
                 time.sleep(0.8)
-                sdk.request_approval(
-                    other_id,
-                    other_claim.lease.fencing_token,
-                    tool="payments",
-                    action="charge",
-                    args={"amount": 41},
-                    reason="over the limit",
-                )
+                ask(other_id, other_claim.lease.fencing_token)
 
         with ThreadPoolExecutor(1) as pool:
             arriving = pool.submit(arrive)
             page.locator("#d-reason").press_sequentially("checked with finance", delay=300)
             arriving.result(timeout=30)
         expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1 + len(others))
-        assert (
-            page.evaluate(
-                "() => ['#dialog', '#intervention-form', '#d-reason']"
-                ".filter(s => !(document.querySelector(s) || {}).__still)"
-            )
-            == []
-        )
+        assert _still(page, FIELDS[:3]) == []
         assert page.locator("#d-reason").input_value() == "checked with finance"
         assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
         page.locator("#dialog [data-testid=confirm-button]").click()
