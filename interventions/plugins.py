@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from interventions.models import Intervention
     from runs.models import Run
 
+# A preview's or receipt's listed facts (effects, grants, children...): JSON objects as the API
+# serves them. Each contract types its own preview and receipt (a TypedDict beside its apply).
+Row = dict[str, Any]
+Rows = list[dict[str, Any]]
+
 # A card's answer lines (interventions/cards.py draws each piece), built from a preview or a receipt.
 Answers = list[dict[str, Any]]
 Builder = Callable[[Mapping[str, Any]], Answers]
@@ -113,8 +118,9 @@ class Console:
 class Contract:
     kind: str
     event: Event | None  # the state-machine event, or None for contracts that do not move state
-    preview: Callable[[Run, Request, Actor], dict[str, Any]]
-    apply: Callable[[Run, Request, Actor, Intervention], dict[str, Any]]
+    # Each returns the contract's own TypedDict (e.g. pause.PausePreview / pause.PauseReceipt).
+    preview: Callable[[Run, Request, Actor], Mapping[str, Any]]
+    apply: Callable[[Run, Request, Actor, Intervention], Mapping[str, Any]]
     spec: Spec
     may_issue: frozenset[str]  # the roles allowed to issue it (its row in core.roles.PERMISSIONS)
     console: Console
@@ -128,7 +134,20 @@ class Contract:
     guard_right: str = "override"
 
 
+@dataclass(frozen=True)
+class FleetContract:
+    """A contract over a scope of the fleet rather than one run (hold_intake, release_intake): it has
+    its own preview, issue and receipt services (its module's), a spec and a permission row, and an
+    entry on the contracts page under "Fleet contracts". Declared as ``FLEET_CONTRACTS``."""
+
+    kind: str
+    spec: Spec
+    may_issue: frozenset[str]
+    order: int
+
+
 REGISTRY: dict[str, Contract] = {}
+FLEET_REGISTRY: dict[str, FleetContract] = {}
 
 
 def register(contract: Contract) -> Contract:
@@ -150,6 +169,11 @@ def discover() -> None:
         module = importlib.import_module(info.name)
         for contract in getattr(module, "CONTRACTS", ()):
             register(contract)
+        for fleet in getattr(module, "FLEET_CONTRACTS", ()):
+            if fleet.kind in FLEET_REGISTRY and FLEET_REGISTRY[fleet.kind] is not fleet:
+                raise ValueError(f"fleet contract {fleet.kind!r} is declared twice")
+            FLEET_REGISTRY[fleet.kind] = fleet
+            declare_permission(fleet.kind, fleet.may_issue)
     ordered = sorted(REGISTRY.values(), key=lambda c: (c.order, c.kind))
     REGISTRY.clear()
     REGISTRY.update((c.kind, c) for c in ordered)

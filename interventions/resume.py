@@ -5,7 +5,7 @@ failing ones with a reason -- does the run become claimable again from the named
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.db import transaction
@@ -16,17 +16,33 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts, jobs
 from interventions.base import finish_job, lock_pending_job
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.selectors import starting_checkpoint, unresolved_effects
+from runs.selectors import latest_checkpoint, starting_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class ResumePreview(TypedDict):
+    resume_from: Row | None
+    revalidation: str
+    override: bool
+    unresolved_effects: Rows
+    timers_fired_while_paused: Rows
+    checkpoint_seq: int | None
+    re_executes: Rows  # each step that runs again, each effect with its idempotency protection
+
+
+class ResumeReceipt(TypedDict):
+    state: str
+    resume_from: Row | None
+    job: Row
+
+
+def preview(run: Run, req: Request, actor: Actor) -> ResumePreview:
     cp = starting_checkpoint(run)
     return {
         "resume_from": facts.resume_point(run),
@@ -36,10 +52,12 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "unresolved_effects": unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
+        # Each step that runs again from the checkpoint, each effect it repeats with its protection.
+        "re_executes": facts.re_executes(run, cp or latest_checkpoint(run)),
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> ResumeReceipt:
     cp = starting_checkpoint(run)
     apply_transition(
         run,
@@ -172,10 +190,23 @@ def checks_table(report: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def replay_table(report: dict[str, Any]) -> dict[str, Any]:
+def replay_table(
+    report: Mapping[str, Any], steps: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The replay check's steps (a report), else the preview's own ``re_executes``."""
     replay = next((c for c in report.get("checks") or [] if c["name"] == "replay"), None)
     rows = []
-    for step in (replay or {}).get("details") or []:
+    for step in (replay or {}).get("details") or steps or []:
+        if not step.get("effects"):
+            rows.append(
+                cards.row(
+                    cards.cell("code", step.get("step")),
+                    cards.cell("text", "no effect"),
+                    cards.cell("text", ""),
+                    cards.cell("text", ""),
+                    cards.cell("text", "runs again"),
+                )
+            )
         for e in step.get("effects") or []:
             rows.append(
                 cards.row(
@@ -185,7 +216,8 @@ def replay_table(report: dict[str, Any]) -> dict[str, Any]:
                     cards.cell("status", e.get("status")),
                     cards.cell(
                         "text",
-                        "replays the recorded result" if e.get("protected") else "UNPROTECTED",
+                        e.get("protection")
+                        or ("replays the recorded result" if e.get("protected") else "UNPROTECTED"),
                     ),
                     mark="" if e.get("protected") else "fail",
                 )
@@ -217,7 +249,7 @@ def resume_card(p: Mapping[str, Any]) -> Answers:
             "runs_again",
             "Runs again",
             f"from {cards.checkpoint_text(p.get('resume_from'))}",
-            replay_table(report),
+            replay_table(report, p.get("re_executes")),
             empty="no step with effects runs again",
         ),
         cards.answer(

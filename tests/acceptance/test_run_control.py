@@ -1,10 +1,11 @@
-"""The operator's run-control test (docs/operator/scenarios.md): seven scenarios against the live system --
+"""The operator's run-control test (docs/operator/scenarios.md): nine scenarios against the live system --
 daphne, a Celery worker with beat, the demo world and real agent worker processes (demo_agents.worker),
 on PostgreSQL and Redis. Every fact is read back from recorded data and written to the report
 (reports/run-control.html and .json)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -595,3 +596,90 @@ def test_scenario_7_recover_after_a_worker_disappears(live):
         "ledger vs world /admin/requests",
     )
     s7.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_8_hold_intake_during_an_incident(live):
+    s8 = scenario(8, "Hold intake for an agent, then release it")
+    worker, ian = live["worker"], live["people"]["ian"]
+    live["start_workers"](1)
+    shown = ian.post("/intake/holds/preview", {"scope": "agent", "target": "purchasing"}).json()
+    s8.fact(
+        "the hold's preview: what it covers, what continues", shown, "POST /intake/holds/preview"
+    )
+    resp = ian.post(
+        "/intake/holds",
+        {
+            "scope": "agent",
+            "target": "purchasing",
+            "reason": "card processor flapping",
+            "preview_digest": shown["digest"],
+        },
+    )
+    assert resp.status_code == 202, resp.text
+    hold = resp.json()
+    s8.fact("the hold's receipt", hold["receipt"], "POST /intake/holds")
+    rid = purchase(live)["id"]
+    time.sleep(3)  # a worker is long-polling for purchasing all along
+    s8.fact("the new run is accepted and stays queued", worker.run(rid)["state"], "GET /runs/{id}")
+    assert worker.run(rid)["state"] == "queued" and worker.run(rid)["attempts"] == []
+    seen = ian.get("/intake").json()
+    s8.fact("the held queue with its age", seen["queued"], "GET /intake")
+    assert seen["queued"]["runs"][0]["id"] == rid and seen["queued"]["runs"][0]["age_s"] >= 3
+    rel = ian.post(f"/intake/holds/{hold['id']}/release", {"reason": "processor stable again"})
+    assert rel.status_code == 200, rel.text
+    s8.fact("the release's receipt", rel.json()["receipt"]["release"], "POST .../release")
+    final = wait_state(worker, rid, {"succeeded", "failed"}, 60)
+    s8.fact("released: the run is claimed and completes", final["state"], "GET /runs/{id}")
+    assert final["state"] == "succeeded"
+    audit = ian.get("/audit", object_type="intake_hold").json()["events"]
+    actions = sorted(a["action"] for a in audit)
+    s8.fact("both decisions audited", actions, "GET /audit")
+    assert actions == ["intervention.hold_intake", "intervention.release_intake"]
+    s8.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_9_redrive_a_cancelled_run_from_a_chosen_checkpoint(live):
+    s9 = scenario(9, "Redrive a cancelled run from a chosen checkpoint")
+    worker, world, otto = live["worker"], live["world"], live["people"]["otto"]
+    live["start_workers"](1)
+    world.set_fault("shipping", "slow", action="create_label", count=1, delay_ms=3000)
+    rid = purchase(live)["id"]
+    wait_effect(worker, rid, "inventory", "reserve", "committed")
+    assert otto.intervene(rid, "cancel", "customer called: wrong address").status_code == 202
+    wait_state(worker, rid, {"cancelled"}, 60)
+    wait_for(
+        "every effect's outcome known",
+        lambda: all(e["status"] not in ("in_flight", "unknown") for e in worker.effects(rid)),
+        30,
+    )
+    first = otto.preview(rid, "redrive")
+    cp = next(c for c in first["checkpoints"] if c["step"] == "reserve")
+    shown = otto.preview(rid, "redrive", options={"checkpoint_seq": cp["seq"]})
+    s9.fact("the chosen checkpoint", shown["redrive_from"], "redrive preview")
+    s9.fact(
+        "every effect committed after it: compensation, reversible, what re-executes under which key",
+        shown["committed_after"],
+        "redrive preview",
+    )
+    assert all(r["choice"] == "keep" and r["idempotency_key"] for r in shown["committed_after"])
+    assert all("reserve" != r["step"] for r in shown["committed_after"])
+    resp = otto.intervene(
+        rid,
+        "redrive",
+        "address corrected; carry on from the reservation",
+        options={"checkpoint_seq": cp["seq"]},
+        preview_digest=shown["digest"],
+    )
+    assert resp.status_code == 202, resp.text
+    s9.fact("the redrive's receipt", resp.json()["receipt"], "POST interventions")
+    final = wait_state(worker, rid, {"succeeded", "failed"}, 90)
+    assert final["state"] == "succeeded", final["state"]
+    started = [e for e in worker.history(rid)["events"] if e["kind"] == "attempt_started"]
+    s9.fact("the new attempt starts from that checkpoint", started[-1]["data"], "GET history")
+    assert started[-1]["data"]["checkpoint"] == cp["seq"]
+    s9.fact(
+        "each effect exactly once in the world (kept effects replayed)",
+        assert_no_duplicates(worker, world, rid),
+        "world /admin/requests",
+    )
+    s9.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
