@@ -85,8 +85,9 @@ class Entry:
 
     @property
     def key(self) -> str:
-        """Its place on the page, as text that sorts like ``at`` (UTC digits to the microsecond, not a time to read): a pushed line
-        is placed by it (static/console/console.js), as the page's own sort placed the others."""
+        """Its place on the page, as text that sorts like ``at`` (UTC digits to the microsecond,
+        not a time to read): a pushed line is placed by it (static/console/console.js), as the
+        page's own sort placed the others."""
         return f"{self.at.astimezone(UTC):%Y%m%d-%H%M%S-%f}"
 
     @property
