@@ -465,6 +465,12 @@ def test_a_stale_digest_is_refused_with_what_changed_on_the_console(cast, worker
     # said in place; the preview itself is not redrawn under the operator
     assert check.status_code == 200 and b'data-testid="run-moved"' in check.content
     assert b"1 new effect" in check.content and b"k-late" not in check.content
+    # a blocked preview (Confirm disabled) is re-read on request: the note's button, not a check
+    assert b'data-testid="show-new-preview"' in check.content
+    assert (
+        b"hx-vals='{&quot;check&quot;: &quot;&quot;}'" in check.content
+        or b'"check": ""' in check.content
+    )
     resp = confirm(otto, run["id"], "pause", digest, reason="r", preview_sections=sections)
     assert resp.status_code == 409 and b'data-testid="preview-changed"' in resp.content
     assert b"in flight effects" in resp.content and b"k-late" in resp.content  # the new preview
