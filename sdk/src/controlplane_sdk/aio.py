@@ -82,7 +82,7 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> tuple[httpx.Response, bool]:
         headers, content, clean = Client.request_parts(body, params)
-        tries, lost = 1 + (self.retries if retry else 0), False
+        tries, lost = 1 + self.retries, False
         for i in range(tries):
             try:
                 resp = await self._http.request(
@@ -91,9 +91,9 @@ class AsyncClient:
                 )  # fmt: skip
             except httpx.TransportError as exc:
                 lost = True
-                Client.retry_or_raise(method, path, i, tries, exc)
+                Client.retry_or_raise(method, path, i, tries, exc, retry)
             else:
-                if not Client.retry_or_raise(method, path, i, tries, resp):
+                if not Client.retry_or_raise(method, path, i, tries, resp, retry):
                     return resp, lost
             await self._sleep(Client.retry_delay(self.backoff, i))
         raise AssertionError("unreachable")  # pragma: no cover

@@ -9,7 +9,8 @@ exponential backoff **only** for calls that are safe to repeat: reads, heartbeat
 checkpoint, and effect declaration (the server dedupes a declaration by idempotency key + request
 fingerprint and answers a repeat with the recorded effect). ``create_run``, ``claim``, ``append_events``,
 ``request_approval`` and ``finish`` are sent once; a transport failure there raises
-:class:`ServerUnreachable` and the caller decides.
+:class:`ServerUnreachable` and the caller decides -- unless a draining replica refused it unread
+(``X-Controlplane-Draining``): it did nothing, so every call is sent again then.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ log = logging.getLogger("controlplane_sdk")
 
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({502, 503, 504})
+DRAINING_HEADER = "X-Controlplane-Draining"  # the server's "refused unread, send it again"
 MAX_WAIT_S = 60.0  # the server refuses longer heartbeat long-polls
 JSON = dict[str, Any]
 
@@ -170,7 +172,7 @@ class Client(OperatorCalls):
     ) -> tuple[httpx.Response, bool]:
         """Send one logical call; returns ``(response, a_try_failed_in_transit)``."""
         headers, content, clean = self.request_parts(body, params)
-        tries, lost = 1 + (self.retries if retry else 0), False
+        tries, lost = 1 + self.retries, False
         for i in range(tries):
             try:
                 resp = self._http.request(
@@ -179,9 +181,9 @@ class Client(OperatorCalls):
                 )  # fmt: skip
             except httpx.TransportError as exc:
                 lost = True
-                self.retry_or_raise(method, path, i, tries, exc)
+                self.retry_or_raise(method, path, i, tries, exc, retry)
             else:
-                if not self.retry_or_raise(method, path, i, tries, resp):
+                if not self.retry_or_raise(method, path, i, tries, resp, retry):
                     return resp, lost
             self._sleep(self.retry_delay(self.backoff, i))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -203,16 +205,28 @@ class Client(OperatorCalls):
 
     @staticmethod
     def retry_or_raise(
-        method: str, path: str, i: int, tries: int, got: httpx.Response | httpx.TransportError
+        method: str,
+        path: str,
+        i: int,
+        tries: int,
+        got: httpx.Response | httpx.TransportError,
+        retry: bool = True,
     ) -> bool:
-        """Whether try ``i`` of ``tries`` is to be tried again; the last transport failure raises
-        ``ServerUnreachable``. Retried: transport failures and 502/503/504."""
+        """Whether try ``i`` of ``tries`` is to be tried again; a transport failure that is not
+        retried raises ``ServerUnreachable``. Retried when ``retry``: transport failures and
+        502/503/504. Any call is sent again when a draining replica refused it unread
+        (X-Controlplane-Draining, a rolling restart): it did nothing, and behind a load balancer
+        the next try reaches another replica."""
+        last = i + 1 >= tries
         if isinstance(got, httpx.TransportError):
-            if i + 1 >= tries:
+            if last or not retry:
                 raise ServerUnreachable(f"{method} {path}: {type(got).__name__}: {got}") from got
             log.warning("%s %s failed (%s); retrying", method, path, type(got).__name__)
             return True
-        if got.status_code in RETRY_STATUSES and i + 1 < tries:
+        if not last and got.headers.get(DRAINING_HEADER) == "1":
+            log.warning("%s %s -> %s (draining); retrying", method, path, got.status_code)
+            return True
+        if retry and got.status_code in RETRY_STATUSES and not last:
             log.warning("%s %s -> %s; retrying", method, path, got.status_code)
             return True
         return False
