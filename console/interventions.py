@@ -17,6 +17,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import reswap, retarget
 
 from console.cards import preview_card
 from console.common import (
@@ -29,6 +30,7 @@ from console.common import (
 )
 from console.receipts import receipt_context, visible_intervention_or_404
 from console.reports import report_for
+from console.run_moved import basis_now, moved
 from console.run_page import detail_context, needs_role
 from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
@@ -254,11 +256,10 @@ def dialog_context(
     return ctx
 
 
-def with_preview(
-    request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any], seen: str = ""
-) -> int:
-    """Adds the preview card (or the domain error it raised) to ctx; returns the HTTP status: 204 if
-    the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
+def with_preview(request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any]) -> int:
+    """Adds the preview card (or the domain error it raised) and the run's basis to ctx; returns
+    the HTTP status."""
+    ctx["basis"] = basis_now(run)  # before the preview: a fact committed meanwhile shows as moved
     try:
         if not may(request.roles, req.kind):
             raise Forbidden(refusal(request.roles, req.kind), kind=req.kind)
@@ -266,8 +267,6 @@ def with_preview(
     except DomainError as err:
         ctx["error"], ctx["error_obj"] = error_dict(err), err
         return err.status
-    if seen and seen == shown["digest"]:
-        return 204
     ctx["preview"] = {k: shown.get(k) for k in HEADLINE}
     reobserve = bool(req.options.get("reobserve_assumptions"))
     dry_run = _dry_run(run, reobserve) if req.kind == "resume" else None
@@ -327,25 +326,23 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
 @console_view
 @require_POST
 def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
-    """Re-preview as the options change (hx-trigger="change" on the form)."""
+    """Re-preview as the options change (hx-trigger="change" on the form), or (``check``) say in
+    place whether the run moved on since the preview shown: 204 while it has not."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.POST.get("kind", "")
-    ctx = {"run": run, "kind": kind}
+    ctx: dict[str, Any] = {"run": run, "kind": kind}
+    if request.POST.get("check"):
+        shown = request.POST.get("preview_basis", "")
+        ctx |= {"basis": shown, "moved": moved(shown, basis_now(run))}
+        if not ctx["moved"]:
+            return HttpResponse(status=204)
+        return render(request, "console/intervention_dialog.html#moved", ctx)
     try:
         req = request_from(kind, request.POST)
     except DomainError as err:
         ctx["error"] = error_dict(err)
         return render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
-    refresh = bool(request.POST.get("refresh"))
-    status = with_preview(
-        request, run, req, ctx, seen=request.POST.get("preview_digest", "") if refresh else ""
-    )
-    if status == 204:
-        return HttpResponse(status=204)  # nothing changed: keep what the operator is reading
-    if refresh and status == 200:
-        ctx["changed"] = changed_sections(
-            request.POST.get("preview_sections", ""), ctx["section_digests"]
-        )
+    status = with_preview(request, run, req, ctx)
     return render(request, "console/intervention_dialog.html#preview", ctx, status=status)
 
 
@@ -367,20 +364,7 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
                 seen_digest=request.POST.get("preview_digest", ""),
             )
     except DomainError as err:
-        req = _safe_request(kind, request.POST)
-        ctx = (
-            dialog_context(request, run, req, request.POST)
-            if kind in REGISTRY
-            else {"run": run, "kind": kind}
-        )
-        if kind in REGISTRY and may(request.roles, kind):
-            with_preview(request, run, req, ctx)
-            if err.status == 409 and "section_digests" in ctx:
-                ctx["changed"] = changed_sections(
-                    request.POST.get("preview_sections", ""), ctx["section_digests"]
-                )
-        ctx["error"] = error_dict(err)
-        return render(request, "console/intervention_dialog.html#dialog", ctx, status=err.status)
+        return refused(request, run, kind, err)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
 
 
@@ -388,6 +372,23 @@ def refusal(roles: frozenset[str], action: str) -> str:
     """ "Your role (operator) may not compensate: needs incident commander or admin — currently: …"."""
     mine = ", ".join(r.replace("_", " ") for r in sorted(roles)) or "none"
     return f"your role ({mine}) may not {action.replace('_', ' ')}: {needs_role(action, role_holders())}"
+
+
+def refused(request: ConsoleRequest, run: Run, kind: str, err: DomainError) -> HttpResponse:
+    """A refused confirm redraws the preview only (HX-Retarget): the error above a fresh preview,
+    or, for a stale one, the new preview and what changed. The form's fields are not redrawn, so
+    what the operator typed (and where the cursor was) stays as it was."""
+    run.refresh_from_db()  # the fresh preview's basis is the run as it is now
+    ctx: dict[str, Any] = {"run": run, "kind": kind, "error": error_dict(err)}
+    if kind in REGISTRY and may(request.roles, kind):
+        with_preview(request, run, _safe_request(kind, request.POST), ctx)
+        ctx["error"] = error_dict(err)  # the confirm's refusal, not the fresh preview's
+        if err.code == "preview_stale" and "section_digests" in ctx:
+            ctx["changed"] = changed_sections(
+                request.POST.get("preview_sections", ""), ctx["section_digests"]
+            )
+    response = render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
+    return reswap(retarget(response, "#preview"), "outerHTML")
 
 
 def _safe_request(kind: str, data: QueryDict) -> Request:

@@ -10,7 +10,7 @@ so a push that only needs the header does not read the ledger, the reports or th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -32,6 +32,7 @@ from console.common import (
     visible_run_or_404,
 )
 from console.reports import receipt_rest, run_reports
+from console.run_moved import basis
 from core.auth import actor_for_user
 from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions.base import descendants
@@ -138,6 +139,8 @@ def _tree(run: Run) -> list[dict[str, Any]]:
 def effect_row(e: Effect, now: datetime | None = None) -> dict[str, Any]:
     row = effect_dict(e)
     row["declared"] = e.declared_at
+    # Its place in the ledger (newest first, as effects_newest sorts): a pushed row is placed by it.
+    row["key"] = f"{e.declared_at.astimezone(UTC):%Y%m%d-%H%M%S-%f}_{e.pk}"
     if e.status == Effect.IN_FLIGHT:
         row["in_flight_s"] = max(int(((now or timezone.now()) - e.declared_at).total_seconds()), 0)
     return row
@@ -178,6 +181,7 @@ def effects_page(run: Run, before: str | None = None) -> dict[str, Any]:
 def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
     data = run_detail(run)
     data["pending_approvals"] = [a for a in data["approvals"] if a["status"] == "pending"]
+    total = effect_count(run)
     return {
         "run": run,
         "data": data,
@@ -190,7 +194,8 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "unavailable": unavailable_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "discrepancies": [effect_dict(e) for e in discrepancies(run)],
-        "effects_total": effect_count(run),
+        "effects_total": total,
+        "basis": basis(run, total, data["unresolved_effects"]),  # an open dialog's "run changed"
         "parent": run.parent,
         "drained": _drained(run),
     }
@@ -330,6 +335,7 @@ FACT_SECTIONS: dict[str, tuple[str, ...]] = {
     "lease": ("authority", "attempts"),
     "state_changed": ("tree",),
     "run_created": ("tree",),
+    "child_created": ("tree",),  # announced on the parent (runs/services/lifecycle.py)
     "ownership_transferred": ("authority",),
     "authority_suspended": ("authority",),
     "intervention": REPORTS,
@@ -353,7 +359,13 @@ REFRESH_FACTS = (
     "intervention",
     "compensation_step_done",
 )
-EFFECT_FACTS = ("effect_intent", "effect_outcome", "effect_denied", "effect_discrepancy")
+EFFECT_FACTS = (
+    "effect_intent",
+    "effect_outcome",
+    "effect_denied",
+    "effect_discrepancy",
+    "effect_reconciled",  # by an operator, or by a recovery's reconciler: the row settles live
+)
 
 
 def sections_for(kinds: Iterable[str]) -> set[str]:
@@ -378,6 +390,9 @@ class RunPagePush:
         self.user, self.run_id = user, run_id
         self.params = QueryDict(query)
         self.known_effects: set[str] = set()
+        # Rows sent as in flight: re-read on every push, so whatever settles them (a recovery, a
+        # cancel) never leaves the page counting "in flight 62 s" on a finished run.
+        self.in_flight: set[str] = set()
         self.oldest_effect: str | None = None  # the cursor of the oldest row on screen
         self.sent_entries: set[str] = set()
         self.newest_entry: datetime | None = None
@@ -403,6 +418,7 @@ class RunPagePush:
     def _remember(self, ctx: dict[str, Any]) -> None:
         effects = ctx.get("effects") or []
         self.known_effects = {e["id"] for e in effects}
+        self.in_flight = {e["id"] for e in effects if e.get("in_flight_s") is not None}
         self.oldest_effect = (
             f"{effects[-1]['declared_at']}_{effects[-1]['id']}" if effects else None
         )
@@ -431,6 +447,8 @@ class RunPagePush:
         effect_ids = {oid for kind in EFFECT_FACTS for oid in own.get(kind, ()) if oid}
         if rows:
             effect_ids |= self.known_effects  # a compensation step changes the rows' status
+        if own:
+            effect_ids |= self.in_flight
         new, changed = self._effect_rows(run, effect_ids) if effect_ids else ([], [])
         if new or changed:
             html.append(render_to_string("console/run_detail.html#effects-count", ctx))
@@ -460,6 +478,10 @@ class RunPagePush:
         new, changed = [], []
         for e in effects:
             row = effect_row(e, now)
+            if row.get("in_flight_s") is None:
+                self.in_flight.discard(row["id"])
+            else:
+                self.in_flight.add(row["id"])
             known = row["id"] in self.known_effects
             older = self.oldest_effect is not None and effects_cursor(e) < self.oldest_effect
             if known or older:
@@ -481,6 +503,14 @@ class RunPagePush:
         sources = {"history"} | (set(own) & {"intervention", "lease", "job"})
         page = tl.timeline(run, kinds=tl.parse_kinds(self.params), after=after, sources=sources)
         fresh = [e for e in page["entries"] if e.ref not in self.sent_entries]
+        # An intervention's line carries its status (pending -> completed): sent again when it
+        # changes; the page replaces the line it shows (static/console/console.js).
+        again = {f"i-{oid}" for oid in own.get("intervention", ()) if oid}
+        if again and "intervention" in (tl.parse_kinds(self.params) or tl.KINDS):
+            have = {e.ref for e in fresh}
+            fresh += [
+                e for e in tl.interventions_by_ref(run, again - have) if e.ref in self.sent_entries
+            ]
         if not fresh:
             return ""
         self.sent_entries.update(e.ref for e in fresh)

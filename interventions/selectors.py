@@ -118,6 +118,11 @@ def interventions_page(
     return list(_window(qs, "created_at", before, after).order_by("-created_at")[:n])
 
 
+def interventions_by_ids(run: Run, ids: list[Any]) -> list[Intervention]:
+    """These interventions of the run (a live push re-reads the timeline lines it re-sends)."""
+    return list(Intervention.objects.filter(run=run, pk__in=ids))
+
+
 def ended_leases_page(
     run: Run, before: datetime | None, after: datetime | None, n: int
 ) -> list[ExecutionLease]:

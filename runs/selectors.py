@@ -120,7 +120,7 @@ def run_detail(run: Run) -> dict[str, Any]:
             }
             for a in run.approvals.all()
         ],
-        "unresolved_effects": Effect.objects.filter(run=run).unresolved().count(),
+        "unresolved_effects": unresolved_count(run),
     }
 
 
@@ -367,6 +367,10 @@ def effects_newest(run: Run, cursor: tuple[Any, Any] | None, limit: int) -> list
         at, pk = cursor
         qs = qs.filter(Q(declared_at__lt=at) | Q(declared_at=at, pk__lt=pk))
     return list(qs.order_by("-declared_at", "-pk")[:limit])
+
+
+def unresolved_count(run: Run) -> int:
+    return Effect.objects.filter(run=run).unresolved().count()
 
 
 def effects_by_ids(run: Run, ids: list[Any]) -> list[Effect]:

@@ -131,6 +131,8 @@ def create_run(
         # The run, its grants, its first history link, the audit event and the NOTIFYs: one statement.
         write_rows([run, *grants, created], [], [appending(audit), notifying(run)])
         run.new_grants = grants  # what runs.selectors.run_detail needs not read back
+        if parent is not None:  # the parent's open page redraws its tree and follows the child
+            announce(parent.pk, "child_created", run.pk)
     return run
 
 
