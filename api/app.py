@@ -13,6 +13,8 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 
 from api.auth import API_AUTH
 from api.parser import BodyRefused, StrictJsonParser
+from api.redacting import RedactingRenderer
+from api.schemas import INSIDE_FIELD
 from core.errors import DomainError
 
 
@@ -30,6 +32,7 @@ class ControlPlaneAPI(NinjaAPI):
 
 api = ControlPlaneAPI(
     parser=StrictJsonParser(),
+    renderer=RedactingRenderer(),  # core.redaction on every response to a person
     title="controlplane",
     version="1",
     description="Worker protocol and run-control API. Workers authenticate with `Authorization: Bearer <token>`; "
@@ -46,6 +49,15 @@ def _field(loc: list) -> str:
     return ".".join(parts) or "body"
 
 
+def _error(e: dict) -> dict[str, str]:
+    field, message = _field(e.get("loc", [])), e.get("msg", "")
+    ctx = e.get("ctx") or {}
+    if e.get("type") == INSIDE_FIELD and ctx.get("path"):  # a value deep inside a JSON document
+        field = f"{field}.{ctx['path']}" if field != "body" else str(ctx["path"])
+        message = str(ctx.get("why", message))
+    return {"field": field, "message": message}
+
+
 @api.exception_handler(DomainError)
 def domain_error(request: HttpRequest, exc: DomainError):
     return api.create_response(request, {"field": ""} | exc.payload(), status=exc.status)
@@ -53,7 +65,7 @@ def domain_error(request: HttpRequest, exc: DomainError):
 
 @api.exception_handler(ValidationError)
 def validation_error(request: HttpRequest, exc: ValidationError):
-    errors = [{"field": _field(e.get("loc", [])), "message": e.get("msg", "")} for e in exc.errors]
+    errors = [_error(e) for e in exc.errors]
     first = errors[0] if errors else {"field": "", "message": "invalid input"}
     detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
     return api.create_response(
@@ -72,9 +84,34 @@ def unstorable(request: HttpRequest, exc: DataError):
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "value out of range"
     return api.create_response(
         request,
-        {"error": "invalid", "detail": f"a value could not be stored: {first_line}", "field": ""},
+        {
+            "error": "invalid",
+            "detail": f"a value could not be stored: {first_line}",
+            "field": _unstorable_field(request, exc, first_line),
+        },
         status=422,
     )
+
+
+def _unstorable_field(request: HttpRequest, exc: DataError, message: str) -> str:
+    """The field a DataError is about: PostgreSQL's column when it names one, else the body field
+    whose text is longer than the varchar(N) it complains of, else the body as a whole."""
+    import json
+    import re
+
+    diag = getattr(exc.__cause__, "diag", None)
+    if column := getattr(diag, "column_name", None):
+        return str(column)
+    if (width := re.search(r"varying\((\d+)\)", message)) is not None:
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            for key, value in body.items():
+                if isinstance(value, str) and len(value) > int(width.group(1)):
+                    return str(key)
+    return "body"
 
 
 @api.exception_handler(AuthenticationError)

@@ -13,7 +13,7 @@ from audit.integrity import verify_for_people
 from audit.models import AuditEvent
 from audit.selectors import audit_events, settled_seq
 from core.actors import Actor
-from core.roles import may
+from core.roles import may, reads_whole_audit_log
 
 router = Router(tags=["audit"])
 
@@ -40,7 +40,7 @@ def audit_dict(e: AuditEvent) -> dict:
 
 @router.get("/audit", response={200: out.AuditListOut, **ERRORS_READ})
 def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
-    _viewer(request)
+    actor = _viewer(request)
     # Only settled events: one whose seq was taken by a transaction still in flight would otherwise
     # commit behind a poller's cursor (audit/selectors.py, "the settled horizon").
     horizon = settled_seq(floor=filters.after_seq)
@@ -53,6 +53,7 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
         run_id=filters.run_id or "",
         after_seq=filters.after_seq,
         before_seq=None if horizon is None else horizon + 1,
+        runs_only=not reads_whole_audit_log(actor.roles),  # core.roles "audit_read_all"
     )
     return {"events": [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]}
 

@@ -52,6 +52,25 @@ def _depth(raw: bytes) -> int:
     return deepest
 
 
+class DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of two equal keys silently: a validator could read one value and
+    a proxy, a log or another parser the other. Refused instead (a 400 naming the key)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return data
+
+
 class StrictJsonParser(Parser):
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
         raw = request.body  # RequestDataTooBig past the configured size
@@ -67,7 +86,11 @@ class StrictJsonParser(Parser):
         if brackets > MAX_BODY_DEPTH and _depth(raw) > MAX_BODY_DEPTH:
             raise BodyRefused(f"the body nests deeper than {MAX_BODY_DEPTH} levels")
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        except DuplicateKey as exc:
+            raise BodyRefused(
+                f"the key {exc.key!r} appears twice in one object", field=exc.key
+            ) from None
         except json.JSONDecodeError as exc:
             where = f"line {exc.lineno} column {exc.colno}"
             raise BodyRefused(f"malformed JSON: {exc.msg} at {where}") from None

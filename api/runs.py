@@ -33,6 +33,7 @@ from audit.services import snapshot
 from core.actors import Actor
 from core.drain import is_draining
 from core.errors import DomainError, Invalid, NotFound
+from core.redaction import stored_args
 from core.roles import may
 from interventions.registry import redact
 from runs import selectors
@@ -290,7 +291,7 @@ def _declare(actor: Actor, run_id, body: EffectIn) -> tuple[int, dict]:
         tool=body.tool,
         action=body.action,
         idempotency_key=body.idempotency_key,
-        args=body.args,
+        args=stored_args(body.args),
         compensation=body.compensation.dict() if body.compensation else None,
         irreversible=body.irreversible,
         approval_id=body.approval_id,
@@ -374,7 +375,7 @@ def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
         fencing_token=body.fencing_token,
         tool=body.tool,
         action=body.action,
-        args=body.args,
+        args=stored_args(body.args),  # masked alike, so the approval's digest still matches
         reason=body.reason,
         deadline_s=body.deadline_s,
         required_role=body.required_role,

@@ -17,13 +17,16 @@ from pydantic import (
     StrictInt,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from core.limits import MAX_INT, datetime_problem, json_problem
+from core.names import name_problem, scope_problem
 
 Name = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")
 # Fencing tokens are stored as PostgreSQL bigint: a larger number is bad input (422), not a 500 from
 # the database ("bigint out of range") when a refused declaration is recorded with it.
 MAX_FENCING_TOKEN = MAX_INT
+INSIDE_FIELD = "inside_field"  # a refused value inside a JSON document (api.app names its path)
 
 
 class Schema(NinjaSchema):
@@ -36,7 +39,8 @@ class Schema(NinjaSchema):
         problem = json_problem(value)
         if problem:
             where, why = problem
-            raise ValueError(f"{where}: {why}" if where else why)
+            # api.app appends ctx.path to the field's name: the 422 names events.0.data.fire_at.
+            raise PydanticCustomError(INSIDE_FIELD, "{path}: {why}", {"path": where, "why": why})
         return value
 
 
@@ -51,6 +55,22 @@ def _sane_datetime(value: datetime) -> datetime:
         raise ValueError(why)
     return value
 
+
+def _canonical_name(value: str) -> str:
+    if why := name_problem(value):
+        raise ValueError(why)
+    return value
+
+
+def _canonical_scope(value: str) -> str:
+    if why := scope_problem(value):
+        raise ValueError(why)
+    return value
+
+
+# Tool and action names in their one canonical form (core.names): no look-alike reaches a policy.
+ToolName = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_canonical_name)]
+Scope = Annotated[str, Field(min_length=3, max_length=200), AfterValidator(_canonical_scope)]
 
 # tz-aware and inside core.limits' window: psycopg must be able to read back what PostgreSQL stores.
 SaneDatetime = Annotated[AwareDatetime, AfterValidator(_sane_datetime)]
@@ -74,9 +94,7 @@ class RetryPolicy(StrictOptions):
 
 
 class GrantRequest(Schema):
-    scope: str = Field(
-        min_length=3, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+:([A-Za-z0-9_.\-]+|\*)$"
-    )
+    scope: Scope
     ttl_s: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
 
 
@@ -97,26 +115,26 @@ class ClaimIn(Schema):
 
 
 class HeartbeatIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     wait_s: float = Field(default=0, ge=0, le=60)
 
 
 class ReleaseIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     reason: str = Field(default="", max_length=500)
 
 
 class CompensationSpec(Schema):
-    tool: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
+    tool: ToolName
+    action: ToolName
     args: dict[str, Any] = {}
 
 
 class EffectIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     step: str = Field(min_length=1, max_length=100)
-    tool: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
+    tool: ToolName
+    action: ToolName
     idempotency_key: str = Field(min_length=1, max_length=200)
     args: dict[str, Any] = {}
     compensation: CompensationSpec | None = None
@@ -132,7 +150,7 @@ class StepCheckpointIn(Schema):
 
 
 class OutcomeIn(Schema):
-    fencing_token: int | None = Field(default=None, ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt | None = Field(default=None, ge=0, le=MAX_FENCING_TOKEN)
     status: Literal["committed", "failed", "unknown"]
     external_ref: str = Field(default="", max_length=200)
     detail: dict[str, Any] = {}
@@ -145,7 +163,7 @@ class OutcomeIn(Schema):
 
 
 class CheckpointIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     step: str = Field(min_length=1, max_length=100)
     state: dict[str, Any] = {}
 
@@ -156,14 +174,14 @@ class EventIn(Schema):
 
 
 class EventsIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     events: list[EventIn] = Field(min_length=1, max_length=200)
 
 
 class ApprovalIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
-    tool: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
+    tool: ToolName
+    action: ToolName
     args: dict[str, Any] = {}
     reason: str = Field(default="", max_length=2000)
     deadline_s: int | None = Field(default=None, ge=1, le=7 * 24 * 3600)
@@ -171,7 +189,7 @@ class ApprovalIn(Schema):
 
 
 class FinishIn(Schema):
-    fencing_token: int = Field(ge=0, le=MAX_FENCING_TOKEN)
+    fencing_token: StrictInt = Field(ge=0, le=MAX_FENCING_TOKEN)
     outcome: Literal["succeeded", "failed"]
     failure_class: str = Field(default="", max_length=100)
     error: str = Field(default="", max_length=5000)
@@ -211,7 +229,7 @@ class InterventionOptions(CompensationOptions):
     to_worker: Text150 | None = None  # transfer
     approval_id: UUID | None = None  # approve, reject
     grant_id: UUID | None = None  # revoke/suspend/restore authority
-    scope: str | None = Field(default=None, min_length=1, max_length=200)
+    scope: Scope | None = None
     prefer: Literal["redrive", "compensate", "escalate"] | None = None  # recover
     compensation: CompensationOptions | None = None  # recover with prefer=compensate
 

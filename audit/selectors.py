@@ -27,14 +27,20 @@ def audit_events(
     before_seq: int | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    runs_only: bool = False,
 ) -> QuerySet[AuditEvent]:
     """Audit events matching every filter given (empty = no filter), unordered.
+
+    ``runs_only``: only events of a run -- what a caller without ``audit_read_all`` may read
+    (core.roles; sign-ins, tokens, agents and anchors belong to no run).
 
     ``action`` names an action or a family of them: ``intervention`` matches ``intervention.pause``,
     ``run.claim`` matches only itself. ``actor`` matches part of the actor's name, case-insensitive.
     ``run_id`` is a run id or its prefix (the 8 characters pages show); one that is not hexadecimal
     matches nothing (it cannot name a run). ``since`` / ``until`` bound ``created_at``."""
     qs = AuditEvent.objects.all()
+    if runs_only:
+        qs = qs.filter(run_id__isnull=False)
     if action:
         family = action if action.endswith(".") else action + "."
         qs = qs.filter(Q(action=action.rstrip(".")) | Q(action__startswith=family))

@@ -29,7 +29,7 @@ from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
-from core.roles import may
+from core.roles import may, reads_whole_audit_log
 
 PAGE = 100
 FILTERS = ("action", "actor", "outcome", "object_type", "component", "run", "since", "until")
@@ -92,6 +92,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         after_seq=after if newest else None,
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
+        runs_only=not reads_whole_audit_log(request.roles),  # core.roles "audit_read_all"
     )
     newer_first = not newest or after is None
     rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)

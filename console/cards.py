@@ -32,7 +32,7 @@ def preview_card(p: dict[str, Any], dry_run: dict[str, Any] | None = None) -> di
         p = p | {"dry_run": dry_run}
     text, tone, refused, states = verdict(p)
     pieces = REGISTRY[kind].console
-    return {"kind": kind, "states": states} | card(
+    return {"kind": kind, "states": states, "foreseen": pieces.foresees(p)} | card(
         "preview-card",
         "Preview — nothing has changed yet",
         text,

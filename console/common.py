@@ -17,8 +17,10 @@ from django.http import Http404, HttpRequest
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
+from console.templatetags.console_tags import epoch_at
 from core.actors import Actor
 from core.auth import actor_for_user
+from core.redaction import redact
 from core.roles import may
 from runs.models import Run
 from runs.selectors import visible_run
@@ -64,17 +66,23 @@ UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 ISO_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$")
 
 
-def present(value: Any, depth: int = 0) -> dict[str, Any]:
+def present(value: Any, depth: int = 0, key: Any = "") -> dict[str, Any]:
     """A JSON value (preview, receipt, report) as a tree the recursive template ``_value.html`` draws:
-    dicts as definition lists, lists of flat dicts as tables, ids shortened, nothing dropped."""
+    dicts as definition lists, lists of flat dicts as tables, ids shortened, times as times (an
+    epoch number under a time's key too), nothing dropped but what core.redaction masks (sensitive
+    keys, card numbers, secrets)."""
+    if depth == 0:
+        value = redact(value)
     if depth > 8:
         return {"t": "text", "v": str(value)}
+    if epoch_at(key, value):
+        return {"t": "time", "v": value}
     if isinstance(value, dict):
         if not value:
             return {"t": "empty"}
         return {
             "t": "dict",
-            "items": [(_label(k), present(v, depth + 1)) for k, v in value.items()],
+            "items": [(_label(k), present(v, depth + 1, k)) for k, v in value.items()],
         }
     if isinstance(value, (list, tuple)):
         if not value:
@@ -88,7 +96,7 @@ def present(value: Any, depth: int = 0) -> dict[str, Any]:
                 return {
                     "t": "table",
                     "cols": [_label(c) for c in cols],
-                    "rows": [[present(v.get(c), depth + 1) for c in cols] for v in value],
+                    "rows": [[present(v.get(c), depth + 1, c) for c in cols] for v in value],
                 }
         return {"t": "list", "items": [present(v, depth + 1) for v in value]}
     if value is None:

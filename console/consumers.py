@@ -381,6 +381,25 @@ class RunConsumer(LiveConsumer):
     def relevant(self, run_id: str) -> bool:
         return run_id in self.run_ids
 
+    async def run_changed(self, event: dict[str, Any]) -> None:
+        """A child created under this tree (``child_created`` on its parent): follow it from now on,
+        so its facts redraw the tree as those of the children known at connect do."""
+        for run_id, facts in hints(event):
+            if str(run_id) not in self.run_ids:
+                continue
+            for fact in facts or ():
+                kind, child = (list(fact) + ["", ""])[:2]
+                child = str(child or "")
+                if kind != "child_created" or not child or child in self.run_ids:
+                    continue
+                if len(self.run_ids) >= TREE_LIMIT:
+                    break
+                self.run_ids.add(child)
+                if self.joined is not None:  # left as it was at connect: the groups to leave
+                    self.joined.append(run_group(child))
+                await self.channel_layer.group_add(run_group(child), self.channel_name)
+        self._take(event)
+
     def render(self) -> str:
         from console.run_page import RunPagePush
 

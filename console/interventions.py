@@ -15,7 +15,9 @@ from uuid import UUID
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import reswap, retarget
 
 from console.cards import preview_card
 from console.common import (
@@ -26,9 +28,10 @@ from console.common import (
     present,
     visible_run_or_404,
 )
-from console.receipts import receipt_context
+from console.receipts import receipt_context, visible_intervention_or_404
 from console.reports import report_for
-from console.run_page import detail_context
+from console.run_moved import basis_now, moved
+from console.run_page import detail_context, needs_role
 from core.auth import actor_for_user
 from core.errors import DomainError, Forbidden, Invalid
 from core.limits import parse_seq
@@ -43,8 +46,8 @@ from interventions.plugins import REGISTRY, Request, owner_bound
 from interventions.reconcile import reconcile_effect
 from interventions.registry import redact
 from interventions.revalidation import build_report
-from interventions.selectors import intervention_by_id
 from interventions.transfer import FACETS
+from interventions.triage import waiting_words
 from runs.models import AuthorityGrant, Run
 from runs.selectors import (
     approvals_to_decide,
@@ -54,6 +57,7 @@ from runs.selectors import (
     grants_in,
     pending_approvals,
     people_with_roles,
+    role_holders,
     run_with_people,
 )
 from runs.states import State, as_table
@@ -124,30 +128,84 @@ def humane(detail: str) -> str:
     return LIST_TEXT.sub(lambda m: m.group(1).replace("'", "") or "none", detail)
 
 
+# What each field a service names is called on the form (console/templates/console/intervention_dialog.html).
+FIELD_LABELS = {
+    "reason": "Reason",
+    "scope": "Scope",
+    "kind": "Intervention",
+    "preview_digest": "Preview",
+    "override_reason": "Override reason",
+    "options": "Grant or scope",
+    "options.to": "To (person)",
+    "options.to_worker": "To worker",
+    "options.facets": "Facets to move",
+    "options.grant_id": "Grant",
+    "options.scope": "Grant scope",
+    "options.approval_id": "Approval",
+    "options.checkpoint_seq": "From checkpoint",
+    "options.capability": "Capability",
+    "options.prefer": "Preferred next action",
+    "evidence": "Evidence",
+    "outcome": "Outcome",
+}
+OPTION_NAME = re.compile(r"\boptions\.([a-z_]+)")
+
+
+def field_label(field: str) -> str:
+    return FIELD_LABELS.get(field) or field.removeprefix("options.").replace("_", " ").capitalize()
+
+
+def sentence(detail: str) -> str:
+    """A service's message as a sentence an operator reads: no ``options.`` prefixes, no Python
+    lists, a capital and a full stop."""
+    text = OPTION_NAME.sub(lambda m: field_label(f"options.{m.group(1)}").lower(), humane(detail))
+    text = text.strip()
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
 def error_dict(err: DomainError) -> dict[str, Any]:
-    extra = {k: v for k, v in err.extra.items() if k not in ("problems",)}
+    field = str(err.extra.get("field") or "")
+    extra = {k: v for k, v in err.extra.items() if k not in ("problems", "field", "preview_digest")}
+    said = sentence(err.detail)
     return {
         "status": err.status,
         "code": err.code,
+        "field": field,
+        "label": field_label(field) if field else "",
+        "sentence": f"{field_label(field)}: {said[:1].lower() + said[1:]}" if field else said,
         "detail": humane(err.detail),
         "extra": present(extra) if extra else None,
-        "problems": err.extra.get("problems"),
+        "problems": [
+            {"detail": sentence(str(p.get("detail") or p.get("error") or ""))}
+            for p in err.extra.get("problems") or []
+            if isinstance(p, dict)
+        ],
     }
+
+
+def first_open_hint(err: DomainError) -> str:
+    """On a dialog's first open, a preview that needs input the operator has not given yet is a
+    prompt, not an error (a transfer without a person, a revoke without a grant)."""
+    field = str(err.extra.get("field") or "")
+    what = field_label(field).lower() if field else "the fields above"
+    return f"Choose {what} to see what confirming would do; nothing changes until you confirm."
 
 
 # --- the dialog -----------------------------------------------------------------------------------
 
 
 def _defaults(run: Run, kind: str, params: QueryDict) -> QueryDict:
-    """Sensible first values so the first preview says something: the pending approval, the grant."""
+    """First values so the first preview says something -- never for a destructive choice: a
+    hurried operator must pick the grant to revoke or suspend; only a restore (the undo) and an
+    approval the run holds alone are chosen for them."""
     data = params.copy()
     if kind in ("approve", "reject") and not data.get("approval_id"):
-        first = pending_approvals(run).first()
-        if first:
-            data["approval_id"] = str(first.pk)
-    if kind.endswith("_authority") and not data.get("grant_id") and not data.get("grant_scope"):
-        wanted = AuthorityGrant.SUSPENDED if kind == "restore_authority" else AuthorityGrant.ACTIVE
-        grant = grants_in(run, wanted).first()
+        pending = list(pending_approvals(run)[:2])
+        if len(pending) == 1:
+            data["approval_id"] = str(pending[0].pk)
+    if kind == "restore_authority" and not data.get("grant_id") and not data.get("grant_scope"):
+        grant = grants_in(run, AuthorityGrant.SUSPENDED).first()
         if grant:
             data["grant_id"] = str(grant.pk)
     if kind == "transfer" and not data.getlist("facets"):
@@ -198,24 +256,21 @@ def dialog_context(
     return ctx
 
 
-def with_preview(
-    request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any], seen: str = ""
-) -> int:
-    """Adds the preview card (or the domain error it raised) to ctx; returns the HTTP status: 204 if
-    the preview's digest is still ``seen`` (a refresh that found nothing new draws nothing)."""
+def with_preview(request: ConsoleRequest, run: Run, req: Request, ctx: dict[str, Any]) -> int:
+    """Adds the preview card (or the domain error it raised) and the run's basis to ctx; returns
+    the HTTP status."""
+    ctx["basis"] = basis_now(run)  # before the preview: a fact committed meanwhile shows as moved
     try:
         if not may(request.roles, req.kind):
-            raise Forbidden(
-                f"role(s) {sorted(request.roles) or ['none']} may not {req.kind}", kind=req.kind
-            )
+            raise Forbidden(refusal(request.roles, req.kind), kind=req.kind)
         shown = base.preview(actor=request.actor, run_id=run.pk, req=req)
     except DomainError as err:
-        ctx["error"] = error_dict(err)
+        ctx["error"], ctx["error_obj"] = error_dict(err), err
         return err.status
-    if seen and seen == shown["digest"]:
-        return 204
     ctx["preview"] = {k: shown.get(k) for k in HEADLINE}
-    ctx["card"] = preview_card(shown, dry_run=_dry_run(run) if req.kind == "resume" else None)
+    reobserve = bool(req.options.get("reobserve_assumptions"))
+    dry_run = _dry_run(run, reobserve) if req.kind == "resume" else None
+    ctx["card"] = preview_card(shown, dry_run=dry_run)
     asked = (shown.get("shown") or {}).get("requested_by")
     if req.kind in ("approve", "reject") and request.actor.label in (asked, run.created_by):
         ctx["card"]["blocking"].append(
@@ -227,13 +282,15 @@ def with_preview(
     return 200
 
 
-def _dry_run(run: Run) -> dict[str, Any]:
-    """The revalidation report as it would come out now, for the resume preview's pass/fail rows. A
-    read outside any transaction; the job checks again after confirm (and may re-observe)."""
+def _dry_run(run: Run, reobserve: bool) -> dict[str, Any]:
+    """The revalidation report as it would come out now: the job's own checks (build_report), the
+    assumption checkers' read-only observations included, and the operator's "re-observe" choice
+    applied, with nothing written (the job records what it re-observes). Network reads, outside any
+    transaction (this view opens none); the job checks again after confirm."""
     try:
-        report, _ = build_report(run, reobserve=False)
+        report, _ = build_report(run, reobserve=reobserve)
     except Exception as exc:  # a checker that fails must not break the dialog; say so instead
-        return {"error": f"{type(exc).__name__}: {exc}"[:300], "checks": []}
+        return {"error": f"a check could not run now ({exc})"[:300], "checks": []}
     return report.as_dict()
 
 
@@ -250,40 +307,42 @@ def intervention_new(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             "run": run,
             "kind": kind,
             "label": kind_label(kind),
-            "error": error_dict(Forbidden(f"role(s) {sorted(request.roles)} may not {kind}")),
+            "error": error_dict(Forbidden(refusal(request.roles, kind))),
         }
         return render(request, "console/intervention_dialog.html#dialog", ctx, status=403)
     form = _defaults(run, kind, request.GET)
     req = _safe_request(kind, form)
     ctx = dialog_context(request, run, req, form)
-    with_preview(
-        request, run, req, ctx
-    )  # a preview refusal is shown in the dialog, which itself opened fine
+    # A preview refusal is shown in the dialog, which itself opened fine; input not given yet is a
+    # prompt (nothing was typed: an error before any input would only alarm).
+    with_preview(request, run, req, ctx)
+    refused = ctx.pop("error_obj", None)
+    if isinstance(refused, Invalid):
+        ctx["hint"] = first_open_hint(refused)
+        del ctx["error"]
     return render(request, "console/intervention_dialog.html#dialog", ctx)
 
 
 @console_view
 @require_POST
 def intervention_preview(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
-    """Re-preview as the options change (hx-trigger="change" on the form)."""
+    """Re-preview as the options change (hx-trigger="change" on the form), or (``check``) say in
+    place whether the run moved on since the preview shown: 204 while it has not."""
     run = visible_run_or_404(request.actor, run_id)
     kind = request.POST.get("kind", "")
-    ctx = {"run": run, "kind": kind}
+    ctx: dict[str, Any] = {"run": run, "kind": kind}
+    if request.POST.get("check"):
+        shown = request.POST.get("preview_basis", "")
+        ctx |= {"basis": shown, "moved": moved(shown, basis_now(run))}
+        if not ctx["moved"]:
+            return HttpResponse(status=204)
+        return render(request, "console/intervention_dialog.html#moved", ctx)
     try:
         req = request_from(kind, request.POST)
     except DomainError as err:
         ctx["error"] = error_dict(err)
         return render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
-    refresh = bool(request.POST.get("refresh"))
-    status = with_preview(
-        request, run, req, ctx, seen=request.POST.get("preview_digest", "") if refresh else ""
-    )
-    if status == 204:
-        return HttpResponse(status=204)  # nothing changed: keep what the operator is reading
-    if refresh and status == 200:
-        ctx["changed"] = changed_sections(
-            request.POST.get("preview_sections", ""), ctx["section_digests"]
-        )
+    status = with_preview(request, run, req, ctx)
     return render(request, "console/intervention_dialog.html#preview", ctx, status=status)
 
 
@@ -305,21 +364,31 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
                 seen_digest=request.POST.get("preview_digest", ""),
             )
     except DomainError as err:
-        req = _safe_request(kind, request.POST)
-        ctx = (
-            dialog_context(request, run, req, request.POST)
-            if kind in REGISTRY
-            else {"run": run, "kind": kind}
-        )
-        if kind in REGISTRY and may(request.roles, kind):
-            with_preview(request, run, req, ctx)
-            if err.status == 409 and "section_digests" in ctx:
-                ctx["changed"] = changed_sections(
-                    request.POST.get("preview_sections", ""), ctx["section_digests"]
-                )
-        ctx["error"] = error_dict(err)
-        return render(request, "console/intervention_dialog.html#dialog", ctx, status=err.status)
+        return refused(request, run, kind, err)
     return receipt_response(request, intervention, request.POST.get("origin", "run"))
+
+
+def refusal(roles: frozenset[str], action: str) -> str:
+    """ "Your role (operator) may not compensate: needs incident commander or admin — currently: …"."""
+    mine = ", ".join(r.replace("_", " ") for r in sorted(roles)) or "none"
+    return f"your role ({mine}) may not {action.replace('_', ' ')}: {needs_role(action, role_holders())}"
+
+
+def refused(request: ConsoleRequest, run: Run, kind: str, err: DomainError) -> HttpResponse:
+    """A refused confirm redraws the preview only (HX-Retarget): the error above a fresh preview,
+    or, for a stale one, the new preview and what changed. The form's fields are not redrawn, so
+    what the operator typed (and where the cursor was) stays as it was."""
+    run.refresh_from_db()  # the fresh preview's basis is the run as it is now
+    ctx: dict[str, Any] = {"run": run, "kind": kind, "error": error_dict(err)}
+    if kind in REGISTRY and may(request.roles, kind):
+        with_preview(request, run, _safe_request(kind, request.POST), ctx)
+        ctx["error"] = error_dict(err)  # the confirm's refusal, not the fresh preview's
+        if err.code == "preview_stale" and "section_digests" in ctx:
+            ctx["changed"] = changed_sections(
+                request.POST.get("preview_sections", ""), ctx["section_digests"]
+            )
+    response = render(request, "console/intervention_dialog.html#preview", ctx, status=err.status)
+    return reswap(retarget(response, "#preview"), "outerHTML")
 
 
 def _safe_request(kind: str, data: QueryDict) -> Request:
@@ -355,21 +424,14 @@ def out_of_band(request: ConsoleRequest, run: Run, origin: str) -> str:
 @require_GET
 def intervention_job(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's job status, re-read after every push (and every few seconds while pending)."""
-    intervention = intervention_by_id(intervention_id)
-    if intervention is None:
-        raise Http404("no such intervention")
-    visible_run_or_404(request.actor, intervention.run_id)
+    intervention, _ = visible_intervention_or_404(request.actor, intervention_id)
     return render(request, "console/intervention_dialog.html#job", job_context(intervention))
 
 
 def job_context(intervention: Intervention) -> dict[str, Any]:
-    """The receipt's follow-up job: its report when the kind has one (console/templates/console/job_reports.html),
-    else the generic job record."""
-    return {
-        "i": intervention,
-        "job": present(intervention.receipt.get("job")),
-        "rep": report_for(intervention),
-    }
+    """The receipt's follow-up job: its status, and its report when the kind has one
+    (console/templates/console/job_reports.html); a job without one answers in the receipt's lines."""
+    return {"i": intervention, "rep": report_for(intervention)}
 
 
 # --- reconcile one effect -------------------------------------------------------------------------
@@ -388,9 +450,7 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
         "form": request.POST if request.method == "POST" else {},
     }
     if not may(request.roles, "reconcile"):
-        ctx["error"] = error_dict(
-            Forbidden(f"role(s) {sorted(request.roles)} may not reconcile effects")
-        )
+        ctx["error"] = error_dict(Forbidden(refusal(request.roles, "reconcile")))
         return render(request, "console/intervention_dialog.html#reconcile", ctx, status=403)
     if request.method == "GET":
         return render(request, "console/intervention_dialog.html#reconcile", ctx)
@@ -425,26 +485,51 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
 
 def inbox_context(actor) -> dict[str, Any]:
     """Pending approvals this user's roles may decide (required role satisfied, permission to approve):
-    one row per decision (run + action digest), sensitive args masked by the adapter's redaction."""
+    one row per decision (run + action digest), sensitive args masked by the adapter's redaction;
+    and what waits on other people, with who may decide it (so "nothing for you" is not "nothing")."""
     roles = actor.roles
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
-    rows, seen = [], set()
-    if may(roles, "approve") or may(roles, "reject"):
-        pending = approvals_to_decide(actor, decidable)
-        for a in pending:
-            if (a.run_id, a.digest) in seen:
-                continue  # the same decision asked twice: it is decided once
-            seen.add((a.run_id, a.digest))
+    rows: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    seen: set[tuple[Any, str]] = set()
+    deciding = may(roles, "approve") or may(roles, "reject")
+    now = timezone.now()
+    holders: dict[str, list[str]] | None = None
+    for a in approvals_to_decide(actor, list(SATISFIES)):
+        if (a.run_id, a.digest) in seen:
+            continue  # the same decision asked twice: it is decided once
+        seen.add((a.run_id, a.digest))
+        mine = a.required_role in decidable and deciding
+        self_asked = actor.label in (a.requested_by, a.run.created_by)
+        row = {
+            "a": a,
+            "args": present(redact(a.tool, a.args)),
+            "self": self_asked,
+            "waiting": waiting_words(a, now),
+        }
+        if mine and not self_asked:
             rows.append(
-                {
-                    "a": a,
-                    "args": present(redact(a.tool, a.args)),
-                    "self": actor.label in (a.requested_by, a.run.created_by),
-                    "may_approve": may(roles, "approve"),
-                    "may_reject": may(roles, "reject"),
-                }
+                row | {"may_approve": may(roles, "approve"), "may_reject": may(roles, "reject")}
             )
-    return {"rows": rows, "decidable": decidable, "roles": roles}
+            continue
+        if mine:  # four eyes: shown with the user's own, refused by the service, decided by others
+            rows.append(
+                row | {"may_approve": may(roles, "approve"), "may_reject": may(roles, "reject")}
+            )
+        holders = role_holders() if holders is None else holders
+        others.append(row | {"needs": _deciders(a, holders)})
+    return {"rows": rows, "others": others, "decidable": decidable, "roles": roles}
+
+
+def _deciders(a, holders: dict[str, list[str]]) -> str:
+    """ "needs approver — currently: april, ian, ada" (not who asked: four eyes)."""
+    roles = [r for r in ROLES if r in SATISFIES.get(a.required_role, frozenset({"admin"}))]
+    asked = {a.requested_by, a.run.created_by}
+    names = [
+        n for n in dict.fromkeys(n for r in roles for n in holders.get(r, [])) if n not in asked
+    ]
+    words = a.required_role.replace("_", " ")
+    return f"needs {words} — currently: {', '.join(names) if names else 'nobody'}"
 
 
 @console_view

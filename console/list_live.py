@@ -104,7 +104,7 @@ def _named(pending: dict[str, Any]) -> dict[str, Any]:
 
 def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) -> ListUpdate:
     """One read for every socket of a view: the named runs that match (one query) and the counts."""
-    from console.run_list import counts_context, run_row
+    from console.run_list import counts_context, run_rows
 
     actor = actor_for_user(user, None, component="console")
     flt = view.flt
@@ -114,8 +114,8 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
     now = timezone.now()
     rows: dict[str, str] = {}
     keys: dict[str, tuple] = {}
-    for run in runs:
-        row = run_row(run, now)
+    runs = list(runs)
+    for run, row in zip(runs, run_rows(runs, flt, now), strict=True):
         rows[row["id"]] = render_to_string("console/run_list.html#run-row", {"r": row}).strip()
         keys[row["id"]] = sort_key_of(run, flt)
     created = {r for r in rows if kinds[r] is None or "run_created" in kinds[r]}

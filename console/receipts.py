@@ -15,22 +15,33 @@ from console.common import (
     ConsoleRequest,
     console_view,
     kind_label,
-    present,
     visible_run_or_404,
 )
 from console.reports import report_for
-from interventions.cards import answer, card, cell, row, table
+from interventions.cards import answer, card, cell, clock, row, state_now, table
 from interventions.models import Intervention
 from interventions.plugins import REGISTRY
-from interventions.selectors import intervention_by_id
+from interventions.selectors import intervention_by_id, receipt_now
+from runs.models import Run
 
 
-def _state_line(r: dict[str, Any]) -> str:
+def _then_line(i: Intervention, r: dict[str, Any]) -> str:
+    """The decision-time snapshot's own line: what the receipt recorded when it was issued."""
     state = r.get("state")
     waiting = r.get("waiting_for")
-    return f"The run is now {state}" + (
-        f": waiting for {waiting.removeprefix('the ')}" if waiting else ""
-    )
+    said = f"the run was {state}" if state else f"status {i.status}"
+    if waiting:
+        said += f", waiting for {waiting.removeprefix('the ')}"
+    return f"Recorded at the decision, {clock(i.created_at)}: {said}"
+
+
+def headline(i: Intervention) -> dict[str, Any]:
+    """The receipt's headline: the current truth, read from the database at render time by the
+    contract's ``Console.now`` (interventions/<kind>.py); ``final`` once nothing moves by itself."""
+    now = receipt_now(i)
+    contract = REGISTRY.get(i.kind)
+    text = (contract.console.now if contract else state_now)(i.receipt or {}, now)
+    return {"text": text, "final": now["final"], "state": now["state"], "id": str(i.pk)}
 
 
 class _Read(dict):
@@ -79,11 +90,17 @@ def receipt_card(i: Intervention) -> dict[str, Any]:
     out = card(
         "receipt-card",
         f"Receipt: {kind_label(i.kind)}",
-        _state_line(r) if r.get("state") else f"Status {i.status}",
+        _then_line(i, r),
         [*answers, who],
         more=more if rest else [],
     )
-    return out | {"kind": i.kind, "id": str(i.pk), "run_id": str(i.run_id), "status": i.status}
+    return out | {
+        "kind": i.kind,
+        "id": str(i.pk),
+        "run_id": str(i.run_id),
+        "status": i.status,
+        "now": headline(i),
+    }
 
 
 def receipt_context(i: Intervention) -> dict[str, Any]:
@@ -95,17 +112,29 @@ def receipt_context(i: Intervention) -> dict[str, Any]:
     }
 
 
+def visible_intervention_or_404(actor: Any, intervention_id: UUID) -> tuple[Intervention, Run]:
+    """An intervention and its run, for anyone who may see the run (a 404 otherwise)."""
+    intervention = intervention_by_id(intervention_id)
+    if intervention is None:
+        raise Http404("no such receipt")
+    return intervention, visible_run_or_404(actor, intervention.run_id)
+
+
 @console_view
 @require_GET
 def receipt_page(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's permalink: the card and its job report, for anyone who may see the run."""
-    intervention = intervention_by_id(intervention_id)
-    if intervention is None:
-        raise Http404("no such receipt")
-    run = visible_run_or_404(request.actor, intervention.run_id)
+    intervention, run = visible_intervention_or_404(request.actor, intervention_id)
     return render(
-        request,
-        "console/intervention_receipt.html",
-        receipt_context(intervention)
-        | {"run": run, "job": present((intervention.receipt or {}).get("job"))},
+        request, "console/intervention_receipt.html", receipt_context(intervention) | {"run": run}
+    )
+
+
+@console_view
+@require_GET
+def receipt_headline(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
+    """The receipt card alone, re-read while the run still moves by itself (the card polls it)."""
+    intervention, _ = visible_intervention_or_404(request.actor, intervention_id)
+    return render(
+        request, "console/intervention_card.html#card", {"card": receipt_card(intervention)}
     )

@@ -24,6 +24,7 @@ from console.common import (
     is_fragment,
 )
 from core.filters import BadFilter, check_text
+from interventions.triage import attention_reasons
 from runs.models import Run
 from runs.search import (
     RunFilter,
@@ -57,6 +58,18 @@ def run_row(run: Run, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
+def run_rows(runs: list[Run], flt: RunFilter, now: datetime | None = None) -> list[dict[str, Any]]:
+    """The rows of a page of runs; in the "needs attention" view each carries why, in words
+    (interventions/triage.py: a query per kind of trouble for the whole page)."""
+    now = now or timezone.now()
+    rows = [run_row(r, now) for r in runs]
+    if flt.attention:
+        reasons = attention_reasons(runs, now)
+        for row in rows:
+            row["reasons"] = reasons.get(row["id"], [])
+    return rows
+
+
 def _when(moment: datetime, now: datetime) -> dict[str, str]:
     seconds = int((now - moment).total_seconds())
     if seconds < 0:
@@ -82,7 +95,7 @@ def list_context(
     cursor = {"after": after} if after else {"before": before} if before else {}
     now = timezone.now()
     return counts_context(actor, flt) | {
-        "runs": [run_row(r, now) for r in page.runs],
+        "runs": run_rows(list(page.runs), flt, now),
         # each row's place in the order (a live page places joining runs by it: list_live.py)
         "row_keys": [tuple(getattr(r, name) for name in flt.sort_key) for r in page.runs],
         "query": flt.to_query(**cursor),

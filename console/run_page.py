@@ -10,7 +10,7 @@ so a push that only needs the header does not read the ledger, the reports or th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -32,9 +32,11 @@ from console.common import (
     visible_run_or_404,
 )
 from console.reports import receipt_rest, run_reports
+from console.run_moved import basis
 from core.auth import actor_for_user
-from core.roles import may, roles_of
+from core.roles import PERMISSIONS, ROLES, may, roles_of
 from interventions.base import descendants
+from interventions.cards import drained_text
 from interventions.jobs import attention
 from interventions.plugins import REGISTRY
 from interventions.selectors import receipt_dict, recent_interventions
@@ -42,11 +44,13 @@ from interventions.transfer import holders
 from runs.models import Effect, Run
 from runs.selectors import (
     discrepancies,
+    drain_after,
     effect_count,
     effect_dict,
     effects_by_ids,
     effects_newest,
     recent_checkpoints,
+    role_holders,
     run_detail,
     run_grants,
     visible_run,
@@ -73,6 +77,34 @@ def offered_interventions(
         if applies and contract.console.offered(data) and may(roles, kind):
             out.append((kind, kind_label(kind), contract.console.danger))
     return out
+
+
+def needs_role(action: str, holders: dict[str, list[str]]) -> str:
+    """ "needs incident commander or admin — currently: ian, ada": from the role table (core.roles)
+    and who holds those roles now, so a hidden action is explained rather than missing."""
+    roles = [r for r in ROLES if r in PERMISSIONS.get(action, frozenset())]
+    names = list(dict.fromkeys(n for r in roles for n in holders.get(r, [])))
+    words = " or ".join(r.replace("_", " ") for r in roles) or "a role no one holds"
+    return f"needs {words} — currently: {', '.join(names) if names else 'nobody'}"
+
+
+def unavailable_interventions(
+    run: Run, roles: frozenset[str], data: dict[str, Any]
+) -> list[tuple[str, str, str]]:
+    """The buttons the state table allows and there is something to act on, but the user's role may
+    not issue: shown disabled with the role they need and who holds it (kind, label, needs)."""
+    allowed = set(allowed_events(run.state))
+    kinds = [
+        (kind, contract)
+        for kind, contract in REGISTRY.items()
+        if (contract.event in allowed if contract.event is not None else run.state != State.CLOSED)
+        and not may(roles, kind)
+        and contract.console.offered(data)
+    ]
+    if not kinds:
+        return []
+    holders = role_holders()
+    return [(kind, kind_label(kind), needs_role(kind, holders)) for kind, _ in kinds]
 
 
 def _tree(run: Run) -> list[dict[str, Any]]:
@@ -107,6 +139,8 @@ def _tree(run: Run) -> list[dict[str, Any]]:
 def effect_row(e: Effect, now: datetime | None = None) -> dict[str, Any]:
     row = effect_dict(e)
     row["declared"] = e.declared_at
+    # Its place in the ledger (newest first, as effects_newest sorts): a pushed row is placed by it.
+    row["key"] = f"{e.declared_at.astimezone(UTC):%Y%m%d-%H%M%S-%f}_{e.pk}"
     if e.status == Effect.IN_FLIGHT:
         row["in_flight_s"] = max(int(((now or timezone.now()) - e.declared_at).total_seconds()), 0)
     return row
@@ -147,6 +181,7 @@ def effects_page(run: Run, before: str | None = None) -> dict[str, Any]:
 def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
     data = run_detail(run)
     data["pending_approvals"] = [a for a in data["approvals"] if a["status"] == "pending"]
+    total = effect_count(run)
     return {
         "run": run,
         "data": data,
@@ -156,11 +191,24 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "facets": holders(run),
         "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
         "offered": offered_interventions(run, roles, data),
+        "unavailable": unavailable_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),
         "discrepancies": [effect_dict(e) for e in discrepancies(run)],
-        "effects_total": effect_count(run),
+        "effects_total": total,
+        "basis": basis(run, total, data["unresolved_effects"]),  # an open dialog's "run changed"
         "parent": run.parent,
+        "drained": _drained(run),
     }
+
+
+def _drained(run: Run) -> str:
+    """The drain that ended the pause or cancel the run is in now, in words (runs/services/drain.py)."""
+    if run.state not in (State.PAUSED, State.CANCELLED):
+        return ""
+    drained = drain_after(run, run.state_changed_at)
+    if drained is None:
+        return ""
+    return drained_text(drained, "pause" if drained.get("from") == "pausing" else "cancel")
 
 
 def reports_context(run: Run) -> dict[str, Any]:
@@ -287,6 +335,7 @@ FACT_SECTIONS: dict[str, tuple[str, ...]] = {
     "lease": ("authority", "attempts"),
     "state_changed": ("tree",),
     "run_created": ("tree",),
+    "child_created": ("tree",),  # announced on the parent (runs/services/lifecycle.py)
     "ownership_transferred": ("authority",),
     "authority_suspended": ("authority",),
     "intervention": REPORTS,
@@ -310,7 +359,13 @@ REFRESH_FACTS = (
     "intervention",
     "compensation_step_done",
 )
-EFFECT_FACTS = ("effect_intent", "effect_outcome", "effect_denied", "effect_discrepancy")
+EFFECT_FACTS = (
+    "effect_intent",
+    "effect_outcome",
+    "effect_denied",
+    "effect_discrepancy",
+    "effect_reconciled",  # by an operator, or by a recovery's reconciler: the row settles live
+)
 
 
 def sections_for(kinds: Iterable[str]) -> set[str]:
@@ -335,6 +390,9 @@ class RunPagePush:
         self.user, self.run_id = user, run_id
         self.params = QueryDict(query)
         self.known_effects: set[str] = set()
+        # Rows sent as in flight: re-read on every push, so whatever settles them (a recovery, a
+        # cancel) never leaves the page counting "in flight 62 s" on a finished run.
+        self.in_flight: set[str] = set()
         self.oldest_effect: str | None = None  # the cursor of the oldest row on screen
         self.sent_entries: set[str] = set()
         self.newest_entry: datetime | None = None
@@ -360,6 +418,7 @@ class RunPagePush:
     def _remember(self, ctx: dict[str, Any]) -> None:
         effects = ctx.get("effects") or []
         self.known_effects = {e["id"] for e in effects}
+        self.in_flight = {e["id"] for e in effects if e.get("in_flight_s") is not None}
         self.oldest_effect = (
             f"{effects[-1]['declared_at']}_{effects[-1]['id']}" if effects else None
         )
@@ -388,6 +447,8 @@ class RunPagePush:
         effect_ids = {oid for kind in EFFECT_FACTS for oid in own.get(kind, ()) if oid}
         if rows:
             effect_ids |= self.known_effects  # a compensation step changes the rows' status
+        if own:
+            effect_ids |= self.in_flight
         new, changed = self._effect_rows(run, effect_ids) if effect_ids else ([], [])
         if new or changed:
             html.append(render_to_string("console/run_detail.html#effects-count", ctx))
@@ -417,6 +478,10 @@ class RunPagePush:
         new, changed = [], []
         for e in effects:
             row = effect_row(e, now)
+            if row.get("in_flight_s") is None:
+                self.in_flight.discard(row["id"])
+            else:
+                self.in_flight.add(row["id"])
             known = row["id"] in self.known_effects
             older = self.oldest_effect is not None and effects_cursor(e) < self.oldest_effect
             if known or older:
@@ -438,6 +503,14 @@ class RunPagePush:
         sources = {"history"} | (set(own) & {"intervention", "lease", "job"})
         page = tl.timeline(run, kinds=tl.parse_kinds(self.params), after=after, sources=sources)
         fresh = [e for e in page["entries"] if e.ref not in self.sent_entries]
+        # An intervention's line carries its status (pending -> completed): sent again when it
+        # changes; the page replaces the line it shows (static/console/console.js).
+        again = {f"i-{oid}" for oid in own.get("intervention", ()) if oid}
+        if again and "intervention" in (tl.parse_kinds(self.params) or tl.KINDS):
+            have = {e.ref for e in fresh}
+            fresh += [
+                e for e in tl.interventions_by_ref(run, again - have) if e.ref in self.sent_entries
+            ]
         if not fresh:
             return ""
         self.sent_entries.update(e.ref for e in fresh)

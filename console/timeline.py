@@ -18,11 +18,13 @@ from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
 
 from console.common import present
-from interventions.models import Job
+from interventions.cards import drained_text
+from interventions.models import Intervention, Job
 from interventions.selectors import (
     denials_page,
     ended_leases_page,
     history_page,
+    interventions_by_ids,
     interventions_page,
     jobs_page,
 )
@@ -32,7 +34,7 @@ PAGE = 50
 
 # Chips: the operator's names for the kinds of fact, and the history kinds under each.
 KINDS: dict[str, tuple[str, ...]] = {
-    "state": ("run_created", "state_changed", "timer_fired", "timers_delivered"),
+    "state": ("run_created", "state_changed", "drained", "timer_fired", "timers_delivered"),
     "effect": (
         "effect_intent",
         "effect_outcome",
@@ -81,6 +83,13 @@ class Entry:
     count: int = 1
     since: datetime | None = None  # a folded line: first..last
     fold_key: tuple[str, ...] | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        """Its place on the page, as text that sorts like ``at`` (UTC digits to the microsecond,
+        not a time to read): a pushed line is placed by it (static/console/console.js), as the
+        page's own sort placed the others."""
+        return f"{self.at.astimezone(UTC):%Y%m%d-%H%M%S-%f}"
 
     @property
     def when(self) -> dict[str, str]:
@@ -211,6 +220,9 @@ def _from_history(run: Run, h: HistoryEvent) -> Entry:
         e.data = None
     elif h.kind.startswith("approval_"):
         e.status = d.get("status", "")
+    elif h.kind == "drained":
+        noun = "pause" if d.get("from") == "pausing" else "cancel"
+        e.title, e.status, e.detail = "drained", d.get("state", ""), drained_text(d, noun)
     elif h.kind == "revalidation":
         e.status = "passed" if d.get("ok") else "blocked"
         e.detail = ", ".join(d.get("failing") or [])
@@ -221,19 +233,27 @@ def _interventions(run, chosen, before, after, n):
     if "intervention" not in chosen:
         return [], False
     rows = interventions_page(run, before, after, n)
-    return [
-        Entry(
-            at=i.created_at,
-            kind="intervention",
-            ref=f"i-{i.pk}",
-            title=f"{i.kind.replace('_', ' ')} issued",
-            detail=i.reason,
-            actor=f"{i.actor_label} ({i.role})" if i.role else i.actor_label,
-            status=i.status,
-            audit=f"run={run.pk}&object_type=intervention",
-        )
-        for i in rows
-    ], len(rows) >= n
+    return [_intervention_entry(run, i) for i in rows], len(rows) >= n
+
+
+def interventions_by_ref(run: Run, refs: set[str]) -> list[Entry]:
+    """The lines of these interventions (refs ``i-<id>``) as they read now: a live push re-sends
+    a line whose status changed."""
+    ids = [ref.removeprefix("i-") for ref in refs if ref.startswith("i-")]
+    return [_intervention_entry(run, i) for i in interventions_by_ids(run, ids)] if ids else []
+
+
+def _intervention_entry(run: Run, i: Intervention) -> Entry:
+    return Entry(
+        at=i.created_at,
+        kind="intervention",
+        ref=f"i-{i.pk}",
+        title=f"{i.kind.replace('_', ' ')} issued",
+        detail=i.reason,
+        actor=f"{i.actor_label} ({i.role})" if i.role else i.actor_label,
+        status=i.status,
+        audit=f"run={run.pk}&object_type=intervention",
+    )
 
 
 def _leases(run, chosen, before, after, n):

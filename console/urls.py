@@ -31,6 +31,11 @@ urlpatterns = [
         name="intervention-job",
     ),
     path("receipts/<uuid:intervention_id>/", receipts.receipt_page, name="receipt"),
+    path(
+        "receipts/<uuid:intervention_id>/now/",
+        receipts.receipt_headline,
+        name="receipt-now",
+    ),
     path("effects/<uuid:effect_id>/reconcile/", interventions.reconcile, name="reconcile"),
     path("approvals/", interventions.approvals_inbox, name="approvals"),
     path("contracts/", interventions.contracts_page, name="contracts"),

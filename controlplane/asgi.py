@@ -7,6 +7,9 @@ from django.core.handlers.asgi import ASGIHandler
 
 from controlplane.handler import get_asgi_application
 from controlplane.telemetry import setup_tracing
+from controlplane.wire import WireLimits, widen_twisted_limits
+
+widen_twisted_limits()  # so the limits below answer with a 400 instead of a dropped connection
 
 tracing = setup_tracing()  # before the app is built: the Django instrumentation adds a middleware
 # Django first: the routing below imports models.
@@ -24,13 +27,13 @@ http_app: ASGIHandler = django_asgi_app  # or the static files handler below, al
 if settings.SERVE_STATIC:
     # The console's CSS and vendored htmx under plain `daphne` too, as runserver would (without DEBUG).
     # In production serve STATIC_ROOT (manage.py collectstatic) from the proxy in front.
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+    from controlplane.static import SafeStaticFilesHandler
 
-    http_app = ASGIStaticFilesHandler(django_asgi_app)
+    http_app = SafeStaticFilesHandler(django_asgi_app)
 
 router = ProtocolTypeRouter(
     {
-        "http": http_app,
+        "http": WireLimits(http_app),  # URLs over 8 KiB, headers over 16 KiB: a JSON 400
         # Origin must be this very site, scheme, host and port (no cross-site socket riding the session
         # cookie); the session identifies the user; the consumer then checks the role.
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),

@@ -16,6 +16,8 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.limits import MAX_BODY_BYTES
+from core.redaction import DEFAULT_KEY_PARTS as DEFAULT_REDACTION_KEY_PARTS
+from core.redaction import DEFAULT_KEYS as DEFAULT_REDACTION_KEYS
 
 from .embedded import embedded_broker_wal
 from .env import env_bool, env_int, env_list, env_str
@@ -62,6 +64,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "core.middleware.RequestIdsMiddleware",  # the request id on every log line and span
+    # Right after it: masks card numbers and secrets in every page and export (core/redaction.py).
+    "core.redaction.RedactResponsesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -219,6 +223,9 @@ CELERY_BEAT_SCHEDULE = {
 # The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S
 # (0 = only on demand, `manage.py audit_anchor`); `audit_verify --anchors` holds the database to them.
 ANCHOR_INTERVAL_S = env_int("ANCHOR_INTERVAL_S", 60)
+# How far an audit event may be dated before the one it follows, or before an anchor it is not under,
+# before audit_verify calls it backdated (audit/anchors/times.py, docs/security/audit-forgery.md).
+AUDIT_CLOCK_TOLERANCE_S = env_int("AUDIT_CLOCK_TOLERANCE_S", 60)
 ANCHOR_SINK = env_str("ANCHOR_SINK", "audit.anchors.sink.DirectorySink")
 ANCHOR_DIR = env_str("ANCHOR_DIR", str(VAR_DIR / "anchors"))
 # Inline PEM or a PEM file's path. Unset: a demo key generated into var/ (refused in production).
@@ -317,12 +324,24 @@ STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "staticfiles")))
 LOG_FORMAT = env_str("LOG_FORMAT", "json" if PRODUCTION else "text")
 if LOG_FORMAT not in ("json", "text"):
     raise ImproperlyConfigured("LOG_FORMAT must be json or text")
+# One redaction policy (core/redaction.py): keys compared case- and separator-insensitively, exact
+# and contained; empty = the defaults there. REDACTION_STORE_MASKED: the ledger stores args masked too.
+REDACTION_KEYS = env_list("REDACTION_KEYS") or list(DEFAULT_REDACTION_KEYS)
+REDACTION_KEY_PARTS = env_list("REDACTION_KEY_PARTS") or list(DEFAULT_REDACTION_KEY_PARTS)
+REDACTION_STORE_MASKED = env_bool("REDACTION_STORE_MASKED", False)
+
+# Run trees (runs/services/delegation.py): children per run and levels per tree.
+MAX_CHILDREN_PER_RUN = env_int("MAX_CHILDREN_PER_RUN", 200)
+MAX_TREE_DEPTH = env_int("MAX_TREE_DEPTH", 8)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"json": json_formatter()} if LOG_FORMAT == "json" else {},
+    # core.redaction: card numbers and secrets are masked in every log line.
+    "filters": {"redact": {"()": "core.redaction.RedactingFilter"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler"}
+        "console": {"class": "logging.StreamHandler", "filters": ["redact"]}
         | ({"formatter": "json"} if LOG_FORMAT == "json" else {})
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},

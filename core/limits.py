@@ -42,7 +42,9 @@ def bad_character(text: str) -> str | None:
 
 def _scalar_problem(value: Any) -> str | None:
     if isinstance(value, str):
-        return bad_character(value)
+        from core.times import time_text_problem  # core.times reads this module's window
+
+        return bad_character(value) or time_text_problem(value)
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
@@ -81,7 +83,11 @@ def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
 def datetime_problem(value: datetime) -> str | None:
     if value.tzinfo is None or value.utcoffset() is None:
         return "must carry a time zone offset (e.g. 2030-01-01T12:00:00Z)"
-    if not DATETIME_MIN <= value <= DATETIME_MAX:
+    try:
+        inside = DATETIME_MIN <= value <= DATETIME_MAX
+    except OverflowError:  # its UTC form is outside Python's years 1-9999 (year 1 at +14:00)
+        inside = False
+    if not inside:
         return f"must lie between {MIN_YEAR}-01-01 and {MAX_YEAR}-12-31 (UTC)"
     return None
 

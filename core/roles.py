@@ -29,6 +29,9 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
     "audit_export": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
+    # The whole audit log: sign-ins, tokens, agents, anchors -- events of no run. Everyone else reads
+    # the audit events of the runs they may see (core.roles.audit_scope; docs/security/hardening.md).
+    "audit_read_all": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     # A full verification walks every audit and history row: for those who answer for the trail.
     "audit_verify": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
 }
@@ -73,3 +76,8 @@ APPROVING_ROLES = (APPROVER, INCIDENT_COMMANDER, ADMIN)
 def approver_rank(role: str) -> int:
     """Position in APPROVING_ROLES; an unknown role ranks above all (only an admin satisfies it)."""
     return APPROVING_ROLES.index(role) if role in APPROVING_ROLES else len(APPROVING_ROLES)
+
+
+def reads_whole_audit_log(roles: frozenset[str] | set[str]) -> bool:
+    """False: the caller reads only run-scoped audit events (those with a run id)."""
+    return may(roles, "audit_read_all")

@@ -90,6 +90,8 @@ def purchase(ctx: RunContext) -> None:
                  "reason": f"charge of {args['amount']} is above {threshold}"}
             )  # fmt: skip
             if not decision.get("approved"):
+                if decision.get("status") == "timed_out":  # nobody decided: not a rejection
+                    raise AgentFailure("approval_timed_out", "the charge's approval timed out")
                 raise AgentFailure("approval_rejected", "the charge was rejected by an approver")
             return {"approval_id": decision["approval_id"]}
 

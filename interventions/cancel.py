@@ -155,6 +155,10 @@ def cancel_receipt(r: Mapping[str, Any]) -> Answers:
     ]
 
 
+def cancel_now(r: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    return cards.stopped_now(now, "cancel", "cancelling", "cancelled")
+
+
 CONTRACTS = (
     Contract(
         kind="cancel",
@@ -174,7 +178,7 @@ CONTRACTS = (
             claims=("committed_effects_listed_with_compensations", "never_marks_undone"),
         ),
         may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
-        console=Console(card=cancel_card, receipt=cancel_receipt, danger=True),
+        console=Console(card=cancel_card, receipt=cancel_receipt, now=cancel_now, danger=True),
         order=30,
         scoped=True,
         owner_bound=True,

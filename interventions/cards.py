@@ -17,6 +17,13 @@ def cell(t: str, v: Any, **extra: Any) -> dict[str, Any]:
     return {"t": t, "v": v, **extra}
 
 
+def timer_cell(t: dict[str, Any]) -> dict[str, Any]:
+    """A timer's fire time, or what core.times says when the stored one could not be read."""
+    if t.get("unreadable"):
+        return cell("text", f"unreadable stored time ({t['unreadable']})")
+    return cell("time", t.get("fire_at"))
+
+
 def table(cols: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cols": cols, "rows": rows}
 
@@ -189,3 +196,87 @@ def checkpoint_table(cp: dict[str, Any] | None) -> dict[str, Any] | None:
             )
         ],
     )
+
+
+# --- a receipt's headline: the truth now, in words (Console.now; console/receipts.py draws it) -------
+
+
+def clock(value: Any) -> str:
+    """An ISO time as the wall-clock time an operator reads ("23:14:05 UTC"); "" if there is none."""
+    from datetime import datetime
+
+    if not value:
+        return ""
+    try:
+        when = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    return f"{when:%H:%M:%S} UTC"
+
+
+def duration(seconds: Any) -> str:
+    s = max(float(seconds or 0), 0.0)
+    if s < 60:
+        return f"{s:.0f} s" if s >= 10 or s == int(s) else f"{s:.1f} s"
+    if s < 3600:
+        return f"{s // 60:.0f} min"
+    return f"{s // 3600:.0f} h {s % 3600 // 60:.0f} min"
+
+
+def effect_words(e: dict[str, Any]) -> str:
+    return f"{e.get('tool', '')}:{e.get('action', '')}"
+
+
+def drained_text(drained: dict[str, Any], noun: str) -> str:
+    """ "drained at 23:14:05 UTC: payments:charge committed 2 s after the pause"."""
+    parts = [
+        f"{effect_words(e)} {e.get('status')} {duration(e.get('after_s'))} after the {noun}"
+        for e in drained.get("settled") or []
+    ]
+    parts += [
+        f"{effect_words(e)} still {e.get('status')}: reconcile it"
+        for e in drained.get("unresolved") or []
+    ]
+    said = "; ".join(parts) if parts else "nothing was in flight"
+    return f"drained at {clock(drained.get('drained_at') or drained.get('at'))}: {said}"
+
+
+def draining_text(in_flight: list[dict[str, Any]], now_iso: str | None = None) -> str:
+    """ "waiting for 1 effect in flight: payments:charge (in flight 32 s)"."""
+    from django.utils import timezone
+    from django.utils.dateparse import parse_datetime
+
+    if not in_flight:
+        return "waiting for the worker to stop at a step boundary"
+    now = timezone.now()
+    ages = []
+    for e in in_flight:
+        declared = parse_datetime(str(e.get("declared_at") or ""))
+        age = f" (in flight {duration((now - declared).total_seconds())})" if declared else ""
+        ages.append(effect_words(e) + age)
+    n = len(in_flight)
+    return f"waiting for {n} effect{'s' if n != 1 else ''} in flight: " + ", ".join(ages)
+
+
+def state_now(r: Any, now: Any) -> str:
+    """The default headline: the run's state now, and the follow-up job while it runs."""
+    line = f"The run is now {str(now.get('state', '')).replace('_', ' ')}"
+    if now.get("status") == "pending":
+        line += f"; its {(now.get('job') or {}).get('kind') or 'follow-up'} job is running"
+    return line
+
+
+def stopped_now(now: Any, noun: str, moving: str, stopped: str) -> str:
+    """Pause and cancel: "Paused — drained at …" once drained, "Pausing — waiting for …" before."""
+    state = now.get("state")
+    drained = now.get("drained")
+    if drained:
+        line = f"{drained.get('state', stopped).capitalize()} — {drained_text(drained, noun)}"
+        if state != drained.get("state"):
+            line += f". The run is now {str(state).replace('_', ' ')}"
+        return line
+    if state == moving:
+        return f"{moving.capitalize()} — {draining_text(now.get('in_flight') or [])}"
+    if state == stopped:
+        return f"{stopped.capitalize()} at once: nothing was executing"
+    return state_now({}, now)

@@ -7,6 +7,7 @@ from typing import Any
 from django.utils import timezone
 
 from core.errors import Invalid
+from core.times import iso, unreadable_note
 from runs.models import AuthorityGrant, Checkpoint, Effect, Run, Timer
 from runs.selectors import (
     checkpoint_summary,
@@ -72,9 +73,10 @@ def timers(run: Run) -> list[dict[str, Any]]:
     return [
         {
             "name": t.name,
-            "fire_at": t.fire_at.isoformat(),
+            "fire_at": iso(t.fire_at),
             "status": t.status,
             "note": "keeps running during a pause; if it fires it is recorded and delivered on resume",
+            **unreadable_note(t.fire_at),
         }
         for t in Timer.objects.filter(run=run, status__in=[Timer.PENDING, Timer.FIRED])
     ]

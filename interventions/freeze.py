@@ -19,6 +19,7 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Invalid
+from core.names import scope_problem
 from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
 from interventions import cards
 from interventions.models import Intervention
@@ -36,6 +37,8 @@ def scope_of(options: dict[str, Any]) -> str:
         raise Invalid(
             "options.scope must look like 'tool:action' or 'tool:*'", field="options.scope"
         )
+    if why := scope_problem(scope):  # a look-alike would freeze nothing the ledger ever sees
+        raise Invalid(f"options.scope {why}", field="options.scope")
     return scope
 
 

@@ -144,7 +144,7 @@ def pause_card(p: Mapping[str, Any]) -> Answers:
     timer_rows = [
         cards.row(
             cards.cell("code", t["name"]),
-            cards.cell("time", t["fire_at"]),
+            cards.timer_cell(t),
             cards.cell("status", t["status"]),
         )
         for t in timers
@@ -232,7 +232,7 @@ def pause_receipt(r: Mapping[str, Any]) -> Answers:
                 [
                     cards.row(
                         cards.cell("code", t["name"]),
-                        cards.cell("time", t["fire_at"]),
+                        cards.timer_cell(t),
                         cards.cell("status", t["status"]),
                     )
                     for t in timers
@@ -244,6 +244,11 @@ def pause_receipt(r: Mapping[str, Any]) -> Answers:
             "resume_from", "A resume starts from", cards.checkpoint_text(r.get("resume_from"))
         ),
     ]
+
+
+def pause_now(r: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """ "Paused — drained at 23:14:05 UTC: payments:charge committed 2 s after the pause"."""
+    return cards.stopped_now(now, "pause", "pausing", "paused")
 
 
 CONTRACTS = (
@@ -275,7 +280,11 @@ CONTRACTS = (
         ),
         may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
         console=Console(
-            card=pause_card, receipt=pause_receipt, fields=("suspend_authority",), danger=True
+            card=pause_card,
+            receipt=pause_receipt,
+            now=pause_now,
+            fields=("suspend_authority",),
+            danger=True,
         ),
         order=10,
         scoped=True,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import Invalid
 from core.roles import declare_permission
+from interventions.cards import state_now
 from runs.states import Event
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ Rows = list[dict[str, Any]]
 # A card's answer lines (interventions/cards.py draws each piece), built from a preview or a receipt.
 Answers = list[dict[str, Any]]
 Builder = Callable[[Mapping[str, Any]], Answers]
+# A receipt's headline now: (the receipt as recorded, interventions.selectors.receipt_now) -> a sentence.
+Headline = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
 
 
 def no_answers(_: Mapping[str, Any]) -> Answers:
@@ -100,7 +103,10 @@ class Console:
     ``more``: folded extras under the preview card; ``fields``: the dialog's form fields, read into
     the request's options; ``danger``: its button is drawn as a dangerous one; ``guard_note``: when
     set, the dialog offers an override of the contract's guard (to roles holding its
-    ``guard_right``) and says what it overrides; ``offered``: whether the run page offers its button."""
+    ``guard_right``) and says what it overrides; ``offered``: whether the run page offers its button;
+    ``now``: the receipt's headline, the current truth read at render time (the recorded answers
+    stay below it as the decision-time snapshot); ``foresees``: what the follow-up job will refuse,
+    as far as the preview can tell without side effects (Confirm stays enabled and says so)."""
 
     card: Builder
     receipt: Builder
@@ -112,6 +118,8 @@ class Console:
     # Given the run page's facts (runs.selectors.run_detail), whether there is anything to act on:
     # hides the button otherwise (no pending approval, no grant to restore). Services check again.
     offered: Callable[[Mapping[str, Any]], bool] = always
+    now: Headline = state_now
+    foresees: Callable[[Mapping[str, Any]], list[str]] = no_problems
 
 
 @dataclass

@@ -310,6 +310,31 @@ def reconcile_card(p: Mapping[str, Any]) -> Answers:
     ]
 
 
+def _answer_text(x: Mapping[str, Any]) -> str:
+    """One answer of the world in words: why it is still unknown, or what the evidence said."""
+    if x.get("why"):
+        return str(x["why"])
+    if x.get("already"):
+        return "already settled before the job asked"
+    evidence = x.get("evidence") or {}
+    said = evidence.get("answer") or evidence.get("source") or ""
+    return f"the world answered {said}" if said else ""
+
+
+def reconcile_now(r: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    job = now.get("job") or {}
+    results = job.get("reconciled")
+    if now.get("status") == "pending" or results is None:
+        n = len(r.get("unresolved_effects") or [])
+        return f"Asking the world about {n} effect{'s' if n != 1 else ''} by idempotency key"
+    if not results:
+        return "Completed — nothing was left to ask: every effect's outcome was already known"
+    still = int(job.get("still_unknown") or 0)
+    known = len(results) - still
+    line = f"{'Completed' if not still else 'Finished'} — {known} of {len(results)} settled"
+    return line + (f"; {still} still unknown: reconcile by hand or try again" if still else "")
+
+
 def reconcile_receipt(r: Mapping[str, Any]) -> Answers:
     job = r.get("job") or {}
     results = job.get("reconciled") or []
@@ -326,17 +351,20 @@ def reconcile_receipt(r: Mapping[str, Any]) -> Answers:
             "Answers",
             f"{job.get('still_unknown')} still unknown" if results else "",
             cards.table(
-                ["effect", "outcome", "external ref"],
+                ["effect", "outcome", "external ref", "what the world said"],
                 [
                     cards.row(
                         cards.cell("id", x.get("effect")),
                         cards.cell("status", x.get("outcome")),
                         cards.cell("text", x.get("external_ref") or "—"),
+                        cards.cell("text", _answer_text(x)),
                     )
                     for x in results
                 ],
             ),
-            empty="the job has not answered yet",
+            empty="nothing needed asking"
+            if "job" in r and "reconciled" in job
+            else "waiting for the job",
         ),
     ]
 
@@ -368,6 +396,7 @@ CONTRACTS = (
             offered=lambda data: bool(data["unresolved_effects"]),
             card=reconcile_card,
             receipt=reconcile_receipt,
+            now=reconcile_now,
         ),
         order=50,
         owner_bound=True,

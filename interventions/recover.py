@@ -51,8 +51,8 @@ RULES = [
     "history chain broken -> escalate",
     "last checkpoint does not match its hash or its history record -> escalate",
     "an effect still in flight or unknown after reconciliation -> escalate",
-    "options.prefer == 'escalate' -> escalate",
-    "options.prefer == 'compensate' -> compensate (compensators run in the control plane, so the agent's "
+    "the operator prefers escalate -> escalate",
+    "the operator prefers compensate -> compensate (compensators run in the control plane, so the agent's "
     "versions do not matter for it)",
     "no worker reports the run's pinned versions -> escalate",
     "attempts used up under the retry policy -> escalate",

@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from django.conf import settings
 
+from core.redaction import redact as redact_value
+
 
 @dataclass(frozen=True)
 class EffectInfo:
@@ -167,31 +169,11 @@ def get_commit_window(tool: str) -> float | None:
     return _commit_windows.get(tool)
 
 
-def _mask(value: Any, mask: str) -> str:
-    if mask == "last4" and isinstance(value, (str, int)) and len(str(value)) > 4:
-        return "•" * 4 + str(value)[-4:]
-    return "•" * 4  # hide, or too short / not a string to keep any of it
-
-
 def redact(tool: str, args: Any) -> Any:
-    """``args`` as people may see them: every field the tool's adapter declared sensitive masked,
-    at any depth (a card number nested in ``payment.card_number`` is still a card number)."""
+    """``args`` as people may see them: core.redaction's policy (sensitive keys at any depth, card
+    numbers and secrets in any string) plus every field the tool's adapter declared sensitive."""
     load_adapters()
-    rules = _redactions.get(tool)
-    if not rules:
-        return args
-    return _redact(args, rules)
-
-
-def _redact(node: Any, rules: dict[str, str]) -> Any:
-    if isinstance(node, dict):
-        return {
-            k: _mask(v, rules[k]) if k in rules and v not in (None, "") else _redact(v, rules)
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_redact(v, rules) for v in node]
-    return node
+    return redact_value(args, _redactions.get(tool))
 
 
 def registered() -> dict[str, Any]:

@@ -258,14 +258,84 @@ def resume_card(p: Mapping[str, Any]) -> Answers:
             "",
             cards.table(
                 ["timer", "fired"],
-                [
-                    cards.row(cards.cell("code", t["name"]), cards.cell("time", t["fire_at"]))
-                    for t in fired
-                ],
+                [cards.row(cards.cell("code", t["name"]), cards.timer_cell(t)) for t in fired],
             ),
             empty="none: delivered on resume if any fire",
         ),
     ]
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _stale_words(a: Mapping[str, Any]) -> str:
+    """ "price of sku-2 changed 12.00 → 14.50" (an assumption key is "<fact>:<subject>")."""
+    key = str(a.get("key", ""))
+    fact, _, subject = key.partition(":")
+    name = f"{fact} of {subject}" if subject else key
+    if a.get("current") is not None and a.get("current") != a.get("recorded"):
+        return f"{name} changed {_number(a.get('recorded'))} → {_number(a.get('current'))}"
+    return f"{name}: {a.get('problem') or 'stale'}"
+
+
+WAYS_OUT = {
+    "assumptions": "tick “re-observe stale assumptions” to accept the world's value now",
+    "versions": "start a new run on the new versions, or override",
+    "unknown_effects": "reconcile the effects of unknown outcome first",
+    "authority": "restore or grant the authority first",
+    "replay": "add idempotency keys to the repeated effects, or override",
+}
+
+
+def blocked_reasons(report: Mapping[str, Any]) -> list[str]:
+    """Each failing check of a revalidation report in the operator's words."""
+    out: list[str] = []
+    for c in report.get("checks") or []:
+        if c.get("ok"):
+            continue
+        if c["name"] == "assumptions":
+            out += [_stale_words(a) for a in (c.get("details") or {}).get("stale") or []]
+        else:
+            out.append(c.get("summary") or c["name"])
+    return out
+
+
+def resume_foresees(p: Mapping[str, Any]) -> list[str]:
+    """What the revalidation job will refuse, as the preview's dry run found it (same checks)."""
+    report = p.get("dry_run") or {}
+    if not report.get("failing") or p.get("override"):
+        return []
+    ways = [WAYS_OUT[n] for n in report["failing"] if n in WAYS_OUT]
+    if "assumptions" in report["failing"] and not any(
+        a.get("current") is not None
+        for c in report.get("checks") or []
+        if c["name"] == "assumptions"
+        for a in (c.get("details") or {}).get("stale") or []
+    ):
+        ways.remove(WAYS_OUT["assumptions"])  # nothing to re-observe with: no checker answered
+    ways.append("or give an override reason (a role with the override right)")
+    return [
+        "will be blocked: " + "; ".join(blocked_reasons(report)),
+        "the way out: " + "; ".join(dict.fromkeys(ways)),
+    ]
+
+
+def resume_now(r: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    job = now.get("job") or {}
+    state = str(now.get("state", "")).replace("_", " ")
+    outcome = job.get("outcome")
+    if outcome == "blocked":
+        why = "; ".join(blocked_reasons(job.get("report") or {})) or "a check failed"
+        return f"Blocked — the resume was refused: {why}. The run is now {state}"
+    if outcome == "resumed":
+        how = "by override" if job.get("overridden") else "every check passed"
+        return f"Resumed — {how}. The run is now {state}"
+    if now.get("status") == "pending":
+        return "Revalidating — the job is checking the run against the world"
+    return cards.state_now(r, now)
 
 
 def resume_receipt(r: Mapping[str, Any]) -> Answers:
@@ -302,6 +372,8 @@ CONTRACTS = (
             receipt=resume_receipt,
             fields=("reobserve_assumptions",),
             guard_note="overrides a failing revalidation",
+            now=resume_now,
+            foresees=resume_foresees,
         ),
         order=20,
         guard_right="override_revalidation",

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from core.times import is_unreadable
 from interventions import facts
 from interventions.registry import get_assumption_checker
 from runs.models import Assumption, AuthorityGrant, Checkpoint, Run
@@ -114,7 +115,9 @@ def check_assumptions(run: Run, reobserve: bool) -> tuple[Check, list[tuple[Assu
         latest[a.key] = a  # a later observation of the same fact supersedes the earlier one
     for a in latest.values():
         problem, current = None, None
-        if a.max_age_s and a.observed_at + timedelta(seconds=a.max_age_s) < now:
+        if is_unreadable(a.observed_at):  # core.times: stored out of range; say so, judge it stale
+            problem = "its stored observation time is unreadable: treated as stale"
+        elif a.max_age_s and a.observed_at + timedelta(seconds=a.max_age_s) < now:
             problem = f"older than {a.max_age_s}s"
         checker = get_assumption_checker(a.checker) if a.checker else None
         if checker is not None:
@@ -127,7 +130,7 @@ def check_assumptions(run: Run, reobserve: bool) -> tuple[Check, list[tuple[Assu
         row: dict[str, Any] = {
             "key": a.key,
             "recorded": a.value,
-            "observed_at": a.observed_at.isoformat(),
+            "observed_at": None if is_unreadable(a.observed_at) else a.observed_at.isoformat(),
             "current": current,
         }
         if problem and reobserve and checker is not None:

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Prefetch, QuerySet
 
 from audit.models import AuditEvent
+from interventions.facts import in_flight_effects
 from interventions.models import (
     CompensationPlan,
     CompensationStep,
@@ -16,6 +17,7 @@ from interventions.models import (
     Job,
 )
 from runs.models import ExecutionLease, HistoryEvent, Run
+from runs.selectors import drain_after
 
 
 def receipt_dict(i: Intervention) -> dict[str, Any]:
@@ -49,6 +51,26 @@ def operation_by_id(operation_id: Any) -> FleetOperation | None:
 def recent_interventions(run: Any, limit: int) -> list[Intervention]:
     """A run's newest interventions, with who asked."""
     return list(run.interventions.select_related("actor").order_by("-created_at")[:limit])
+
+
+# Run states a receipt's headline still expects to change by itself (a worker, or a job, moves on).
+MOVING = ("pausing", "cancelling", "revalidating", "recovering", "compensating")
+
+
+def receipt_now(i: Intervention) -> dict[str, Any]:
+    """What a receipt's headline reads at render time: the run as it is now, the drain recorded since
+    the intervention, what is still in flight while it drains, and its follow-up job's status."""
+    run = Run.objects.get(pk=i.run_id)
+    now: dict[str, Any] = {
+        "state": run.state,
+        "since": run.state_changed_at.isoformat(),
+        "status": i.status,
+        "job": (i.receipt or {}).get("job") or {},
+        "drained": drain_after(run, i.created_at),
+        "in_flight": in_flight_effects(run) if run.state in ("pausing", "cancelling") else [],
+    }
+    now["final"] = i.status != Intervention.PENDING and run.state not in MOVING
+    return now
 
 
 def operation_exists(operation_id: Any) -> bool:
@@ -94,6 +116,11 @@ def interventions_page(
 ) -> list[Intervention]:
     qs = Intervention.objects.filter(run=run)
     return list(_window(qs, "created_at", before, after).order_by("-created_at")[:n])
+
+
+def interventions_by_ids(run: Run, ids: list[Any]) -> list[Intervention]:
+    """These interventions of the run (a live push re-reads the timeline lines it re-sends)."""
+    return list(Intervention.objects.filter(run=run, pk__in=ids))
 
 
 def ended_leases_page(

@@ -7,9 +7,15 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # audit_verify lives below runs and may not import it: runs hands it its checks instead.
+        from django.db.backends.signals import connection_created
+
         from audit.registry import register_anchor_part, register_append_only, register_check
+        from core.times import install_safe_time_loader
 
         from . import integrity
+
+        # A stored time Python cannot hold is read as core.times.UnreadableTime, never a DataError.
+        connection_created.connect(install_safe_time_loader, dispatch_uid="safe-time-loader")
         from .models import Checkpoint, HistoryEvent
 
         # The same tables carry the append-only triggers (Meta.triggers, audit/triggers.py).

@@ -44,19 +44,37 @@ class ConditionError(ValueError):
     """The condition or policy spec does not parse; the message says why."""
 
 
+# ``sum(amount)>200 per 1h``: the field summed over the run's authorised calls of the same tool:action
+# in the window, this call included -- five charges of 200 do not pass a 200 limit one by one.
+_SUM = re.compile(
+    rf"^\s*sum\(\s*(?P<field>{_NAME}(?:\.{_NAME})*)\s*\)\s*(?P<op>>=|>)\s*(?P<literal>-?\d+(\.\d+)?)"
+    r"\s+per\s+(?P<n>\d+)\s*(?P<unit>[smhd])\s*$"
+)
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
 @dataclass(frozen=True)
 class Condition:
     field: str
     op: str
     literal: Any
+    window_s: int | None = None  # a sum over the run's calls in this window (``sum(...) per``)
 
-    def matches(self, args: dict[str, Any]) -> bool:
+    def matches(self, args: dict[str, Any], prior: float = 0.0) -> bool:
+        """``prior``: for a windowed sum, what the run's earlier calls in the window add up to."""
         value = _lookup(args, self.field)
         if value is _MISSING:
             return True  # fail closed
         compare = OPERATORS[self.op]
+        if self.window_s is not None:
+            number = as_number(value)
+            return True if number is None or number < 0 else compare(prior + number, self.literal)
         if isinstance(self.literal, float):
-            number = _as_number(value)
+            number = as_number(value)
+            if number is not None and number < 0 <= self.literal and self.op in (">", ">="):
+                # A bound on a magnitude ("amount>200") never lets a negative slip under it: -500
+                # is a refund dressed as a charge. Fail closed: the action needs approval.
+                return True
             return True if number is None else compare(number, self.literal)
         if self.op in ("==", "!="):
             return compare(value, self.literal)
@@ -69,6 +87,11 @@ def parse_condition(text: str) -> Condition | None:
     """None for an empty condition (always matches); ConditionError if it does not parse."""
     if not text or not text.strip():
         return None
+    if windowed := _SUM.match(text):
+        window = int(windowed["n"]) * _UNIT_S[windowed["unit"]]
+        if not 0 < window <= 31 * 86400:
+            raise ConditionError(f"the window of {text!r} must be between 1 s and 31 days")
+        return Condition(windowed["field"], windowed["op"], float(windowed["literal"]), window)
     found = _CONDITION.match(text)
     if found is None:
         raise ConditionError(
@@ -101,7 +124,8 @@ def _lookup(args: Any, path: str) -> Any:
     return args
 
 
-def _as_number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A finite number from a number or a numeric string, else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):

@@ -100,6 +100,7 @@ class RunFilter:
     owner: str = ""
     states: tuple[str, ...] = ()
     attention: bool = False
+    recovered: bool = False  # runs that went through a recovery (orphaned, then recovered)
     since: str = ""  # kept as written ("2h" stays relative in a shared URL)
     until: str = ""
     updated_since: str = ""
@@ -137,9 +138,8 @@ class RunFilter:
         sort = get.one("sort").strip() or DEFAULT_SORT
         if sort.lstrip("-") not in SORTS:
             raise BadFilter("sort", f"one of {', '.join(SORTS)} (prefix - for descending)")
-        attention = get.one("attention").strip().lower()
-        if attention not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-            raise BadFilter("attention", "1 or 0")
+        attention = _flag(get, "attention")
+        recovered = _flag(get, "recovered")
         return cls(
             q=q,
             id=parse_id_prefix("id", raw_id) if raw_id.strip() else "",
@@ -147,7 +147,8 @@ class RunFilter:
             touched=touched,
             owner=check_text("owner", get.one("owner"), max_len=150),
             states=states,
-            attention=attention in ("1", "true", "yes", "on"),
+            attention=attention,
+            recovered=recovered,
             sort=sort,
             since=times["since"],
             until=times["until"],
@@ -174,6 +175,7 @@ class RunFilter:
             "owner": [self.owner],
             "state": list(self.states),
             "attention": ["1" if self.attention else ""],
+            "recovered": ["1" if self.recovered else ""],
             **{name: [getattr(self, name)] for name in TIME_PARAMS},
             "sort": [self.sort if self.sort != DEFAULT_SORT else ""],
         }
@@ -233,6 +235,9 @@ class RunFilter:
             qs = qs.filter(state__in=self.states)
         if self.attention:
             qs = qs.filter(pk__in=attention_ids(now)) if counting else qs.filter(attention_q(now))
+        if self.recovered:
+            # A recovery is a job of its own (interventions/recover.py): its rows name the run.
+            qs = qs.filter(pk__in=Run.objects.filter(jobs__kind="recovery").values("pk"))
         for name, (column, op) in TIME_PARAMS.items():
             raw = getattr(self, name)
             if raw:
@@ -314,6 +319,13 @@ def _search_q(text: str, runs: QuerySet[Run], agent_ids: Callable[[str], list[in
     by_goal = Q(goal__icontains=text)
     agents = agent_ids(text.strip())
     return by_goal | Q(agent_id__in=agents) if agents else by_goal
+
+
+def _flag(get: _getter, name: str) -> bool:
+    raw = get.one(name).strip().lower()
+    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise BadFilter(name, "1 or 0")
+    return raw in ("1", "true", "yes", "on")
 
 
 def _state(value: str) -> str:

@@ -120,7 +120,7 @@ def run_detail(run: Run) -> dict[str, Any]:
             }
             for a in run.approvals.all()
         ],
-        "unresolved_effects": Effect.objects.filter(run=run).unresolved().count(),
+        "unresolved_effects": unresolved_count(run),
     }
 
 
@@ -369,6 +369,10 @@ def effects_newest(run: Run, cursor: tuple[Any, Any] | None, limit: int) -> list
     return list(qs.order_by("-declared_at", "-pk")[:limit])
 
 
+def unresolved_count(run: Run) -> int:
+    return Effect.objects.filter(run=run).unresolved().count()
+
+
 def effects_by_ids(run: Run, ids: list[Any]) -> list[Effect]:
     return list(Effect.objects.filter(run=run, pk__in=ids))
 
@@ -431,3 +435,27 @@ def approvals_to_decide(actor: Actor, required_roles: list[str]) -> QuerySet[App
         .select_related("run__agent")
         .order_by("deadline", "requested_at")
     )
+
+
+def drain_after(run: Run, since: Any) -> dict[str, Any] | None:
+    """The run's latest drain (runs/services/drain.py) recorded at or after ``since``, or None."""
+    event = (
+        HistoryEvent.objects.filter(run=run, kind="drained", created_at__gte=since)
+        .order_by("-seq")
+        .first()
+    )
+    return None if event is None else {**(event.data or {}), "at": event.created_at.isoformat()}
+
+
+def role_holders() -> dict[str, list[str]]:
+    """Who holds each role now: active people by group, superusers counted as admins (core.roles)."""
+    out: dict[str, list[str]] = {}
+    people = get_user_model().objects.filter(is_active=True)
+    for username, role in people.filter(groups__name__isnull=False).values_list(
+        "username", "groups__name"
+    ):
+        out.setdefault(role, []).append(username)
+    for username in people.filter(is_superuser=True).values_list("username", flat=True):
+        if username not in out.setdefault("admin", []):
+            out["admin"].append(username)
+    return {role: sorted(names) for role, names in out.items()}

@@ -221,6 +221,10 @@ LEASED_STATES = frozenset({S.RUNNING, S.AWAITING_APPROVAL, S.PAUSING, S.CANCELLI
 # States in which a new effect may be authorised. Only RUNNING: a pause or cancel committing
 # removes the run from this set in the same transaction that records the intervention.
 EFFECT_STATES = frozenset({S.RUNNING})
+# States in which a run may hand authority to a child: it may act now (running) or will once claimed
+# (queued). A paused, cancelling, orphaned or finished parent may not act, so it may not delegate
+# either (runs/services/delegation.py): a child never does what its parent may not do now.
+DELEGATING_STATES = frozenset({S.QUEUED, S.RUNNING})
 TERMINAL_STATES = frozenset(s for s, edges in TRANSITIONS.items() if not edges)
 # Execution is over (no lease, no effects) though follow-up interventions may still apply.
 FINISHED_STATES = frozenset(

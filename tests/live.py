@@ -207,3 +207,19 @@ def start_celery(
     _, log = procs.start(name, cmd, env)
     wait_for(f"{name} to be ready", lambda: "ready." in log.read_text(), 30, logs=(log,))
     return log
+
+
+def log_in(base: str, username: str) -> httpx.Client:
+    """A browser session on a live server: the login form, its CSRF token, the cast's password."""
+    browser = httpx.Client(base_url=base, timeout=15)
+    browser.get("/accounts/login/")
+    response = browser.post(
+        "/accounts/login/",
+        data={
+            "username": username,
+            "password": f"pw-{username}",
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+        },
+    )
+    assert response.status_code == 302, response.text[:500]
+    return browser

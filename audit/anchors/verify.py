@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from audit.registry import anchor_parts
 
-from . import heads
+from . import heads, times
 from .signing import signed_bytes, verify_keys
 
 
@@ -82,6 +82,11 @@ def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
     records = [a for _, a in anchors]
     mismatch = heads.first_mismatch(anchors, report)
     report |= _freshness(records)
+    if not mismatch:  # events dated before an anchor yet not under it; a trail that stopped
+        if late := times.backdated_after_anchor(records):
+            mismatch = {**late[0], "problems": late, "summary": _summary(late[0])}
+        elif trail := times.trail_problem(records):
+            mismatch = {**trail, "summary": trail["detail"]}
     if mismatch:
         report |= {"ok": False, **mismatch}
     for name, (_, check) in anchor_parts().items():
@@ -101,8 +106,15 @@ def verify_anchors(lines: Iterable[tuple[int, str]]) -> dict[str, Any]:
     return report
 
 
+def _summary(problem: dict[str, Any]) -> str:
+    return (
+        f"{problem['problem']} in chain {problem['chain']} at seq {problem['first_broken_seq']} "
+        f"({problem['detail']})"
+    )
+
+
 def _freshness(anchors: list[dict[str, Any]]) -> dict[str, Any]:
-    """A missing recent anchor is a warning (beat stopped, or someone stopped it), not a broken chain."""
+    """When the newest anchor was written; a stale one also fails the check (times.trail_problem)."""
     latest = max(datetime.fromisoformat(a["at"]) for a in anchors)
     interval = settings.ANCHOR_INTERVAL_S
     stale = bool(interval) and timezone.now() - latest > timedelta(seconds=3 * interval)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from itertools import groupby
 from typing import Any
+
+from django.conf import settings
 
 from audit.models import AuditChain, AuditEvent
 
@@ -24,7 +27,7 @@ class ChainReport:
     checked: int  # events walked, every chain
     head_seq: int  # events the chain heads account for (== checked when intact)
     first_broken_seq: int | None = None
-    problem: str = ""  # edited | deleted | inserted | reordered
+    problem: str = ""  # edited | deleted | inserted | reordered | backdated
     detail: str = ""
     chain: str = ""  # the chain of the first broken link
     chains: int = 0
@@ -90,6 +93,7 @@ def _walk(
     two links ago) and one row ahead to tell an edited, deleted, inserted or reordered row apart; the
     head (moved by every append) catches rows removed from, or appended behind, the end."""
     prev_hash, prev_prev, expected, checked = GENESIS, None, 1, 0
+    prev_at, slack = None, timedelta(seconds=getattr(settings, "AUDIT_CLOCK_TOLERANCE_S", 60))
     event = next(events, None)
     while event is not None:
         following = next(events, None)
@@ -110,7 +114,19 @@ def _walk(
                 "edited",
                 f"seq {event.chain_seq}'s stored hash does not match its content",
             ), checked
+        if prev_at is not None and event.created_at < prev_at - slack:
+            # Linked and hashed right, but dated before the event it follows: appended with a
+            # made-up time (docs/security/audit-forgery.md).
+            return _broken(
+                key,
+                event.chain_seq,
+                "backdated",
+                f"seq {event.chain_seq} ({event.action} by {event.actor}) is dated "
+                f"{event.created_at.isoformat()}, before seq {event.chain_seq - 1} "
+                f"({prev_at.isoformat()})",
+            ), checked
         prev_prev, prev_hash, expected, checked = prev_hash, event.hash, expected + 1, checked + 1
+        prev_at = event.created_at
         event = following
     if head is None:
         return _broken(key, 1, "inserted", "rows of a chain that has no head"), checked

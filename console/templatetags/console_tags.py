@@ -9,7 +9,7 @@ They are template builtins (settings.TEMPLATES OPTIONS), so no template needs ``
   (static/console/console.js copies ``data-copy``); the markup of console/templates/console/_id.html.
 - ``{% value_table value %}``: a recorded JSON value (args, versions, a checkpoint state) as a
   key/value table; long text and nested values fold into ``<details>``; ids and times as above.
-  Callers redact first (interventions.registry.redact): this draws what it is given.
+  It masks what core.redaction masks (a tool adapter's own rules: interventions.registry.redact).
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from django import template
 from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+
+from core.redaction import redact
+from core.times import is_unreadable, time_text_problem
 
 register = template.Library()
 
@@ -45,12 +48,28 @@ def as_datetime(value: Any) -> datetime | None:
         except (OverflowError, OSError, ValueError):
             return None
     if isinstance(value, str) and ISO_RE.match(value.strip()):
+        if time_text_problem(value):  # outside what Python can convert: shown as plain text
+            return None
         try:
             parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
             return None
         return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
     return None
+
+
+# Keys under which external systems record a time as epoch seconds (the world's ``"at": 1764651234.5``).
+TIME_KEY = re.compile(r"(^|_)(at|ts|time|timestamp)$")
+
+
+def epoch_at(key: Any, value: Any) -> bool:
+    """A number recorded under a time's key that reads as epoch seconds: drawn as a time, never raw."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and bool(TIME_KEY.search(str(key)))
+        and 1e9 <= value < 1e11
+    )
 
 
 def looks_like_time(value: Any) -> bool:
@@ -80,6 +99,11 @@ def relative(when: datetime, now: datetime | None = None) -> str:
 
 @register.simple_tag
 def reltime(value: Any, now: datetime | None = None) -> SafeString:
+    if is_unreadable(value):  # core.times: a stored time Python cannot hold; say so, never fail
+        return format_html(
+            '<span class="unreadable-time" title="stored as {}">unreadable time</span>',
+            value.stored,
+        )
     when = as_datetime(value)
     if when is None:
         return format_html('<span class="muted">{}</span>', "—" if value in (None, "") else value)
@@ -150,7 +174,10 @@ def render_value(value: Any, depth: int = 0) -> SafeString:
         rows = format_html_join(
             "",
             '<tr><th scope="row">{}</th><td>{}</td></tr>',
-            ((str(k).replace("_", " "), _nested(v, depth)) for k, v in value.items()),
+            (
+                (str(k).replace("_", " "), reltime(v) if epoch_at(k, v) else _nested(v, depth))
+                for k, v in value.items()
+            ),
         )
         return format_html('<table class="kvt"><tbody>{}</tbody></table>', rows)
     if isinstance(value, (list, tuple)):
@@ -208,7 +235,7 @@ def _nested(value: Any, depth: int) -> SafeString:
 
 @register.simple_tag
 def value_table(value: Any) -> SafeString:
-    return render_value(value)
+    return render_value(redact(value))  # core.redaction: masked by key and by value before drawn
 
 
 @register.simple_tag

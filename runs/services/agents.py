@@ -9,6 +9,7 @@ from __future__ import annotations
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
+from core.names import name_problem, scope_problem
 from runs.conditions import ConditionError, PolicySpec, parse_policy_spec
 from runs.models import Agent, ApprovalPolicy
 
@@ -20,14 +21,20 @@ def parse_scopes(scopes: list[str]) -> list[str]:
         tool, sep, action = s.partition(":")
         if not (tool and sep and action):
             raise Invalid(f"scope {s!r} must look like tool:action or tool:*", field="scope")
+        if why := scope_problem(s):  # core.names: one canonical form, no look-alikes
+            raise Invalid(f"scope {s!r}: {why}", field="scope")
     return list(scopes)
 
 
 def parse_policies(specs: list[str]) -> list[PolicySpec]:
     try:
-        return [parse_policy_spec(spec) for spec in specs]
+        policies = [parse_policy_spec(spec) for spec in specs]
     except ConditionError as err:
         raise Invalid(str(err), field="approval") from None
+    for p in policies:
+        if why := scope_problem(f"{p.tool}:{p.action}"):
+            raise Invalid(f"approval {p.tool}:{p.action}: {why}", field="approval")
+    return policies
 
 
 def register_agent(
@@ -41,6 +48,8 @@ def register_agent(
     """Create or update an agent. ``approvals`` (policy specs, ``tool:action [condition] [role]``):
     None keeps the agent's policies, a list (even empty) replaces them."""
     with decision(actor, "agent.register", "agent", name):  # a refusal is audited too
+        if why := name_problem(name):  # a slug: it is matched in tokens, URLs and filters
+            raise Invalid(f"agent name {name!r} {why}", field="name")
         scopes = parse_scopes(scopes)
         policies = parse_policies(approvals) if approvals is not None else None
         before = Agent.objects.select_for_update().filter(name=name).first()

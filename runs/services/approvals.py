@@ -9,22 +9,31 @@ role at least as strong as the policy's. The approval is consumed by the effect 
 from __future__ import annotations
 
 import hashlib
+from datetime import timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from audit.chain.hashing import canonical
 from core.pg.rows import select_row, select_rows
 from core.roles import approver_rank
-from runs.conditions import ConditionError, parse_condition
-from runs.models import Approval, ApprovalPolicy, Run
+from runs.conditions import ConditionError, as_number, parse_condition
+from runs.models import Approval, ApprovalPolicy, Effect, Run
 
 _UNREAD: Any = object()  # "not read by the caller yet": look it up here
 
 
 def required_policy(
-    agent_id: Any, tool: str, action: str, args: dict, policies: Any = _UNREAD
+    agent_id: Any,
+    tool: str,
+    action: str,
+    args: dict,
+    policies: Any = _UNREAD,
+    run_id: Any = None,
 ) -> ApprovalPolicy | None:
     """The strongest policy of the agent that this call matches, or None. ``policies``: the agent's
-    policies for ``tool`` if the caller already read them."""
+    policies for ``tool`` if the caller already read them. ``run_id``: whose earlier calls a windowed
+    sum (``sum(amount)>200 per 1h``) adds up; without it such a policy always applies."""
     found = None
     if policies is _UNREAD:
         policies = select_rows(ApprovalPolicy, agent=agent_id, tool=tool)
@@ -37,13 +46,40 @@ def required_policy(
             condition = (
                 None  # stored before validation tightened: an unreadable rule always applies
             )
-        if condition is not None and not condition.matches(args):
+        if condition is not None and condition.window_s is not None:
+            if run_id is not None and not condition.matches(
+                args, window_sum(run_id, tool, action, condition.field, condition.window_s)
+            ):
+                continue
+        elif condition is not None and not condition.matches(args):
             continue
         if found is None or approver_rank(policy.approver_role) > approver_rank(
             found.approver_role
         ):
             found = policy
     return found
+
+
+def window_sum(run_id: Any, tool: str, action: str, field: str, window_s: int) -> float:
+    """What the run's authorised tool:action calls declared in the last ``window_s`` add up to in
+    ``field`` (numbers and numeric strings; anything else counts 0). Read under the run's row lock
+    (the declaration holds it), so two declarations cannot both fit under the bound."""
+    since = timezone.now() - timedelta(seconds=window_s)
+    total = 0.0
+    for args in Effect.objects.filter(
+        run_id=run_id,
+        tool=tool,
+        action=action,
+        kind=Effect.ACTION,
+        decision=Effect.AUTHORIZED,
+        declared_at__gte=since,
+    ).values_list("args", flat=True):
+        value = args
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        number = as_number(value)
+        total += number if number is not None and number > 0 else 0.0
+    return total
 
 
 def policy_denial(
@@ -104,7 +140,7 @@ def approval_denial(
     digest = approval_digest(
         run_id=run.pk, attempt_id=run.current_attempt_id, tool=tool, action=action, args=args
     )
-    policy = required_policy(run.agent_id, tool, action, args, policies)
+    policy = required_policy(run.agent_id, tool, action, args, policies, run_id=run.pk)
     if policy is not None:
         reason, approval = policy_denial(run, policy, approval_id, digest)
         detail = f"policy '{policy.spec}' requires an approval by {policy.approver_role}"

@@ -27,6 +27,7 @@ from runs.selectors import run_snapshot
 from runs.states import APPROVAL_LIVE_STATES, Event, State, transition
 from runs.work import NOTIFY_CHANNEL, work_key
 
+from .drain import is_drain, record_drain
 from .history import append_history, history_head, next_history
 
 
@@ -132,6 +133,7 @@ def apply_transition(
     """Move the locked run along the table, with history and audit in the same transaction.
     ``snapshot``: what renders the audit's before/after (default ``run_snapshot``). The run's UPDATE,
     the history link, the audit event and the NOTIFY are one statement."""
+    previous, asked_at = run.state, run.state_changed_at
     move = transition_rows(
         run,
         event,
@@ -143,9 +145,16 @@ def apply_transition(
         snapshot=snapshot,
     )
     write_rows([move.history], [(Run, run.pk, move.run_updates)], move.extras(run))
+    drained_if(run, previous, asked_at, event, actor)
     if run.state not in APPROVAL_LIVE_STATES:
         supersede_pending_approvals(run, actor=actor, why=f"run {event.value}: now {run.state}")
     return move.target
+
+
+def drained_if(run: Run, previous: str, asked_at: Any, event: Event, actor: Actor) -> None:
+    """A move that completes a pause or a cancel records the drain in the same transaction."""
+    if is_drain(previous, run.state):
+        record_drain(run, previous=previous, asked_at=asked_at, event=event.value, actor=actor)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from core.errors import (
 from core.live import announce
 from core.pg.rows import select_row, select_rows, write_rows
 from core.telemetry import annotate
+from core.times import iso, unreadable_note
 from runs.models import (
     Agent,
     Approval,
@@ -43,11 +44,13 @@ from runs.states import APPROVAL_LIVE_STATES, LEASED_STATES, Event, State, direc
 from .decisions import (
     apply_transition,
     decision,
+    drained_if,
     lock_run,
     notifying,
     supersede_pending_approvals,
     transition_rows,
 )
+from .delegation import check_tree_bounds, delegable_grant
 from .facts import claim_facts, finish_facts
 from .history import append_history, next_history
 from .intake import held_message
@@ -58,16 +61,6 @@ DEFAULT_GRANT_TTL_S = 3600
 def _scope_allowed(scope: str, allowed: list[str]) -> bool:
     tool = scope.split(":", 1)[0]
     return scope in allowed or f"{tool}:*" in allowed
-
-
-def _covering_parent_grant(parent: Run, scope: str, now) -> AuthorityGrant | None:
-    tool, _, action = scope.partition(":")
-    for grant in AuthorityGrant.objects.filter(run=parent):
-        if grant.effective_status(now) != AuthorityGrant.ACTIVE:
-            continue
-        if grant.scope == scope or grant.scope == f"{tool}:*":
-            return grant
-    return None
 
 
 def create_run(
@@ -96,6 +89,8 @@ def create_run(
                 f"this worker token may not act for the parent run's agent {parent.agent.name!r}",
                 parent_run_id=str(parent.pk),
             )
+        if parent is not None:
+            check_tree_bounds(parent)
         now = timezone.now()
         run = Run(
             agent=agent_row,
@@ -136,6 +131,8 @@ def create_run(
         # The run, its grants, its first history link, the audit event and the NOTIFYs: one statement.
         write_rows([run, *grants, created], [], [appending(audit), notifying(run)])
         run.new_grants = grants  # what runs.selectors.run_detail needs not read back
+        if parent is not None:  # the parent's open page redraws its tree and follows the child
+            announce(parent.pk, "child_created", run.pk)
     return run
 
 
@@ -154,15 +151,7 @@ def _grant(
     source = None
     if parent is not None:
         # Delegation: never wider than the parent's live grant, never outliving it.
-        source = _covering_parent_grant(parent, scope, now)
-        if source is None:
-            raise AuthorityNotAllowed(
-                f"parent run holds no active grant covering {scope!r}", scope=scope
-            )
-        if source.scope != scope and scope.endswith(":*"):
-            raise AuthorityNotAllowed(
-                f"{scope!r} is wider than the parent's {source.scope!r}", scope=scope
-            )
+        source = delegable_grant(parent, scope, now)  # active, unfrozen, parent may act now
         expires = min(expires, source.expires_at)
     return AuthorityGrant(  # written by the caller, with the run
         run=run,
@@ -220,9 +209,14 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             raise NotClaimable(
                 f"retry backoff: claimable after {run.claimable_after.isoformat()}", state=run.state
             )
-        if run.execution_pin and run.execution_pin != worker:
+        if run.execution_pin and (
+            run.execution_pin != worker or (actor.is_worker and actor.name != run.execution_pin)
+        ):
+            # The pin names an authenticated worker: the token's own name, not the claim's "worker"
+            # field, which any token could fill in with the pinned name.
             raise NotClaimable(
-                f"execution was transferred to worker {run.execution_pin!r}", state=run.state
+                f"execution was transferred to worker {run.execution_pin!r}: only its token may claim",
+                state=run.state,
             )
         if (
             live is not None
@@ -414,9 +408,10 @@ def _deliver_timers(run: Run, now) -> list[dict]:
     return [
         {
             "name": t.name,
-            "fire_at": t.fire_at.isoformat(),
-            "fired_at": t.fired_at.isoformat() if t.fired_at else None,
+            "fire_at": iso(t.fire_at),
+            "fired_at": iso(t.fired_at),
             "fired_while": t.fired_while,
+            **unreadable_note(t.fire_at),
         }
         for t in fired
     ]
@@ -503,6 +498,7 @@ def finish_attempt(
             ended = Attempt.SUCCEEDED if outcome == "succeeded" else Attempt.FAILED
             values = {"outcome": ended, "ended_at": now, "failure_class": failure_class}
             updates.append((Attempt, run.current_attempt_id, values | {"error": error}))
+        previous, asked_at = run.state, run.state_changed_at
         move = transition_rows(
             run,
             event,
@@ -515,6 +511,7 @@ def finish_attempt(
         # The lease's end, the attempt's, the run's row, its history link, the audit event, the
         # NOTIFY: one statement.
         write_rows([move.history], updates, move.extras(run))
+        drained_if(run, previous, asked_at, event, actor)  # a cancelling run's worker finished
         _supersede(run, actor, event, facts.pending_approvals)
     return run
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime, timedelta
+import logging
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from audit.chain.hashing import canonical
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
 from core.pg.rows import write_rows
+from core.times import parse_worker_time, unreadable_note
 from runs.models import Approval, Assumption, Checkpoint, HistoryEvent, Run, Timer
 from runs.states import Event
 
@@ -25,6 +26,9 @@ from .lifecycle import check_fencing
 
 MAX_TIMER_S = 10 * 366 * 24 * 3600  # a timer further out than ten years is a bug, not a plan
 MAX_AGE_S = 2**31 - 1  # Assumption.max_age_s is a PositiveIntegerField
+
+
+log = logging.getLogger(__name__)
 
 
 def _whole_seconds(value: Any) -> bool:
@@ -99,18 +103,6 @@ def checkpoint_head(run: Run, event: HistoryEvent) -> dict[str, Any]:
     return {**history_head(run, event), "checkpoint_seq": run.checkpoint_seq}
 
 
-def _parse_time(value: Any, field: str) -> datetime:
-    try:
-        parsed = parse_datetime(value) if isinstance(value, str) else None
-    except ValueError:  # well formed but not a date (e.g. month 13): bad input, not a 500
-        parsed = None
-    if parsed is None:
-        raise Invalid(f"{field} must be an ISO 8601 datetime", field=field)
-    if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, UTC)
-    return parsed
-
-
 def append_events(
     *, actor: Actor, run_id: Any, fencing_token: int, events: list[dict]
 ) -> list[int]:
@@ -145,7 +137,7 @@ def _materialise(run: Run, kind: str, data: dict, i: int) -> None:
                 f"events[{i}].data.key is required for an assumption", field=f"events[{i}].data.key"
             )
         observed = (
-            _parse_time(data["observed_at"], f"events[{i}].data.observed_at")
+            parse_worker_time(data["observed_at"], f"events[{i}].data.observed_at")
             if data.get("observed_at")
             else timezone.now()
         )
@@ -171,7 +163,7 @@ def _materialise(run: Run, kind: str, data: dict, i: int) -> None:
                 f"events[{i}].data.name is required for a timer", field=f"events[{i}].data.name"
             )
         if data.get("fire_at"):
-            fire_at = _parse_time(data["fire_at"], f"events[{i}].data.fire_at")
+            fire_at = parse_worker_time(data["fire_at"], f"events[{i}].data.fire_at")
         elif isinstance(data.get("in_s"), (int, float)) and not isinstance(data["in_s"], bool):
             if (
                 not 0 <= data["in_s"] <= MAX_TIMER_S
@@ -264,29 +256,32 @@ def fire_due_timers(*, actor: Actor, now=None) -> int:
     for timer_id, run_id in Timer.objects.filter(
         status=Timer.PENDING, fire_at__lte=now
     ).values_list("pk", "run_id"):
-        with transaction.atomic(durable=True):
-            run = lock_run(run_id)
-            timer = (
-                Timer.objects.select_for_update().filter(pk=timer_id, status=Timer.PENDING).first()
-            )
-            if timer is None:
-                continue
-            timer.status, timer.fired_at, timer.fired_while = Timer.FIRED, now, run.state
-            timer.save(update_fields=["status", "fired_at", "fired_while"])
-            append_history(
-                run,
-                "timer_fired",
-                {"name": timer.name, "fire_at": timer.fire_at, "run_state": run.state},
-                actor=actor,
-            )
-            record_audit(
-                actor=actor,
-                action="timer.fire",
-                object_type="timer",
-                object_id=timer.pk,
-                run_id=run.pk,
-                context={"name": timer.name, "run_state": run.state},
-            )
-            notify_run_changed(run)
-            fired += 1
+        try:
+            fired += _fire_timer(actor, timer_id, run_id, now)
+        except Exception:  # one run's bad row never holds back the other runs' timers
+            log.exception("timer %s of run %s could not fire; the others go on", timer_id, run_id)
     return fired
+
+
+def _fire_timer(actor: Actor, timer_id: Any, run_id: Any, now) -> int:
+    with transaction.atomic(durable=True):
+        run = lock_run(run_id)
+        timer = Timer.objects.select_for_update().filter(pk=timer_id, status=Timer.PENDING).first()
+        if timer is None:
+            return 0
+        timer.status, timer.fired_at, timer.fired_while = Timer.FIRED, now, run.state
+        timer.save(update_fields=["status", "fired_at", "fired_while"])
+        facts = {"name": timer.name, "fire_at": timer.fire_at, "run_state": run.state}
+        if note := unreadable_note(timer.fire_at):  # say so; never the window's edge as fact
+            facts |= {"fire_at": None, "fire_at_unreadable": note["unreadable"]}
+        append_history(run, "timer_fired", facts, actor=actor)
+        record_audit(
+            actor=actor,
+            action="timer.fire",
+            object_type="timer",
+            object_id=timer.pk,
+            run_id=run.pk,
+            context={"name": timer.name, "run_state": run.state},
+        )
+        notify_run_changed(run)
+    return 1

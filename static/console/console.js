@@ -118,6 +118,57 @@
     if (el.matches && el.matches("form")) el.setAttribute("data-wired", "");
     el.querySelectorAll("form").forEach(function (form) { form.setAttribute("data-wired", ""); });
   });
+  // An open dialog holds still under live pushes: nothing a push sends targets it. When the run
+  // header a push redrew has moved past the basis the preview was drawn on, the dialog says so in
+  // place (console/run_moved.py's ``moved`` is the same rule, for pages without a run header).
+  function parse(text) { try { return JSON.parse(text || "null"); } catch (e) { return null; } }
+  function n(count, what) { return count + " " + what + (count === 1 ? "" : "s"); }
+  function runMoved(before, now) {
+    if (!before || !now || !(now.head > before.head)) return [];
+    var parts = [], d;
+    if ((d = now.effects - before.effects) > 0) parts.push(n(d, "new effect"));
+    if ((d = before.unresolved - now.unresolved) > 0) parts.push(n(d, "effect") + " settled");
+    if ((d = now.checkpoints - before.checkpoints) > 0) parts.push(n(d, "new checkpoint"));
+    if (now.state !== before.state) parts.push("state " + before.state + " \u2192 " + now.state);
+    return parts.length ? parts : [n(now.head - before.head, "new event")];
+  }
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    var header = document.getElementById("run-header"), preview = document.getElementById("preview");
+    var note = document.getElementById("preview-note");
+    if (!header || !preview || !note) return;
+    var parts = runMoved(parse(preview.dataset.basis), parse(header.dataset.basis));
+    if (!parts.length) return;
+    note.querySelector("[data-moved]").textContent = parts.join(", ");
+    note.hidden = false;
+  });
+  // A pushed list entry (a timeline line, a ledger row) goes where a reload would draw it: one the
+  // page already shows is replaced in place (the receipt's out-of-band redraw and the socket's push
+  // can both carry the same new line, and a line's status changes), a new one is placed by its
+  // data-key (newest first, the server's sort) rather than on top: pushes do not arrive in commit
+  // order. What the page shows stays what a reload would show (docs/operator/console.md).
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail.target, fragment = event.detail.fragment;
+    if (!target || !fragment || !/^(timeline-list|effects-body)$/.test(target.id)) return;
+    Array.prototype.slice.call(fragment.children).forEach(function (fresh) {
+      var old = fresh.id && document.getElementById(fresh.id);
+      if (old && old.parentNode === target) {
+        fresh.querySelectorAll("[hx-preserve][id]").forEach(function (keep) {
+          var opened = old.querySelector("#" + CSS.escape(keep.id));
+          if (opened) keep.replaceWith(opened); // what the operator unfolded stays unfolded
+        });
+        old.replaceWith(fresh);
+      } else {
+        var key = fresh.getAttribute("data-key") || "", before = null;
+        for (var row = target.firstElementChild; row; row = row.nextElementSibling) {
+          var at = row.getAttribute("data-key");
+          if (at === null ? /-older$/.test(row.id) : at < key) { before = row; break; }
+        }
+        target.insertBefore(fresh, before);
+      }
+      htmx.process(fresh);
+    });
+    event.detail.shouldSwap = false; // placed, each one
+  });
   // After an htmx swap of the list, keep the selection on the same position when possible.
   document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });
 })();

@@ -157,17 +157,17 @@ def _nest(depth: int) -> dict:
     ("body", "field"),
     [
         ({"fencing_token": 2**64}, "fencing_token"),
-        ({"args": {"amount": 2**64}}, "args"),
-        ({"args": {"amount": 1e308}}, "args"),
-        ({"args": _nest(40)}, "args"),
+        ({"args": {"amount": 2**64}}, "args.amount"),
+        ({"args": {"amount": 1e308}}, "args.amount"),
+        ({"args": _nest(40)}, "args" + ".n" * 32),
         ({"args": {"blob": "x" * (300 * 1024)}}, "args"),
         ({"args": {"bad\u0000key": 1}}, "args"),
-        ({"args": {"note": "\ufdd0"}}, "args"),
-        ({"args": {"note": "\uffff"}}, "args"),
+        ({"args": {"note": "\ufdd0"}}, "args.note"),
+        ({"args": {"note": "\uffff"}}, "args.note"),
         ({"step": "charge\u0000"}, "step"),
         (
             {"compensation": {"tool": "payments", "action": "refund", "args": _nest(40)}},
-            "compensation.args",
+            "compensation.args" + ".n" * 32,
         ),
     ],
 )
@@ -189,8 +189,8 @@ def test_a_lone_surrogate_is_refused_naming_the_field(worker):
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
-        ("checkpoints", {"step": "s", "state": _nest(40)}, "state"),
-        ("events", {"events": [{"kind": "note", "data": _nest(40)}]}, "events.0.data"),
+        ("checkpoints", {"step": "s", "state": _nest(40)}, "state" + ".n" * 32),
+        ("events", {"events": [{"kind": "note", "data": _nest(40)}]}, "events.0.data" + ".n" * 32),
         ("approvals", {"tool": "payments", "action": "charge", "deadline_s": 10**9}, "deadline_s"),
     ],
 )

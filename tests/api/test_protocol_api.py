@@ -545,7 +545,7 @@ def test_a_fencing_token_beyond_bigint_is_422_not_a_database_error(worker):
                 "idempotency_key": "k",
                 "args": {"note": "nul \u0000 inside"},
             },
-            "args",
+            "args.note",
         ),
         (
             "/effects",
@@ -562,7 +562,7 @@ def test_a_fencing_token_beyond_bigint_is_422_not_a_database_error(worker):
         (
             "/checkpoints",
             {"fencing_token": 1, "step": "s", "state": {"deep": [{"x": "\u0000"}]}},
-            "state",
+            "state.deep.0.x",
         ),
     ],
 )
@@ -593,7 +593,7 @@ def test_non_finite_numbers_in_json_are_422(worker):
         content_type="application/json",
         **worker.headers,
     )
-    assert resp.status_code == 422 and resp.json()["field"] == "args"
+    assert resp.status_code == 422 and resp.json()["field"] == "args.amount"
 
 
 @pytestmark_db

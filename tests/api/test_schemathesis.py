@@ -4,9 +4,10 @@ Requests go through the real ASGI application (the same stack daphne serves), so
 Django's thread executor with their own database connection: the seeded agent, token, run, lease
 and effect are committed (``transaction=True``) for them to see.
 
-Two callers, each with the path ids pinned to a real run, lease and effect (so generated bodies reach
+Three callers, each with the path ids pinned to a real run, lease and effect (so generated bodies reach
 the services, not just the 404 at the door): a worker token, and an admin's operator token (the audit
-and run-control endpoints). Each operation gets schema-conforming and schema-violating inputs.
+and run-control endpoints), and a viewer's operator token (refused by role: schema-conforming inputs
+only). Each operation gets schema-conforming and, for the first two, schema-violating inputs.
 (schemathesis's own pytest plugin does not run on pytest 9, so the operations are driven here with
 its strategies and its ``not_a_server_error`` check.)
 """
@@ -28,6 +29,7 @@ from tests.conftest import PURCHASING_SCOPES
 
 WORKER = Actor(kind="worker", name="fuzz-worker", role="worker")
 EXAMPLES_PER_OPERATION = 10
+MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 
 
 def _seed() -> dict[str, str]:
@@ -53,6 +55,12 @@ def _seed() -> dict[str, str]:
 
 
 def _token(caller: str) -> str:
+    if caller == "viewer":  # issue 19: refusals by role (audit reading, run control) are 4xx too
+        from django.contrib.auth.models import Group, User
+
+        vera = User.objects.create_user("vera", password="pw-vera")
+        vera.groups.add(Group.objects.get_or_create(name="viewer")[0])
+        return ApiToken.issue(kind=ApiToken.OPERATOR, name="vera-token", user=vera)[1]
     if caller == "operator":
         from django.contrib.auth.models import User
 
@@ -100,7 +108,7 @@ def _fuzz(operation, mode: GenerationMode, headers: dict, pinned: dict | None) -
 
 @pytest.mark.timeout(240)
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("caller", ["worker", "operator"])
+@pytest.mark.parametrize("caller", ["worker", "operator", "viewer"])
 def test_no_generated_request_yields_a_server_error(postgres_only, caller, settings):
     from controlplane.asgi import application
 
@@ -116,7 +124,9 @@ def test_no_generated_request_yields_a_server_error(postgres_only, caller, setti
         operation = result.ok()
         operations += 1
         pinned = {k: v for k, v in ids.items() if f"{{{k}}}" in operation.path}
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        # A viewer's refusals come before any body is read: schema-conforming inputs reach them all.
+        modes = [GenerationMode.POSITIVE] if caller == "viewer" else list(MODES)
+        for mode in modes:
             failure = _fuzz(operation, mode, headers, pinned)
             if failure:
                 failures.append(failure)

@@ -445,7 +445,8 @@ def test_a_run_history_tail_cut_with_its_head_moved_back_is_caught_by_the_anchor
     )
 
 
-def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
+def test_an_old_newest_anchor_is_stale_and_fails_the_check(settings):
+    """Issue 19: a trail that stopped is a failure, not a note (audit/anchors/times.py)."""
     settings.ANCHOR_INTERVAL_S = 60
     _write(1)
     key = signing_key()
@@ -458,9 +459,11 @@ def test_an_old_newest_anchor_is_reported_stale_but_not_broken(settings):
     old["sig"] = base64.b64encode(key.sign(signed_bytes(old))).decode()
     DirectorySink().append(json.dumps(old))
     report = verify_all(anchors=True)["anchors"]
-    assert report["ok"] and report["stale"] and report["latest_at"].startswith("2026-01-01")
+    assert not report["ok"] and report["stale"] and report["latest_at"].startswith("2026-01-01")
+    assert report["problem"] == "anchor_stale"
     write_anchor()
-    assert not verify_all(anchors=True)["anchors"]["stale"]
+    fresh = verify_all(anchors=True)["anchors"]
+    assert not fresh["stale"] and fresh["problem"] == "anchor_missing"  # the event in the hole
 
 
 # --- per-run chains under the Merkle checkpoint ------------------------------------------------------

@@ -97,7 +97,7 @@ def test_viewer_gets_403_for_dialog_preview_and_confirm_and_the_refusal_is_audit
     preview = vera.post(
         f"/runs/{run['id']}/interventions/preview/", {"kind": "pause"}, HTTP_HX_REQUEST="true"
     )
-    assert preview.status_code == 403 and b"HTTP 403" in preview.content
+    assert preview.status_code == 403 and b'data-status="403"' in preview.content
     resp = confirm(vera, run["id"], "pause", "whatever", reason="I want to")
     assert resp.status_code == 403 and b"forbidden" in resp.content
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING
@@ -113,8 +113,10 @@ def test_confirm_needs_a_reason_and_the_previewed_options(cast, worker):
     no_reason = confirm(otto, run["id"], "pause", token, reason="  ")
     assert no_reason.status_code == 422 and b"a reason is required" in no_reason.content
     changed = confirm(otto, run["id"], "pause", token, reason="r", suspend_authority="on")
-    assert changed.status_code == 409 and b"preview_stale" in changed.content
-    assert b"also suspend" in changed.content  # the dialog is back, with the new preview
+    assert changed.status_code == 409 and b'data-testid="preview-changed"' in changed.content
+    # Only the preview is redrawn (the form keeps what was typed): the new one, with its digest.
+    assert changed["HX-Retarget"] == "#preview" and changed["HX-Reswap"] == "outerHTML"
+    assert b'name="reason"' not in changed.content and token_of(changed.content) != token
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING
     assert not Intervention.objects.filter(run_id=run["id"]).exists()
 
@@ -158,14 +160,14 @@ def test_a_domain_error_is_shown_inline_with_its_status(cast, worker, as_user):
     dialog = open_dialog(otto, run["id"], "cancel")
     assert (
         dialog.status_code == 200
-        and b"HTTP 403" in dialog.content
+        and b'data-status="403"' in dialog.content
         and b"not_decision_authority" in dialog.content
     )
     assert b"olga holds decision authority" in dialog.content
     # ian may override, with a reason, and the field is offered to him.
     ian = browser("ian")
     html = open_dialog(ian, run["id"], "cancel").content
-    assert b'name="override_reason"' in html and b"HTTP 403" in html
+    assert b'name="override_reason"' in html and b'data-status="403"' in html
     preview = ian.post(
         f"/runs/{run['id']}/interventions/preview/",
         {"kind": "cancel", "override_reason": "olga is off shift"},
@@ -304,7 +306,12 @@ def test_every_kinds_dialog_opens_with_a_preview_or_an_inline_refusal(cast, work
     assert resp.status_code == 200
     html = resp.content.decode()
     assert f'name="kind" value="{kind}"' in html and 'name="reason"' in html
-    assert "Preview — nothing has changed yet" in html or 'class="error"' in html
+    assert (
+        "Preview — nothing has changed yet" in html
+        or 'class="error"' in html
+        or 'data-testid="preview-hint"' in html  # input not given yet: a prompt, not an error
+    )
+    assert "HTTP 4" not in html
 
 
 # --- cards: the answer first, digests, blocking problems, receipts' permalinks ------------------------
@@ -321,6 +328,12 @@ def answers_of(html: str, testid: str = "preview-card") -> list[str]:
 
 def digest_of(html: bytes) -> str:
     return token_of(html)
+
+
+def basis_of(html: bytes) -> str:
+    match = re.search(rb'name="preview_basis" value="([^"]*)"', html)
+    assert match
+    return match.group(1).decode().replace("&quot;", '"')
 
 
 def sections_of(html: bytes) -> str:
@@ -373,7 +386,11 @@ def test_each_preview_card_starts_with_its_answer_lines(cast, worker, kind):
     if kind in STATE_FOR:
         place_run_in(run["id"], STATE_FOR[kind])
     ada = browser("ada")
-    dialog = open_dialog(ada, run["id"], kind, to="ian")
+    # a destructive choice is never pre-selected (the grant to suspend or revoke): it is given here
+    chosen = (
+        {"grant_scope": "payments:*"} if kind in ("suspend_authority", "revoke_authority") else {}
+    )
+    dialog = open_dialog(ada, run["id"], kind, to="ian", **chosen)
     html = dialog.content.decode()
     assert dialog.status_code == 200 and 'data-testid="preview-card"' in html, html[:3000]
     expected = FIRST_ANSWERS[kind]
@@ -444,39 +461,51 @@ def test_a_stale_digest_is_refused_with_what_changed_on_the_console(cast, worker
     otto = browser("otto")
     dialog = open_dialog(otto, run["id"], "pause")
     digest, sections = digest_of(dialog.content), sections_of(dialog.content)
+    basis = basis_of(dialog.content)
     # the run moves on while the dialog is open: an effect is dispatched
     assert (
         declare(worker, run["id"], lease["lease"]["fencing_token"], key="k-late").status_code == 201
     )
-    refresh = otto.post(
+    check = otto.post(
         f"/runs/{run['id']}/interventions/preview/",
-        {"kind": "pause", "preview_digest": digest, "preview_sections": sections, "refresh": "1"},
+        {"kind": "pause", "preview_basis": basis, "check": "1", "reason": "half typed"},
         HTTP_HX_REQUEST="true",
     )
-    assert refresh.status_code == 200 and b'data-testid="preview-changed"' in refresh.content
-    assert b"in flight effects" in refresh.content and b"k-late" in refresh.content
+    # said in place; the preview itself is not redrawn under the operator
+    assert check.status_code == 200 and b'data-testid="run-moved"' in check.content
+    assert b"1 new effect" in check.content and b"k-late" not in check.content
+    # a blocked preview (Confirm disabled) is re-read on request: the note's button, not a check
+    assert b'data-testid="show-new-preview"' in check.content
+    assert (
+        b"hx-vals='{&quot;check&quot;: &quot;&quot;}'" in check.content
+        or b'"check": ""' in check.content
+    )
     resp = confirm(otto, run["id"], "pause", digest, reason="r", preview_sections=sections)
-    assert resp.status_code == 409 and b"preview_stale" in resp.content
-    assert b"in flight effects" in resp.content  # named as what changed
+    assert resp.status_code == 409 and b'data-testid="preview-changed"' in resp.content
+    assert b"in flight effects" in resp.content and b"k-late" in resp.content  # the new preview
+    assert resp["HX-Retarget"] == "#preview"
     assert Run.objects.get(pk=run["id"]).state == State.RUNNING
     fresh = confirm(otto, run["id"], "pause", digest_of(resp.content), reason="r")
     assert fresh.status_code == 200 and b'data-testid="receipt-card"' in fresh.content
 
 
-def test_an_unchanged_preview_refresh_answers_204(cast, worker):
+def test_a_run_that_has_not_moved_answers_the_check_with_204(cast, worker):
     run, _ = running_run(worker)
     otto = browser("otto")
-    digest = digest_of(open_dialog(otto, run["id"], "pause").content)
+    dialog = open_dialog(otto, run["id"], "pause").content
     again = otto.post(
         f"/runs/{run['id']}/interventions/preview/",
-        {"kind": "pause", "preview_digest": digest, "refresh": "1"},
+        {"kind": "pause", "preview_basis": basis_of(dialog), "check": "1"},
         HTTP_HX_REQUEST="true",
     )
     assert again.status_code == 204
+    # the check polls only where no live run header says it for free (the approvals inbox)
     assert (
-        b'hx-trigger="every 4s, run-changed from:body'
-        in open_dialog(otto, run["id"], "pause").content
+        b"every 5s [!document.querySelector(" in dialog
+        and b"#run-live.ws-open #run-header" in dialog
     )
+    # and no element of the dialog inherits the form's target (#dialog): each names its own
+    assert b'id="preview" data-digest' in dialog and b'hx-trigger="every 4s' not in dialog
 
 
 def test_a_stale_digest_is_refused_on_the_api_and_a_fresh_one_is_accepted(cast, worker, as_user):
@@ -597,7 +626,11 @@ def test_a_refusal_reads_as_words_not_python_lists(cast, worker):
 
     place_run_in(run["id"], State.CANCELLED)
     html = open_dialog(browser("otto"), run["id"], "compensate").content.decode()
-    assert "role(s) operator may not compensate" in html and "[&#x27;" not in html
+    assert (
+        "Your role (operator) may not compensate: needs incident commander or admin — "
+        "currently: ian, ada." in html
+    )
+    assert "[&#x27;" not in html and "HTTP 403" not in html
 
 
 def test_the_recover_card_folds_the_checkpoint_state_instead_of_pasting_it(cast, worker):

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from console import timeline as tl
 from console.consumers import note_facts
-from console.run_page import EFFECTS_PAGE, RunPagePush, effects_page
+from console.run_page import EFFECTS_PAGE, RunPagePush, effects_page, sections_for
 from core import live
 from runs.models import Effect, Run
 from tests.conftest import claim, declare, start_run
@@ -238,6 +238,32 @@ def test_a_new_effect_is_prepended_then_redrawn_in_place(cast, worker):
     assert "st st-committed" in pushed and "afterbegin:#effects-body" not in pushed
     assert pushed.count('id="tl-h-') == 1, "only the new timeline entry is sent"
     assert "effect outcome" in pushed
+
+
+def test_a_row_sent_in_flight_is_redrawn_when_it_settles_whatever_the_next_fact(cast, worker):
+    """A finished run must not go on showing "in flight 62 s": rows sent in flight are re-read."""
+    run = start_run(worker)
+    token = claim(worker, run["id"])["lease"]["fencing_token"]
+    effect = declare(worker, run["id"], token).json()
+    page = RunPagePush(cast["otto"][0], run["id"])
+    assert "in flight" in page.resync()
+    worker.post(f"/effects/{effect['id']}/outcome", {"fencing_token": token, "status": "committed"})
+    # the next push names another fact only (as a reconcile or a cancel's would)
+    pushed = "".join(page.facts({"checkpoint": {"1"}}, tree_changed=False))
+    assert re.search(rf'<tr id="effect-{effect["id"]}"[^>]*hx-swap-oob="true"', pushed)
+    assert "st st-committed" in pushed and 'class="age"' not in pushed
+    again = "".join(page.facts({"checkpoint": {"2"}}, tree_changed=False))
+    assert f'id="effect-{effect["id"]}"' not in again  # settled: no longer re-read
+
+
+def test_a_child_is_announced_on_its_parent(worker, sent, django_capture_on_commit_callbacks):
+    """The parent's open page redraws its tree and joins the child's group (console/consumers.py)."""
+    parent = start_run(worker)
+    with django_capture_on_commit_callbacks(execute=True):
+        child = start_run(worker, parent_run_id=parent["id"], authority=[])
+    facts = [f for hint in sent for f in hint.get(parent["id"]) or []]
+    assert ("child_created", child["id"]) in facts
+    assert "tree" in sections_for(["child_created"])
 
 
 def test_each_fact_redraws_its_sections(cast, worker):

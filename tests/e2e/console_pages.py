@@ -264,6 +264,10 @@ class Dialog:
         """Click Confirm. If the run moved on since the preview was drawn, the console refuses the
         stale confirm and shows the new preview: read it (it is in the dialog) and confirm again."""
         button = self.confirm_button()
+        moved = self.root.locator("[data-testid=show-new-preview]")
+        if button.is_disabled() and moved.is_visible():
+            moved.click()  # the dialog holds still: a blocked preview is re-read on request
+            self.wait_preview()
         expect(button).to_be_enabled()
         button.click()
         done = self.root.locator(
@@ -275,7 +279,7 @@ class Dialog:
                 break
             self.stale_confirms += 1
             button = self.confirm_button()
-            try:  # disabled while the preview refreshes itself (every few seconds)
+            try:  # disabled while the new preview is being drawn
                 expect(button).to_be_enabled(timeout=15_000)
             except AssertionError:
                 raise AssertionError(

@@ -13,7 +13,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.live import Procs, server_env, start_daphne
+from tests.live import Procs, log_in, server_env, start_daphne
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -36,21 +36,6 @@ def _server_password(user, raw: str) -> None:
     hasher = PBKDF2PasswordHasher()
     user.password = hasher.encode(raw, hasher.salt())
     user.save(update_fields=["password"])
-
-
-def _log_in(base: str, username: str) -> httpx.Client:
-    browser = httpx.Client(base_url=base, timeout=10)
-    browser.get("/accounts/login/")
-    response = browser.post(
-        "/accounts/login/",
-        data={
-            "username": username,
-            "password": f"pw-{username}",
-            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-        },
-    )
-    assert response.status_code == 302, response.text[:500]
-    return browser
 
 
 def _open(base: str, browser: httpx.Client, path: str = "/ws/runs/", origin: str | None = None):
@@ -79,7 +64,7 @@ def _close_code(socket, within: float) -> int | None:
 def test_the_socket_is_same_origin_capped_and_ends_with_the_login(cast, live_console):
     _server_password(cast["otto"][0], "pw-otto")
     base = live_console
-    otto = _log_in(base, "otto")
+    otto = log_in(base, "otto")
 
     with _open(base, otto) as first:
         assert "run-table" in first.recv(timeout=10)  # the fresh render on connect

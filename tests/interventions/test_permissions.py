@@ -24,6 +24,7 @@ NOT_INTERVENTIONS = {
     "start_run",
     "audit_export",
     "audit_verify",
+    "audit_read_all",
     "fleet",
     "take_command",
 }

@@ -9,13 +9,14 @@ import threading
 
 import pytest
 from django.db import connection
+from django.test import Client
 
 from audit.models import AuditEvent
 from audit.services import verify_chain
 from interventions.models import Intervention
-from runs.models import HistoryEvent, Run
+from runs.models import ApiToken, HistoryEvent, Run
 from runs.selectors import verify_history
-from tests.conftest import claim, declare, start_run
+from tests.conftest import Api, claim, declare, start_run
 from tests.interventions.helpers import commit, intervene, running_run
 
 pytestmark = pytest.mark.django_db
@@ -247,7 +248,12 @@ def test_execution_lease_transfer_pins_the_next_claim(worker, as_user):
     )
     wrong = worker.post(f"/runs/{run['id']}/claim", {"worker": "worker-7"})
     assert wrong.status_code == 409 and wrong.json()["error"] == "not_claimable"
-    assert claim(worker, run["id"], "worker-9")["attempt"]["number"] == 1
+    # Naming the pinned worker is not being it: another token is refused (issue 19).
+    impostor = worker.post(f"/runs/{run['id']}/claim", {"worker": "worker-9"})
+    assert impostor.status_code == 409 and impostor.json()["error"] == "not_claimable"
+    _, secret = ApiToken.issue(kind=ApiToken.WORKER, name="worker-9", agents=["purchasing"])
+    pinned = Api(Client(), secret)
+    assert claim(pinned, run["id"], "worker-9")["attempt"]["number"] == 1
 
 
 def test_transfer_is_refused_on_a_closed_run(worker, as_user):

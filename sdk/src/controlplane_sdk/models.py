@@ -146,6 +146,15 @@ class Approval:
     def pending(self) -> bool:
         return self.status == "pending"
 
+    def outcome(self) -> str:
+        """What happened to the request, in the operator's words (never "rejected" for a timeout)."""
+        return {
+            "approved": "approved",
+            "rejected": f"rejected by {self.decided_by or 'an approver'}",
+            "timed_out": "timed out before anyone decided",
+            "superseded": "superseded: the run moved on before it was decided",
+        }.get(self.status, self.status)
+
 
 @dataclass(frozen=True)
 class Event:

@@ -133,7 +133,7 @@ def test_interrupt_becomes_an_approval_and_resumes_with_the_decision(server: Fak
     out = run_graph(ctx, graph, {"log": []})
     (asked,) = server.bodies("POST", f"/runs/{RUN}/approvals")
     assert (asked["tool"], asked["action"], asked["args"]) == ("payments", "charge", {"amount": 10})
-    assert out["log"][1] == {"approved": True, "approval_id": "ap1"}
+    assert out["log"][1] == {"approved": True, "approval_id": "ap1", "status": "approved"}
     assert world == [("reserve", "sku-1"), ("charge", 10)]
 
 

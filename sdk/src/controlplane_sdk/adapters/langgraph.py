@@ -245,4 +245,9 @@ def _ask(ctx: RunContext, payload: Any, timeout: float | None) -> dict[str, Any]
     if approval.pending:
         ctx.check_directive()  # paused or cancelled while waiting: raise the directive
         raise TimeoutError(f"approval {approval_id} not decided within {timeout}s")
-    return {"approved": bool(approval.approved), "approval_id": approval_id}
+    # The status too: "timed_out" or "superseded" is no approver's rejection, and must not read as one.
+    return {
+        "approved": bool(approval.approved),
+        "approval_id": approval_id,
+        "status": approval.status,
+    }

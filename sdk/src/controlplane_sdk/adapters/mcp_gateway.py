@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from contextlib import AsyncExitStack
 from typing import Any, cast
 
@@ -65,6 +66,16 @@ __all__ = ["McpGateway", "KEY_META", "UPSTREAM_KEY_META", "SEP"]
 log = logging.getLogger("controlplane_sdk.mcp")
 
 SEP = "__"
+
+
+def canonical_name(name: str) -> str:
+    """The server takes tool and action names in one form only (lowercase a-z 0-9 _ . -, see the
+    server's docs/security/hardening.md, "Names"): an MCP tool ``getWeather`` is declared
+    ``getweather``; the upstream is still called by its own name."""
+    text = re.sub(r"[^a-z0-9_.\-]", "_", name.casefold()).lstrip("_.-")
+    return text[:100] or "tool"
+
+
 #: ``_meta`` entry a client may send with ``tools/call``: the call's own identity (its tool-call id)
 KEY_META = "controlplane/key"
 #: ``_meta`` entry the gateway sends the tool server with each call: the effect's idempotency key,
@@ -367,7 +378,7 @@ class McpGateway:
         approval_id: str | None = None
         while True:
             scope = ctx.effect(
-                upstream, name, key=key, step=f"mcp:{label}", args=args,
+                canonical_name(upstream), canonical_name(name), key=key, step=f"mcp:{label}", args=args,
                 unknown_on=_UNKNOWN_ON, approval_id=approval_id,
             )  # fmt: skip
             try:
@@ -376,9 +387,9 @@ class McpGateway:
             except EffectDenied as denied:
                 if denied.reason != "approval_required" or approval_id is not None:
                     raise
-                approval_id = await self._approval(ctx, upstream, name, args)
-                if approval_id is None:
-                    return error(f"An approver rejected {label}. It was not called.")
+                approval_id, outcome = await self._approval(ctx, upstream, name, args)
+                if approval_id is None:  # rejected, timed out or superseded: said as it was
+                    return error(f"The approval of {label} was {outcome}. It was not called.")
         if positional:
             self._positions[label] = self._positions.get(label, 1) + 1
         if scope.already_done:
@@ -410,10 +421,16 @@ class McpGateway:
 
     async def _approval(
         self, ctx: RunContext, upstream: str, name: str, args: dict[str, Any]
-    ) -> str | None:
-        """Request the approval the server demands for exactly this call and wait for it."""
+    ) -> tuple[str | None, str]:
+        """Request the approval the server demands for exactly this call and wait for it: its id if
+        approved (else None), and what became of it (Approval.outcome: never "rejected" for a
+        timeout)."""
         approval_id = await asyncio.to_thread(
-            ctx.request_approval, upstream, name, args, f"MCP call {upstream}{SEP}{name}"
+            ctx.request_approval,
+            canonical_name(upstream),
+            canonical_name(name),
+            args,
+            f"MCP call {upstream}{SEP}{name}",
         )
         approval = await asyncio.to_thread(ctx.await_approval, approval_id, self.approval_timeout_s)
-        return approval_id if approval.approved else None
+        return (approval_id if approval.approved else None), approval.outcome()
