@@ -17,8 +17,8 @@ import pytest
 from controlplane_sdk import Client
 from runs.models import Run
 from tests.deploy.hosts import start_api, start_redis
-from tests.e2e.test_socket_daphne import _close_code, _log_in, _open, _server_password
-from tests.live import server_env, test_database_url, wait_for
+from tests.e2e.test_socket_daphne import _close_code, _open, _server_password
+from tests.live import log_in, server_env, test_database_url, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -98,7 +98,7 @@ def test_sigterm_answers_the_long_poll_closes_sockets_and_finishes_the_request_i
         )
     )
     _server_password(cast["otto"][0], "pw-otto")
-    socket = _open(base, _log_in(base, "otto"))
+    socket = _open(base, log_in(base, "otto"))
     lock = lock_run(held["id"])
     in_flight = _in_thread(lambda: sdk.claim(held["id"], "worker-2"))
     kept_open = httpx.Client(base_url=base, timeout=10)  # a keep-alive connection made before
