@@ -138,6 +138,7 @@ def body_too_large(request: HttpRequest, exc: Exception):
 def _register_routers() -> None:
     from api.audit import router as audit_router
     from api.fleet import router as fleet_router
+    from api.freezes import router as freezes_router
     from api.interventions import router as interventions_router
     from api.runs import router as runs_router
     from api.work import router as work_router
@@ -146,6 +147,7 @@ def _register_routers() -> None:
     api.add_router("", audit_router)
     api.add_router("", interventions_router)
     api.add_router("", work_router)
+    api.add_router("", freezes_router)  # before /fleet/{operation_id}
     api.add_router("", fleet_router)
 
 

@@ -38,3 +38,16 @@ def operation_by_id(operation_id: Any) -> FleetOperation | None:
 def recent_interventions(run: Any, limit: int) -> list[Intervention]:
     """A run's newest interventions, with who asked."""
     return list(run.interventions.select_related("actor").order_by("-created_at")[:limit])
+
+
+def latest_intervention(run: Any, kind: str) -> Intervention | None:
+    """The newest ``kind`` intervention on the run, else on its nearest ancestor (a tree cascade)."""
+    from runs.models import Run
+
+    current: Any = run
+    while current is not None:
+        found = Intervention.objects.filter(run_id=current.pk, kind=kind).order_by("-created_at")
+        if (first := found.first()) is not None:
+            return first
+        current = Run.objects.filter(pk=current.parent_id).first() if current.parent_id else None
+    return None

@@ -1,5 +1,5 @@
 from .agents import Agent, ApiToken, ApprovalPolicy
-from .freeze import CapabilityFreeze
+from .freeze import CapabilityFreeze, StandingFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .ledger import AuthorityGrant, Effect
 from .run import Approval, Attempt, ExecutionLease, Run, RunTally
@@ -19,5 +19,6 @@ __all__ = [
     "HistoryEvent",
     "Run",
     "RunTally",
+    "StandingFreeze",
     "Timer",
 ]

@@ -26,6 +26,7 @@ NOT_INTERVENTIONS = {
     "audit_verify",
     "fleet",
     "take_command",
+    "standing_freeze",
 }
 KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS)
 OWNER_BOUND = {kind for kind, c in REGISTRY.items() if c.owner_bound}
@@ -39,6 +40,7 @@ def test_the_matrix_covers_every_intervention_kind():
         "pause",
         "resume",
         "cancel",
+        "terminate",
         "retry",
         "compensate",
         "transfer",
