@@ -120,8 +120,9 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
     now = timezone.now()
     rows: dict[str, str] = {}
     keys: dict[str, tuple] = {}
+    frozen = covering(list(runs))
     for run in runs:
-        row = run_row(run, now)
+        row = run_row(run, now, frozen[run.pk])
         rows[row["id"]] = render_to_string("console/run_list.html#run-row", {"r": row}).strip()
         keys[row["id"]] = sort_key_of(run, flt)
     created = {r for r in rows if kinds[r] is None or "run_created" in kinds[r]}

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import audit, fleet, interventions, receipts, run_list, run_page
+from console import audit, fleet, freezes, interventions, receipts, run_list, run_page
 
 app_name = "console"
 
@@ -36,6 +36,14 @@ urlpatterns = [
     path("contracts/", interventions.contracts_page, name="contracts"),
     path("fleet/", fleet.fleet_page, name="fleet"),
     path("fleet/preview/", fleet.fleet_preview, name="fleet-preview"),
+    path("fleet/freezes/preview/", freezes.freeze_preview, name="freeze-preview"),
+    path("fleet/freezes/", freezes.freeze_set, name="freeze-set"),
+    path(
+        "fleet/freezes/<uuid:freeze_id>/restore/preview/",
+        freezes.freeze_restore_preview,
+        name="freeze-restore-preview",
+    ),
+    path("fleet/freezes/<uuid:freeze_id>/restore/", freezes.freeze_restore, name="freeze-restore"),
     path("fleet/start/", fleet.fleet_start, name="fleet-start"),
     path("fleet/<uuid:operation_id>/", fleet.fleet_operation, name="fleet-operation"),
     path("fleet/<uuid:operation_id>/halt/", fleet.fleet_halt, name="fleet-halt"),
