@@ -138,3 +138,8 @@ def chain_event(chain: str, chain_seq: int) -> AuditEvent | None:
 def run_audit_events(run_id: Any, limit: int) -> list[AuditEvent]:
     """A run's newest audit events."""
     return list(AuditEvent.objects.filter(run_id=run_id).order_by("-seq")[:limit])
+
+
+def events_page(qs: QuerySet[AuditEvent], *, newer_first: bool, n: int) -> list[AuditEvent]:
+    """Up to ``n`` of ``qs`` by seq, newest first or oldest first (a keyset page)."""
+    return list(qs.order_by("-seq" if newer_first else "seq")[:n])

@@ -17,7 +17,14 @@ from django.views.decorators.http import require_GET
 
 from audit.integrity import verify_for_people
 from audit.models import AuditEvent
-from audit.selectors import audit_events, chain_event, components, object_types, settled_seq
+from audit.selectors import (
+    audit_events,
+    chain_event,
+    components,
+    events_page,
+    object_types,
+    settled_seq,
+)
 from audit.services import export_jsonl
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
@@ -87,7 +94,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
     )
     newer_first = not newest or after is None
-    rows = list(qs.order_by("-seq" if newer_first else "seq")[: PAGE + 1])
+    rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)
     more = len(rows) > PAGE
     rows = rows[:PAGE]
     if not newer_first:

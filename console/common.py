@@ -21,7 +21,7 @@ from core.actors import Actor
 from core.auth import actor_for_user
 from core.roles import may
 from runs.models import Run
-from runs.selectors import visible_runs
+from runs.selectors import visible_run
 
 
 class ConsoleRequest(HttpRequest):
@@ -111,7 +111,7 @@ def kind_label(kind: str) -> str:
 
 
 def visible_run_or_404(actor, run_id: Any) -> Run:
-    run = visible_runs(actor).filter(pk=run_id).first()
+    run = visible_run(actor, run_id)
     if run is None:
         raise Http404("no such run")
     return run

@@ -363,13 +363,9 @@ class RunConsumer(LiveConsumer):
     def _tree_ids(self) -> set[str] | None:
         from core.auth import actor_for_user
         from interventions.base import descendants
-        from runs.selectors import visible_runs
+        from runs.selectors import visible_run
 
-        run = (
-            visible_runs(actor_for_user(self.user, None, component="console"))
-            .filter(pk=self.run_id)
-            .first()
-        )
+        run = visible_run(actor_for_user(self.user, None, component="console"), self.run_id)
         if run is None:
             return None
         return {self.run_id} | {str(child.pk) for child in descendants(run)[:TREE_LIMIT]}
@@ -406,12 +402,10 @@ class FleetConsumer(LiveConsumer):
     runs only while this socket is not open."""
 
     async def groups_to_join(self) -> list[str] | None:
-        from interventions.models import FleetOperation
+        from interventions.selectors import operation_exists
 
         self.operation_id = str(self.scope["url_route"]["kwargs"]["operation_id"])
-        exists = await database_sync_to_async(
-            FleetOperation.objects.filter(pk=self.operation_id).exists
-        )()
+        exists = await database_sync_to_async(operation_exists)(self.operation_id)
         return [fleet_group(self.operation_id)] if exists else None
 
     async def fleet_changed(self, event: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ from console.common import off_view_thread
 from core.auth import actor_for_user
 from core.filters import BadFilter
 from core.live import RUNS_GROUP, hints, note_facts
-from runs.search import RunFilter, with_unresolved
+from runs.search import RunFilter, matching_rows
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +110,7 @@ def list_update(user, view: View, pending: dict[str, Any], with_counts: bool) ->
     flt = view.flt
     kinds = _named(pending)
     ids = list(kinds)
-    runs = (
-        with_unresolved(flt.queryset(actor).filter(pk__in=ids)).defer(
-            "input", "versions", "retry_policy"
-        )
-        if ids
-        else []
-    )
+    runs = matching_rows(actor, flt, ids) if ids else []
     now = timezone.now()
     rows: dict[str, str] = {}
     keys: dict[str, tuple] = {}

@@ -22,6 +22,7 @@ from console.reports import report_for
 from interventions.cards import answer, card, cell, row, table
 from interventions.models import Intervention
 from interventions.plugins import REGISTRY
+from interventions.selectors import intervention_by_id
 
 
 def _state_line(r: dict[str, Any]) -> str:
@@ -98,7 +99,7 @@ def receipt_context(i: Intervention) -> dict[str, Any]:
 @require_GET
 def receipt_page(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
     """The receipt's permalink: the card and its job report, for anyone who may see the run."""
-    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    intervention = intervention_by_id(intervention_id)
     if intervention is None:
         raise Http404("no such receipt")
     run = visible_run_or_404(request.actor, intervention.run_id)

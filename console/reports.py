@@ -8,9 +8,8 @@ from collections import Counter
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Prefetch
-
 from interventions.models import CompensationPlan, CompensationStep, Intervention
+from interventions.selectors import compensation_plans
 from runs.models import Run
 
 # --- job reports: a resume's revalidation, a compensation plan, a recovery --------------------------
@@ -52,7 +51,7 @@ def report_for(
     if i.kind not in ("compensate", "recover"):
         return None
     if plans is None:
-        plans = {i.pk: [compensation_view(p) for p in plans_query().filter(intervention=i)]}
+        plans = {i.pk: [compensation_view(p) for p in compensation_plans(intervention=i)]}
     mine = plans.get(i.pk, [])
     if i.kind == "compensate":
         return (
@@ -66,13 +65,6 @@ def receipt_rest(i: Intervention, rep: dict[str, Any] | None) -> dict[str, Any]:
     if rep is None:
         return i.receipt
     return {k: v for k, v in i.receipt.items() if k not in REPORTED_KEYS.get(i.kind, ())}
-
-
-def plans_query():
-    steps = CompensationStep.objects.select_related("effect").order_by("position")
-    return CompensationPlan.objects.prefetch_related(Prefetch("steps", queryset=steps)).order_by(
-        "-created_at"
-    )
 
 
 def revalidation_view(i: Intervention) -> dict[str, Any]:
@@ -151,7 +143,7 @@ def revalidation_view(i: Intervention) -> dict[str, Any]:
 
 
 def compensation_view(plan: CompensationPlan) -> dict[str, Any]:
-    steps = list(plan.steps.all())  # prefetched in position order by plans_query
+    steps = list(plan.steps.all())  # prefetched in position order by compensation_plans
     count = Counter(s.status for s in steps)
     total, done, failed = len(steps), count[CompensationStep.DONE], count[CompensationStep.FAILED]
     rows = []
@@ -313,7 +305,7 @@ def recovery_view(i: Intervention, plan: dict[str, Any] | None = None) -> dict[s
 def run_reports(run: Run, interventions: list[Intervention]) -> dict[str, Any]:
     """For the run page: every plan of the run (newest first), each listed intervention's report, and
     the latest recovery (the recovery gate)."""
-    plans = [compensation_view(p) for p in plans_query().filter(run=run)]
+    plans = [compensation_view(p) for p in compensation_plans(run=run)]
     by_intervention: dict[Any, list[dict[str, Any]]] = {}
     for plan in plans:
         by_intervention.setdefault(UUID(plan["intervention"]), []).append(plan)

@@ -28,7 +28,7 @@ from runs.freezes import covering, freeze_dict, live_standing
 from runs.models import Run, StandingFreeze
 from runs.search import (
     RunFilter,
-    attention_ids,
+    attention_count,
     page_runs,
     runs_by_prefix,
     state_counts,
@@ -124,16 +124,7 @@ def counts_context(actor, flt: RunFilter) -> dict[str, Any]:
     counted = state_counts(actor, flt)
     counts = counted.by_state
     total = sum(counts.get(s, 0) for s in flt.states) if flt.states else counted.total
-    trouble = attention_ids(timezone.now())
-    attention = (
-        flt.replace(attention=False, states=())
-        .queryset(actor, within=trouble)
-        .filter(pk__in=trouble)
-        .select_related(None)
-        .order_by()
-        .values("pk")[: ATTENTION_CAP + 1]
-        .count()
-    )
+    attention = attention_count(actor, flt, timezone.now(), ATTENTION_CAP)
     return {
         "total": total,
         "counts_complete": counted.complete,

@@ -50,7 +50,7 @@ from runs.selectors import (
     recent_checkpoints,
     run_detail,
     run_grants,
-    visible_runs,
+    visible_run,
 )
 from runs.states import State, allowed_events
 
@@ -344,7 +344,7 @@ class RunPagePush:
 
     def _run(self) -> Run | None:
         actor = actor_for_user(self.user, None, component="console")
-        return visible_runs(actor).filter(pk=self.run_id).first()
+        return visible_run(actor, self.run_id)
 
     def resync(self) -> str:
         run = self._run()

@@ -17,10 +17,16 @@ from typing import Any
 from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
 
-from audit.models import AuditEvent
 from console.common import present
-from interventions.models import Intervention, Job
-from runs.models import ExecutionLease, HistoryEvent, Run
+from interventions.models import Job
+from interventions.selectors import (
+    denials_page,
+    ended_leases_page,
+    history_page,
+    interventions_page,
+    jobs_page,
+)
+from runs.models import HistoryEvent, Run
 
 PAGE = 50
 
@@ -164,19 +170,9 @@ def _plural(title: str) -> str:
     return title if title.endswith("s") else f"{title}s"
 
 
-def _window(qs, field_name: str, before, after):
-    if before is not None:
-        qs = qs.filter(**{f"{field_name}__lt": before})
-    if after is not None:
-        qs = qs.filter(**{f"{field_name}__gt": after})
-    return qs
-
-
 def _history(run, chosen, before, after, n):
-    qs = HistoryEvent.objects.filter(run=run)
-    if chosen != set(KINDS):
-        qs = qs.filter(kind__in=[k for chip in chosen for k in KINDS[chip]])
-    rows = list(_window(qs, "created_at", before, after).order_by("-seq")[:n])
+    kinds = None if chosen == set(KINDS) else [k for chip in chosen for k in KINDS[chip]]
+    rows = history_page(run, kinds, before, after, n)
     return [_from_history(run, h) for h in rows], len(rows) >= n
 
 
@@ -224,8 +220,7 @@ def _from_history(run: Run, h: HistoryEvent) -> Entry:
 def _interventions(run, chosen, before, after, n):
     if "intervention" not in chosen:
         return [], False
-    qs = Intervention.objects.filter(run=run)
-    rows = list(_window(qs, "created_at", before, after).order_by("-created_at")[:n])
+    rows = interventions_page(run, before, after, n)
     return [
         Entry(
             at=i.created_at,
@@ -245,8 +240,7 @@ def _leases(run, chosen, before, after, n):
     """A lease's end; its grant is the history's "attempt claimed"."""
     if "lease" not in chosen:
         return [], False
-    qs = ExecutionLease.objects.filter(run=run, ended_at__isnull=False)
-    rows = list(_window(qs, "ended_at", before, after).order_by("-ended_at")[:n])
+    rows = ended_leases_page(run, before, after, n)
     return [
         Entry(
             at=le.ended_at,
@@ -264,16 +258,7 @@ def _leases(run, chosen, before, after, n):
 def _jobs(run, chosen, before, after, n):
     if "job" not in chosen:
         return [], False
-    queued = list(
-        _window(Job.objects.filter(run=run), "created_at", before, after).order_by("-created_at")[
-            :n
-        ]
-    )
-    ended = list(
-        _window(
-            Job.objects.filter(run=run, finished_at__isnull=False), "finished_at", before, after
-        ).order_by("-finished_at")[:n]
-    )
+    queued, ended = jobs_page(run, before, after, n)
     out = [
         Entry(at=j.created_at, kind="job", ref=f"jq-{j.pk}", title=f"{j.kind} job queued")
         for j in queued
@@ -301,8 +286,7 @@ def _denials(run, chosen, before, after, n):
     fenced-out heartbeat. Folded per action and reason."""
     if "denial" not in chosen:
         return [], False
-    qs = AuditEvent.objects.filter(run_id=run.pk, outcome=AuditEvent.DENIED)
-    rows = list(_window(qs, "created_at", before, after).order_by("-seq")[:n])
+    rows = denials_page(run, before, after, n)
     out = []
     for a in rows:
         code = (a.reason or "").split(":", 1)[0]

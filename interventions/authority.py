@@ -27,11 +27,11 @@ from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
-from interventions import cards, facts
+from interventions import cards
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import AuthorityGrant, Effect, Run
-from runs.selectors import authority_envelope
+from runs.selectors import authority_envelope, unresolved_effects
 from runs.services.decisions import lock_run, notify_run_changed
 from runs.services.history import append_history
 from runs.states import State
@@ -259,7 +259,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
                 "authority_before": before[grant.run_id],
                 "authority_after": after[grant.run_id],
                 "in_flight_effects": [e for e in in_flight if e["run"] == str(grant.run_id)],
-                "unresolved_effects": facts.unresolved_effects(runs[grant.run_id]),
+                "unresolved_effects": unresolved_effects(runs[grant.run_id]),
             },
         )
     for pk, r in runs.items():

@@ -11,6 +11,7 @@ from interventions import cards, facts
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.states import Event
 
@@ -18,7 +19,7 @@ from runs.states import Event
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
         "committed_effects": facts.committed_effects(run),
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "note": "closing is final: no retry, compensation or resume afterwards",
     }
 

@@ -38,12 +38,13 @@ from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import EffectsUnresolved, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER
-from interventions import cards, facts, jobs
+from interventions import cards, jobs
 from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
 from runs.models import Effect, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
 from runs.services.history import append_history
@@ -191,7 +192,7 @@ def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
 
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     return {
         "plan": build_plan(run),
         "options": plan_options(req.options),
@@ -206,7 +207,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
 
 def require_resolved(run: Run) -> None:
     """Guard ``no_unresolved_effects``: compensating around an unknown outcome would guess."""
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     if unresolved:
         names = ", ".join(
             f"{e['tool']}:{e['action']} ({e['idempotency_key']}, {e['status']})" for e in unresolved

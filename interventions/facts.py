@@ -7,11 +7,9 @@ from typing import Any
 from django.utils import timezone
 
 from runs.models import AuthorityGrant, Effect, Run, Timer
-from runs.selectors import (  # noqa: F401 -- unresolved_effects: one reader, named here too
+from runs.selectors import (
     checkpoint_summary,
-    latest_checkpoint,
     starting_checkpoint,
-    unresolved_effects,
 )
 
 

@@ -29,7 +29,7 @@ from core.roles import (
     OPERATOR,
     may,
 )
-from interventions import cards, facts, jobs
+from interventions import cards, jobs
 from interventions.base import authorize
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
@@ -40,6 +40,7 @@ from interventions.registry import (
     get_reconciler,
 )
 from runs.models import Effect, ExecutionLease, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import decision, lock_run, notify_run_changed
 from runs.services.effects import effect_run_id
 from runs.services.history import append_history
@@ -126,7 +127,7 @@ def reconcile_effect(
                 "evidence": evidence,
                 "source": source,
                 "idempotency_key": effect.idempotency_key,
-                "unresolved_effects": facts.unresolved_effects(run),
+                "unresolved_effects": unresolved_effects(run),
                 **override,
             },
         )
@@ -270,7 +271,7 @@ def _reconcile_all(intervention_id: str) -> dict[str, Any]:
 
 def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence",
     }
 
@@ -280,7 +281,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
     intervention.status = Intervention.PENDING
     job = jobs.enqueue("reconcile", intervention.pk, run)
     return {
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "job": {"status": "queued", "id": str(job.pk)},
     }
 

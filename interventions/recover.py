@@ -39,7 +39,7 @@ from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
-from runs.selectors import latest_checkpoint, verify_history
+from runs.selectors import latest_checkpoint, unresolved_effects, verify_history
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import expire_leases, set_resume_point
@@ -287,7 +287,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "prefer": _prefer(req),
         "dead_lease": _dead_lease(run),
         "checkpoint": facts.resume_point(run),
-        "to_reconcile": facts.unresolved_effects(run),
+        "to_reconcile": unresolved_effects(run),
         "versions": version_check(run),
         "rules": RULES,
         "how": "a job reconciles every unknown effect with the world, rebuilds state from the last checkpoint "
@@ -525,7 +525,7 @@ def conclude_recovery(intervention_id: str, reconciliation: list[dict[str, Any]]
             history=verify_history(run),
             checkpoint=_checkpoint_check(run, cp),
             versions=version_check(run),
-            unresolved_after=facts.unresolved_effects(run),
+            unresolved_after=unresolved_effects(run),
             attempts={"used": run.attempt_count, "max": pol["max_attempts"]},
         )
         action, why = choose(report, intervention.options.get("prefer", "redrive"))

@@ -19,7 +19,7 @@ from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.selectors import starting_checkpoint
+from runs.selectors import starting_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import set_resume_point
@@ -33,7 +33,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "revalidation": "a job checks the boundary, versions, assumptions, unknown effects, authority and replayed "
         "steps; any failing check blocks the resume unless overridden with a reason",
         "override": bool(req.override_reason),
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
     }

@@ -13,11 +13,11 @@ from django.utils import timezone
 from core.actors import Actor
 from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
-from interventions import cards, facts
+from interventions import cards
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import Attempt, Checkpoint, Run
-from runs.selectors import latest_checkpoint
+from runs.selectors import latest_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.lifecycle import set_resume_point
 from runs.states import Event
@@ -86,7 +86,7 @@ def _backoff(run: Run) -> int:
 def eligibility(run: Run, req: Request) -> dict[str, Any]:
     p, last = policy(run), _last_attempt(run)
     failure = last.failure_class if last else ""
-    unresolved = facts.unresolved_effects(run)
+    unresolved = unresolved_effects(run)
     problems = []
     if unresolved:
         problems.append(

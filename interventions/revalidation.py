@@ -12,10 +12,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from interventions import facts
 from interventions.registry import get_assumption_checker
 from runs.models import Assumption, AuthorityGrant, Checkpoint, Effect, Run
-from runs.selectors import latest_checkpoint, starting_checkpoint
+from runs.selectors import latest_checkpoint, starting_checkpoint, unresolved_effects
 
 
 @dataclass
@@ -150,7 +149,7 @@ def check_assumptions(run: Run, reobserve: bool) -> tuple[Check, list[tuple[Assu
 
 
 def check_unknown_effects(run: Run) -> Check:
-    unknown = facts.unresolved_effects(run)
+    unknown = unresolved_effects(run)
     if unknown:
         return Check(
             "unknown_effects",

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from interventions.models import FleetOperation, Intervention
+from django.db.models import Prefetch, QuerySet
+
+from audit.models import AuditEvent
+from interventions.models import (
+    CompensationPlan,
+    CompensationStep,
+    FleetOperation,
+    Intervention,
+    Job,
+)
+from runs.models import ExecutionLease, HistoryEvent, Run
 
 
 def receipt_dict(i: Intervention) -> dict[str, Any]:
@@ -40,10 +51,79 @@ def recent_interventions(run: Any, limit: int) -> list[Intervention]:
     return list(run.interventions.select_related("actor").order_by("-created_at")[:limit])
 
 
+def operation_exists(operation_id: Any) -> bool:
+    return FleetOperation.objects.filter(pk=operation_id).exists()
+
+
+def compensation_plans(*, intervention: Any = None, run: Any = None) -> list[CompensationPlan]:
+    """Compensation plans, newest first, each with its steps (in order) and their effects: those
+    one intervention wrote, or all of one run's."""
+    steps = CompensationStep.objects.select_related("effect").order_by("position")
+    qs = CompensationPlan.objects.prefetch_related(Prefetch("steps", queryset=steps))
+    if intervention is not None:
+        qs = qs.filter(intervention=intervention)
+    if run is not None:
+        qs = qs.filter(run=run)
+    return list(qs.order_by("-created_at"))
+
+
+# The run page's timeline (console/timeline.py) reads five tables, each newest first, one page of
+# ``n`` rows at most inside an optional (before, after) window of its own time column.
+
+
+def _window(qs: QuerySet, field_name: str, before: datetime | None, after: datetime | None):
+    if before is not None:
+        qs = qs.filter(**{f"{field_name}__lt": before})
+    if after is not None:
+        qs = qs.filter(**{f"{field_name}__gt": after})
+    return qs
+
+
+def history_page(
+    run: Run, kinds: list[str] | None, before: datetime | None, after: datetime | None, n: int
+) -> list[HistoryEvent]:
+    """The run's history, newest first; ``kinds`` None means every kind."""
+    qs = HistoryEvent.objects.filter(run=run)
+    if kinds is not None:
+        qs = qs.filter(kind__in=kinds)
+    return list(_window(qs, "created_at", before, after).order_by("-seq")[:n])
+
+
+def interventions_page(
+    run: Run, before: datetime | None, after: datetime | None, n: int
+) -> list[Intervention]:
+    qs = Intervention.objects.filter(run=run)
+    return list(_window(qs, "created_at", before, after).order_by("-created_at")[:n])
+
+
+def ended_leases_page(
+    run: Run, before: datetime | None, after: datetime | None, n: int
+) -> list[ExecutionLease]:
+    qs = ExecutionLease.objects.filter(run=run, ended_at__isnull=False)
+    return list(_window(qs, "ended_at", before, after).order_by("-ended_at")[:n])
+
+
+def jobs_page(
+    run: Run, before: datetime | None, after: datetime | None, n: int
+) -> tuple[list[Job], list[Job]]:
+    """The run's jobs as queued (by created_at) and as ended (by finished_at), newest first."""
+    queued = _window(Job.objects.filter(run=run), "created_at", before, after)
+    ended = _window(
+        Job.objects.filter(run=run, finished_at__isnull=False), "finished_at", before, after
+    )
+    return list(queued.order_by("-created_at")[:n]), list(ended.order_by("-finished_at")[:n])
+
+
+def denials_page(
+    run: Run, before: datetime | None, after: datetime | None, n: int
+) -> list[AuditEvent]:
+    """Refused decisions audited about the run (after their rollback, so not in its history)."""
+    qs = AuditEvent.objects.filter(run_id=run.pk, outcome=AuditEvent.DENIED)
+    return list(_window(qs, "created_at", before, after).order_by("-seq")[:n])
+
+
 def latest_intervention(run: Any, kind: str) -> Intervention | None:
     """The newest ``kind`` intervention on the run, else on its nearest ancestor (a tree cascade)."""
-    from runs.models import Run
-
     current: Any = run
     while current is not None:
         found = Intervention.objects.filter(run_id=current.pk, kind=kind).order_by("-created_at")

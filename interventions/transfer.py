@@ -37,6 +37,7 @@ from interventions.base import pending_approvals
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Spec
 from runs.models import ExecutionLease, Run
+from runs.selectors import unresolved_effects
 from runs.services.decisions import notify_run_changed
 from runs.services.history import append_history
 from runs.states import State
@@ -177,7 +178,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
             "execution_lease": worker or None,
         },
         "blocked_by": blocked,
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "pending_approvals": pending_approvals(run),
         "authority_handed_over": facts.active_grants(run),
     }
@@ -220,7 +221,7 @@ def _move(
         context={
             **record,
             "intervention": str(intervention.pk),
-            "unresolved_effects": facts.unresolved_effects(run),
+            "unresolved_effects": unresolved_effects(run),
         },
     )
     return record
@@ -239,7 +240,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
             state=run.state,
         )
     at_handoff = {
-        "unresolved_effects": facts.unresolved_effects(run),
+        "unresolved_effects": unresolved_effects(run),
         "pending_approvals": pending_approvals(run),
     }
     moved, unchanged, fields = [], [], {}

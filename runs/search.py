@@ -521,3 +521,27 @@ def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:
     digits = parse_id_prefix("id", prefix, min_len=4)
     low, high = prefix_range(digits)
     return list(visible_runs(actor).filter(pk__gte=low, pk__lte=high).order_by("pk")[:limit])
+
+
+def attention_count(actor: Actor, flt: RunFilter, now: datetime, cap: int) -> int:
+    """How many of the runs ``flt`` matches (ignoring its state chips) need attention, counted up
+    to ``cap`` + 1: the chip says "cap+" past that, and the count stays cheap at any depth."""
+    trouble = attention_ids(now)
+    return (
+        flt.replace(attention=False, states=())
+        .queryset(actor, within=trouble)
+        .filter(pk__in=trouble)
+        .select_related(None)
+        .order_by()
+        .values("pk")[: cap + 1]
+        .count()
+    )
+
+
+def matching_rows(actor: Actor, flt: RunFilter, ids: list[str]) -> list[Run]:
+    """Those of ``ids`` that ``flt`` matches, as list rows (a live list patches them in place)."""
+    return list(
+        with_unresolved(flt.queryset(actor).filter(pk__in=ids)).defer(
+            "input", "versions", "retry_policy"
+        )
+    )

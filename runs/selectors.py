@@ -39,8 +39,13 @@ def visible_runs(actor: Actor) -> QuerySet[Run]:
     return qs
 
 
+def visible_run(actor: Actor, run_id: Any) -> Run | None:
+    """The run, if the actor may see it; None for a run that does not exist or is not theirs."""
+    return visible_runs(actor).filter(pk=run_id).first()
+
+
 def get_visible_run(actor: Actor, run_id: Any) -> Run:
-    run = visible_runs(actor).filter(pk=run_id).first()
+    run = visible_run(actor, run_id)
     if run is None:
         raise NotFound(f"run {run_id} does not exist", object="run")
     return run
