@@ -595,3 +595,57 @@ def test_scenario_7_recover_after_a_worker_disappears(live):
         "ledger vs world /admin/requests",
     )
     s7.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_8_two_cancels_never_force_terminate_stops_waiting(live):
+    s8 = scenario(8, "Two cancels at once; terminate stops waiting for a stuck worker")
+    worker, world = live["worker"], live["world"]
+    otto, olga, ian = (live["people"][n] for n in ("otto", "olga", "ian"))
+    live["start_workers"](1)
+    world.set_fault("payments", "slow", action="charge", count=1, delay_ms=15000)
+    rid = purchase(live)["id"]
+    charge = wait_effect(worker, rid, "payments", "charge", "in_flight")
+    seen = otto.preview(rid, "cancel", "customer withdrew")
+    first = otto.intervene(rid, "cancel", "customer withdrew", preview_digest=seen["digest"])
+    assert first.status_code == 202, first.text
+    s8.fact("the first cancel moves the run to cancelling", first.json()["receipt"], "receipt")
+    assert first.json()["receipt"]["state"] == "cancelling"
+    second = olga.intervene(rid, "cancel", "stop it", preview_digest=seen["digest"])
+    s8.fact("a second operator's cancel is refused, naming the first", second.json(), "409")
+    assert second.status_code == 409, second.text
+    assert second.json()["existing_cancel"]["intervention"] == first.json()["id"]
+    again = otto.intervene(rid, "cancel", "customer withdrew", preview_digest=seen["digest"])
+    s8.fact("the same operator's same request gets the original receipt", again.json(), "200")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    still = worker.run(rid)
+    assert still["state"] == "cancelling" and still["leases"][0]["status"] == "active"
+    s8.fact("still cancelling, the worker's lease live: nothing forced", still["leases"][0], "run")
+
+    shown = ian.preview(rid, "terminate", "the charge call hangs")
+    s8.fact("terminate's preview names what becomes unknown", shown["become_unknown"], "preview")
+    assert [e["id"] for e in shown["become_unknown"]] == [charge["id"]]
+    done = ian.intervene(rid, "terminate", "the charge call hangs", preview_digest=shown["digest"])
+    assert done.status_code == 202, done.text
+    receipt = done.json()["receipt"]
+    s8.fact("terminate's receipt: lease ended, effect to reconcile", receipt, "receipt")
+    assert receipt["state"] == "cancelled" and receipt["must_reconcile"] == [charge["id"]]
+    now = effect(worker, rid, "payments", "charge")
+    s8.fact("the in-flight charge is unknown, not assumed", now, "GET /runs/{id}/effects")
+    assert now["status"] in ("unknown", "committed")  # the worker may report it at once
+    late = wait_for(
+        "the worker's late outcome",
+        lambda: (e := effect(worker, rid, "payments", "charge")) and e["stale_lease"] and e,
+        40,
+        0.5,
+    )
+    s8.fact("the worker's late report is recorded, flagged stale", late, "GET /runs/{id}/effects")
+    assert worker.run(rid)["state"] == "cancelled"
+    denials = [
+        e
+        for e in ian.get("/audit", run_id=rid, action="intervention.cancel").json()["events"]
+        if e["outcome"] == "denied"
+    ]
+    s8.fact("the refused cancel is audited", denials, "GET /audit")
+    assert len(denials) == 1
+    s8.fact("no duplicated effect", assert_no_duplicates(worker, world, rid), "ledger vs world")
+    s8.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
