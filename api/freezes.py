@@ -128,9 +128,7 @@ def get_freeze(request: HttpRequest, freeze_id: UUID) -> Any:
     return freeze_dict(freeze) | {"covers_now": service.run_count(freeze) if freeze.live else 0}
 
 
-@router.post(
-    "/fleet/freezes/{freeze_id}/restore/preview", response={200: JSON, **ERRORS_WRITE}
-)
+@router.post("/fleet/freezes/{freeze_id}/restore/preview", response={200: JSON, **ERRORS_WRITE})
 def preview_restore(request: HttpRequest, freeze_id: UUID) -> Any:
     return service.preview_restore(actor=caller(request), freeze_id=freeze_id)
 

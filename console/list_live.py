@@ -40,6 +40,7 @@ from console.common import off_view_thread
 from core.auth import actor_for_user
 from core.filters import BadFilter
 from core.live import RUNS_GROUP, hints, note_facts
+from runs.freezes import covering
 from runs.search import RunFilter, matching_rows
 
 log = logging.getLogger(__name__)

@@ -92,9 +92,7 @@ def repeat(run: Run, req: Request, actor: Actor) -> Intervention | None:
         return original
     facts = cancel_facts(original)
     who = f" by {facts['issued_by']} at {facts['at']} ({facts['reason']})" if original else ""
-    waiting = (
-        "; terminate stops waiting for the worker" if run.state == State.CANCELLING else ""
-    )
+    waiting = "; terminate stops waiting for the worker" if run.state == State.CANCELLING else ""
     raise Conflict(
         f"the run is already {run.state}: a cancel was issued{who}{waiting}",
         state=run.state,

@@ -45,9 +45,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
         "stops": "waiting for the worker: its lease ends now and its later writes are refused",
         "cancel_under_way": cancel_facts(under_way(run)),
         "lease": _lease(run),
-        "become_unknown": [
-            e | {"note": UNKNOWN_NOTE} for e in facts.in_flight_effects(run)
-        ],
+        "become_unknown": [e | {"note": UNKNOWN_NOTE} for e in facts.in_flight_effects(run)],
         "committed_effects": facts.committed_effects(run),
         "blocked_by": blocked_by(run),
         "note": "committed effects remain committed; unknown ones need a reconcile first",

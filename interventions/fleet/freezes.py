@@ -76,7 +76,9 @@ def canonical_filter(text: str) -> str:
     except BadFilter as err:
         raise Invalid(err.detail, field=f"filter.{err.field}") from None
     if flt.is_empty:
-        raise Invalid("choose the runs: by agent, owner, goal text, id or tool touched", field="filter")
+        raise Invalid(
+            "choose the runs: by agent, owner, goal text, id or tool touched", field="filter"
+        )
     return flt.to_query()
 
 
@@ -138,7 +140,9 @@ def _facts(freeze: StandingFreeze, restoring: bool) -> dict[str, Any]:
 
 
 def _digest(shown: dict[str, Any]) -> str:
-    body = json.dumps({k: v for k, v in shown.items() if k != "digest"}, sort_keys=True, default=str)
+    body = json.dumps(
+        {k: v for k, v in shown.items() if k != "digest"}, sort_keys=True, default=str
+    )
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
@@ -296,4 +300,3 @@ def freezes(*, live_only: bool = False) -> list[StandingFreeze]:
 
 def run_count(freeze: StandingFreeze) -> int:
     return runs_covered(freeze).count()
-

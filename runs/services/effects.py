@@ -45,6 +45,7 @@ from .freeze import (
     STANDING_JSON_SQL,
     capability_frozen,
     live_freeze,
+    standing_from_json,
     standing_frozen,
     standing_rows,
 )
@@ -85,7 +86,7 @@ class Facts:
     policies: list[ApprovalPolicy]
     latest_approval: Approval | None
     freeze: tuple[str, str, str] | None  # a live capability freeze covering tool:action (freeze.py)
-    standing: list[list[Any]] | None  # live standing freezes of tool:action that may cover the run
+    standing: list[tuple[Any, ...]]  # live standing freezes of tool:action that may cover the run
 
 
 def _facts_sql() -> str:
@@ -152,7 +153,7 @@ def declaration_facts(
         [p for p in (from_json(ApprovalPolicy, row) for row in policies or ()) if p is not None],
         from_json(Approval, latest),
         tuple(freeze) if freeze else None,
-        standing,
+        standing_from_json(standing),
     )
 
 

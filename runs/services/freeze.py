@@ -4,10 +4,12 @@ ORM compiler (the protocol's hot path)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import connection
 from django.db.models import Q
+from django.utils.dateparse import parse_datetime
 
 from runs.freezes import capability_q, matches
 from runs.models import Agent, Run
@@ -64,7 +66,7 @@ STANDING_JSON_SQL = (
 )
 
 
-def standing_rows(agent_id: Any, tool: str, action: str) -> list[list[Any]]:
+def standing_rows(agent_id: Any, tool: str, action: str) -> list[tuple[Any, ...]]:
     """``STANDING_JSON_SQL``'s rows through the ORM (the SQLite demo's twin)."""
     qs = (
         StandingFreeze.objects.filter(capability_q(tool, action), lifted_at__isnull=True)
@@ -73,22 +75,32 @@ def standing_rows(agent_id: Any, tool: str, action: str) -> list[list[Any]]:
         .order_by("frozen_at")
     )
     rows = [
-        [f.pk, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at, f.agent and f.agent.name]
+        (f.pk, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at)
+        + (f.agent.name if f.agent else None,)
         for f in qs
     ]
     return sorted(rows, key=lambda r: r[1] == StandingFreeze.FILTER)
 
 
-def standing_frozen(run: Run, rows: list[list[Any]] | None) -> tuple[str | None, str, dict | None]:
+def standing_from_json(rows: list[list[Any]] | None) -> list[tuple[Any, ...]]:
+    """``STANDING_JSON_SQL``'s JSON arrays as the twin's tuples (a UUID, a datetime)."""
+    return [(uuid.UUID(r[0]), *r[1:6], parse_datetime(r[6]), r[7]) for r in rows or ()]
+
+
+def standing_frozen(
+    run: Run, rows: list[tuple[Any, ...]]
+) -> tuple[str | None, str, dict[str, Any] | None]:
     """(``capability_frozen``, why, the freeze) if a live standing freeze covers the run, else
     (None, "", None). ``rows``: the candidates the facts statement read."""
-    for fid, over, capability, text, reason, by, at, agent in rows or ():
+    for fid, over, capability, text, reason, by, frozen_at, agent in rows:
         if over == StandingFreeze.FILTER and not matches(
             {"over": over, "run_filter": text}, [run.pk]
         ):
             continue
-        scope = {"agent": f"agent {agent}", "filter": f"runs matching {text}"}.get(over, "every run")
-        at = at.isoformat() if hasattr(at, "isoformat") else str(at)
+        scope = {"agent": f"agent {agent}", "filter": f"runs matching {text}"}.get(
+            over, "every run"
+        )
+        at = frozen_at.isoformat()
         freeze = {
             "kind": "standing",
             "id": str(fid),

@@ -170,7 +170,10 @@ def test_everything_and_filter_scopes_and_a_run_freeze_stays_as_it_is(worker, as
         ({"capability": "payments", "over": "everything"}, "capability"),
         ({"capability": "payments:charge", "over": "galaxy"}, "over"),
         ({"capability": "payments:charge", "over": "agent", "agent": "nobody"}, "agent"),
-        ({"capability": "payments:charge", "over": "filter", "filter": "state=running"}, "filter.state"),
+        (
+            {"capability": "payments:charge", "over": "filter", "filter": "state=running"},
+            "filter.state",
+        ),
         ({"capability": "payments:charge", "over": "filter", "filter": ""}, "filter"),
         ({"capability": "payments:charge", "over": "everything", "filter": "agent=x"}, "filter"),
     ],
@@ -186,7 +189,10 @@ def test_roles_a_duplicate_and_a_stale_preview_are_refused_and_audited(worker, a
     for name in ("otto", "vera", "april"):
         resp = as_user(name).post("/fleet/freezes", {**CHARGE, "reason": "nope"})
         assert resp.status_code == 403, (name, resp.content)
-    assert AuditEvent.objects.filter(action="capability.standing_freeze", outcome="denied").count() == 3
+    assert (
+        AuditEvent.objects.filter(action="capability.standing_freeze", outcome="denied").count()
+        == 3
+    )
     ian = as_user("ian")
     shown = ian.post("/fleet/freezes/preview", CHARGE).json()
     running_run(worker)  # the fleet moved on: one more run covered

@@ -18,10 +18,10 @@ CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent: apt-get install -y chromium", allow_module_level=True)
 
-from controlplane_sdk import Client  # noqa: E402
-from controlplane_sdk.errors import EffectDenied  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
+from controlplane_sdk import Client  # noqa: E402
+from controlplane_sdk.errors import EffectDenied  # noqa: E402
 from tests.e2e.test_console_browser import CHROMIUM_ARGS, _server_password  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -91,7 +91,9 @@ def test_a_standing_freeze_set_and_restored_in_the_console_covers_later_runs(
             _charge(sdk, run["id"], token, "k-after")
         err = denied.value
         assert err.reason == "capability_frozen"
-        assert err.freeze and err.freeze["id"] == freeze_id and err.freeze["frozen_by"] == "user:ian"
+        assert (
+            err.freeze and err.freeze["id"] == freeze_id and err.freeze["frozen_by"] == "user:ian"
+        )
         assert "card processor flapping" in str(err) and freeze_id in err.why
 
         # The run page and the run list show it.

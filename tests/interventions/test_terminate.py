@@ -36,7 +36,9 @@ def test_terminate_names_what_becomes_unknown_and_makes_it_so(worker, as_user):
     flying = declare(worker, run["id"], token, key="k-charge").json()
     otto, ian = as_user("otto"), as_user("ian")
     assert intervene(otto, run["id"], "cancel", "customer withdrew").status_code == 202
-    assert intervene(otto, run["id"], "terminate", "worker stuck").status_code == 403  # its own right
+    assert (
+        intervene(otto, run["id"], "terminate", "worker stuck").status_code == 403
+    )  # its own right
     assert AuditEvent.objects.filter(action="intervention.terminate", outcome="denied").exists()
 
     shown = _preview(ian, run["id"], "terminate", "worker stuck")
@@ -53,7 +55,9 @@ def test_terminate_names_what_becomes_unknown_and_makes_it_so(worker, as_user):
     assert Effect.objects.get(pk=flying["id"]).status == "unknown"
     assert ExecutionLease.objects.get(run_id=run["id"]).status == "expired"
     assert AuditEvent.objects.filter(action="effect.unknown", object_id=flying["id"]).exists()
-    assert AuditEvent.objects.filter(action="intervention.terminate", outcome="allowed").count() == 1
+    assert (
+        AuditEvent.objects.filter(action="intervention.terminate", outcome="allowed").count() == 1
+    )
     # the worker's late outcome is still recorded (a fact about the world), flagged stale
     late = worker.post(
         f"/effects/{flying['id']}/outcome", {"fencing_token": token, "status": "committed"}
@@ -173,9 +177,8 @@ def test_ten_cancels_at_once_give_one_202_and_never_a_forced_stop(worker, cast, 
     assert ExecutionLease.objects.get(run_id=run["id"]).status == "active"
     assert Intervention.objects.filter(run_id=run["id"]).count() == 1
     assert AuditEvent.objects.filter(action="intervention.cancel", outcome="allowed").count() == 1
-    assert (
-        AuditEvent.objects.filter(action="intervention.cancel", outcome="denied").count()
-        == codes.count(409)
-    )
+    assert AuditEvent.objects.filter(
+        action="intervention.cancel", outcome="denied"
+    ).count() == codes.count(409)
     assert not AuditEvent.objects.filter(action="intervention.terminate").exists()
     assert verify_chain().ok
