@@ -70,7 +70,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
 # --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
 
 
-def _cancel_line(c: Mapping[str, Any]) -> str:
+def _cancel_line(c: Mapping[str, Any] | None) -> str:
     if not c or not c.get("intervention"):
         return "no cancel intervention on record"
     return f"cancel by {c.get('issued_by')} at {c.get('at')}: {c.get('reason')}"

@@ -36,10 +36,10 @@ def matches(freeze: StandingFreeze | dict[str, Any], run_ids: list[Any]) -> set[
         return set(run_ids)
     runs = Run.objects.filter(pk__in=run_ids)
     if over == StandingFreeze.AGENT:
-        agent = freeze["agent_id"] if isinstance(freeze, dict) else freeze.agent_id
+        agent: int = freeze["agent_id"] if isinstance(freeze, dict) else freeze.agent_id  # type: ignore[assignment]
         return set(runs.filter(agent_id=agent).values_list("pk", flat=True))
     text = freeze["run_filter"] if isinstance(freeze, dict) else freeze.run_filter
-    qs = run_filter(text).queryset(READER, within=run_ids).filter(pk__in=run_ids)
+    qs = run_filter(text).queryset(READER, within=runs.values("pk")).filter(pk__in=run_ids)
     return set(qs.values_list("pk", flat=True))
 
 
@@ -64,7 +64,7 @@ def covering(runs: list[Run]) -> dict[Any, list[StandingFreeze]]:
 def runs_covered(freeze: StandingFreeze) -> QuerySet[Run]:
     """Every run the freeze covers today (its preview and the fleet page count them)."""
     runs = Run.objects.all()
-    if freeze.over == StandingFreeze.AGENT:
+    if freeze.over == StandingFreeze.AGENT and freeze.agent_id is not None:
         return runs.filter(agent_id=freeze.agent_id)
     if freeze.over == StandingFreeze.FILTER:
         return run_filter(freeze.run_filter).queryset(READER)
