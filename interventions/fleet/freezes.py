@@ -207,15 +207,7 @@ def set_freeze(
         freeze.id, freeze.capability = freeze_id, shown["capability"]
         freeze.reason, freeze.frozen_by, freeze.frozen_at = reason, actor.label, timezone.now()
         freeze.save(force_insert=True)
-        receipt = _receipt(freeze, shown, actor)
-        record_audit(
-            actor=actor,
-            action="capability.standing_freeze",
-            object_type="standing_freeze",
-            object_id=freeze.pk,
-            reason=reason,
-            context=receipt,
-        )
+        receipt = _recorded(freeze, shown, actor, "capability.standing_freeze", reason)
     return freeze, receipt
 
 
@@ -268,20 +260,15 @@ def restore_freeze(
         _check_digest(shown, digest)
         freeze.lifted_at, freeze.lifted_by, freeze.lift_reason = timezone.now(), actor.label, reason
         freeze.save(update_fields=["lifted_at", "lifted_by", "lift_reason"])
-        receipt = _receipt(freeze, shown, actor)
-        record_audit(
-            actor=actor,
-            action="capability.standing_restore",
-            object_type="standing_freeze",
-            object_id=freeze.pk,
-            reason=reason,
-            context=receipt,
-        )
+        receipt = _recorded(freeze, shown, actor, "capability.standing_restore", reason)
     return freeze, receipt
 
 
-def _receipt(freeze: StandingFreeze, shown: dict[str, Any], actor: Actor) -> dict[str, Any]:
-    return {
+def _recorded(
+    freeze: StandingFreeze, shown: dict[str, Any], actor: Actor, action: str, reason: str
+) -> dict[str, Any]:
+    """The receipt, audited with it (inside the decision's transaction)."""
+    receipt = {
         "freeze": freeze_dict(freeze),
         "by": actor.label,
         "covers_now": shown["covers_now"],
@@ -291,6 +278,15 @@ def _receipt(freeze: StandingFreeze, shown: dict[str, Any], actor: Actor) -> dic
         "in_flight": shown["in_flight"],
         "preview_digest": shown["digest"],
     }
+    record_audit(
+        actor=actor,
+        action=action,
+        object_type="standing_freeze",
+        object_id=freeze.pk,
+        reason=reason,
+        context=receipt,
+    )
+    return receipt
 
 
 def freezes(*, live_only: bool = False) -> list[StandingFreeze]:

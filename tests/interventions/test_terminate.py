@@ -7,10 +7,7 @@ carries the preview digest it was decided on."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 from django.test import Client
 
 from audit.models import AuditEvent
@@ -19,6 +16,7 @@ from interventions.models import Intervention
 from runs.models import Effect, ExecutionLease, Run
 from tests.conftest import Api, declare
 from tests.interventions.helpers import intervene, running_run
+from tests.interventions.test_races import _run_in_threads
 
 
 def _preview(api, run_id, kind, reason="on-call decision", **body):
@@ -140,29 +138,19 @@ def test_ten_cancels_at_once_give_one_202_and_never_a_forced_stop(worker, cast, 
         tokens.append(ApiToken.issue(kind=ApiToken.OPERATOR, name=f"oncall-{i}", user=user)[1])
     tokens += tokens[:2]  # otto and olga press twice: the same request again
     seen = _preview(Api(Client(), tokens[0]), run["id"], "cancel", "everyone saw it running")
-    barrier = threading.Barrier(len(tokens))
-    results: list = [None] * len(tokens)
 
-    def press(i: int, token: str) -> None:
-        try:
-            barrier.wait()
-            resp = intervene(
-                Api(Client(), token),
-                run["id"],
-                "cancel",
-                "everyone saw it running",
-                preview_digest=seen["digest"],
-                preview_sections=seen["sections"],
-            )
-            results[i] = (resp.status_code, resp.json())
-        finally:
-            connection.close()
+    def press(token: str) -> tuple[int, dict]:
+        resp = intervene(
+            Api(Client(), token),
+            run["id"],
+            "cancel",
+            "everyone saw it running",
+            preview_digest=seen["digest"],
+            preview_sections=seen["sections"],
+        )
+        return resp.status_code, resp.json()
 
-    threads = [threading.Thread(target=press, args=(i, t)) for i, t in enumerate(tokens)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = [r[1] for r in _run_in_threads([lambda t=t: press(t) for t in tokens])]
     codes = sorted(r[0] for r in results)
     assert codes.count(202) == 1, codes
     winner = next(r[1] for r in results if r[0] == 202)
