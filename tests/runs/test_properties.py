@@ -54,6 +54,7 @@ OPERATOR_EVENTS = [
     Event.PAUSE,
     Event.RESUME,
     Event.CANCEL,
+    Event.TERMINATE,
     Event.RETRY,
     Event.COMPENSATE,
     Event.RECOVER,
