@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.db import transaction
@@ -28,7 +28,7 @@ from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
 from interventions import cards
 from interventions.base import user_for
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Spec
 from interventions.registry import redact
 from runs.models import Approval, Run
 from runs.services.decisions import apply_transition, lock_run
@@ -74,7 +74,24 @@ def shown_to_approver(run: Run, approval: Approval) -> dict[str, Any]:
     }
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class DecisionPreview(TypedDict):
+    """What an approver is shown before approving or rejecting."""
+
+    shown: Row
+    approval_status: str
+    binding: str
+    delivery: str
+
+
+class DecisionReceipt(TypedDict):
+    state: str
+    approval: Row
+    shown: Row
+    delivery: str
+    binding: str
+
+
+def preview(run: Run, req: Request, actor: Actor) -> DecisionPreview:
     approval = _approval(run, req)
     return {
         "shown": shown_to_approver(run, approval),
@@ -109,7 +126,7 @@ def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:
 
 
 def _decide(status: str, event: Event):
-    def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+    def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> DecisionReceipt:
         approval = _approval(run, req)
         if approval.status != Approval.PENDING:
             raise Conflict(

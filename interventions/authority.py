@@ -19,7 +19,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
@@ -29,7 +29,7 @@ from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
 from interventions import cards
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import AuthorityGrant, Effect, Run
 from runs.selectors import authority_envelope, unresolved_effects
 from runs.services.decisions import lock_run, notify_run_changed
@@ -163,7 +163,34 @@ def _plan(
     return selected, list({g.pk: g for g in changing}.values()), skipped
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class AuthorityPreview(TypedDict):
+    """What revoking, suspending or restoring grants would change."""
+
+    change: str
+    grants: Rows
+    will_change: Rows
+    skipped: Rows
+    cascade: Rows
+    blocked_by: list[str]
+    new_declarations: str
+    cannot_recall: str | None
+    in_flight_effects: Rows
+
+
+class AuthorityReceipt(TypedDict):
+    state: str
+    change: str
+    changed: Rows
+    skipped: Rows
+    authority_before: Rows
+    authority_after: Rows
+    children_authority_after: dict[str, Rows]
+    new_declarations: str
+    cannot_recall: str | None
+    in_flight_effects: Rows
+
+
+def preview(run: Run, req: Request, actor: Actor) -> AuthorityPreview:
     now = timezone.now()
     selected, changing, skipped = _plan(run, req)
     roots = {g.pk for g in selected}
@@ -222,7 +249,7 @@ def _commit(
     return changed
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> AuthorityReceipt:
     if run.state == State.CLOSED:
         raise Conflict("the run is closed: its authority can no longer change", state=run.state)
     verb, _, target = CHANGES[req.kind]

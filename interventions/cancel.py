@@ -10,7 +10,7 @@ request. Stopping waiting for the worker is its own contract, terminate (interve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
 from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import Run
 from runs.services.decisions import apply_transition, lock_run
 from runs.states import Event, State, transition
@@ -41,7 +41,25 @@ def _children(run: Run, req: Request) -> list[dict[str, Any]]:
     return rows
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class CancelPreview(TypedDict):
+    stops: str
+    committed_effects: Rows
+    in_flight_effects: Rows
+    children: Rows
+    note: str
+
+
+class CancelReceipt(TypedDict):
+    state: str
+    cancelled_at: str
+    new_effects: str
+    waiting_for: str | None
+    committed_effects: Rows
+    in_flight_effects: Rows
+    children: Rows
+
+
+def preview(run: Run, req: Request, actor: Actor) -> CancelPreview:
     return {
         "stops": "all future work: no new effect is authorised; the worker is told to cancel at its next boundary, "
         "and is forced out when its lease expires",
@@ -100,7 +118,7 @@ def repeat(run: Run, req: Request, actor: Actor) -> Intervention | None:
     )
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> CancelReceipt:
     listed = _children(run, req)  # as they stood at the decision, before the cascade changed them
     _cancel_one(run, req, actor)
     if req.scope == "tree":

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from core.actors import Actor
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import Run
 from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.states import Event
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class ClosePreview(TypedDict):
+    committed_effects: Rows
+    unresolved_effects: Rows
+    note: str
+
+
+class CloseReceipt(TypedDict):
+    state: str
+    committed_effects: Rows
+
+
+def preview(run: Run, req: Request, actor: Actor) -> ClosePreview:
     return {
         "committed_effects": facts.committed_effects(run),
         "unresolved_effects": unresolved_effects(run),
@@ -24,7 +35,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> CloseReceipt:
     apply_transition(run, Event.CLOSE, actor=actor, reason=req.reason)
     return {"state": run.state, "committed_effects": facts.committed_effects(run)}
 

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.db import transaction
@@ -41,7 +41,7 @@ from core.roles import ADMIN, INCIDENT_COMMANDER
 from interventions import cards, jobs
 from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
 from runs.models import Effect, Run
 from runs.selectors import unresolved_effects
@@ -191,7 +191,25 @@ def plan_dict(plan: CompensationPlan) -> dict[str, Any]:
 # -- the contract -----------------------------------------------------------------------------------
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class CompensatePreview(TypedDict):
+    """The plan a compensation would run, in order, and what blocks it."""
+
+    plan: Row
+    options: Row
+    unresolved_effects: Rows
+    blocked: bool
+    how: str
+    ends: str
+
+
+class CompensateReceipt(TypedDict):
+    state: str
+    plan_id: str
+    plan: Row
+    job: Row
+
+
+def preview(run: Run, req: Request, actor: Actor) -> CompensatePreview:
     unresolved = unresolved_effects(run)
     return {
         "plan": build_plan(run),
@@ -219,7 +237,7 @@ def require_resolved(run: Run) -> None:
         )
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> CompensateReceipt:
     require_resolved(run)
     options = plan_options(req.options)
     apply_transition(run, Event.COMPENSATE, actor=actor, reason=req.reason)

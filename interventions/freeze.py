@@ -12,7 +12,7 @@ a filter (interventions/fleet/operations.py). Not owner-bound, like the authorit
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
@@ -22,7 +22,7 @@ from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
 from interventions import cards
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import CapabilityFreeze, Effect, Run
 from runs.services.decisions import notify_run_changed
 from runs.services.history import append_history
@@ -74,7 +74,28 @@ def blocked_by(run: Run, req: Request, scope: str) -> list[str]:
     return []
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class FreezePreview(TypedDict):
+    """What freezing (or restoring) one capability of a run would change."""
+
+    capability: str
+    change: str
+    new_declarations: str
+    grants: str
+    blocked_by: list[str]
+    cannot_recall: str | None
+    in_flight_effects: Rows
+
+
+class FreezeReceipt(TypedDict):
+    state: str
+    capability: str
+    frozen: bool
+    at: str
+    new_declarations: str
+    in_flight_effects: Rows
+
+
+def preview(run: Run, req: Request, actor: Actor) -> FreezePreview:
     scope = scope_of(req.options)
     freezing = req.kind == "freeze_capability"
     return {
@@ -94,7 +115,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> FreezeReceipt:
     scope = scope_of(req.options)
     blocked = blocked_by(run, req, scope)
     if blocked:

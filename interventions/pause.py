@@ -6,7 +6,7 @@ active unless the operator also suspends it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
@@ -15,7 +15,7 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR, SECURITY_RESPONDER
 from interventions import cards, facts
 from interventions.base import children_in_scope, descendants
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.history import append_history
@@ -23,7 +23,37 @@ from runs.services.lifecycle import end_lease
 from runs.states import Event, State, transition
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class PausePreview(TypedDict):
+    """What confirming a pause would do (the preview card reads these keys)."""
+
+    stops: str
+    in_flight_effects: Rows
+    continues: list[str]
+    timers: Rows
+    deadline: Row | None
+    children: Rows
+    authority: Rows
+    authority_change: str
+    resume_from: Row | None
+
+
+class PauseReceipt(TypedDict):
+    """What the pause did, as decided (the receipt reads these keys)."""
+
+    state: str
+    paused_at: str
+    new_effects: str
+    in_flight_effects: Rows
+    children: Rows
+    children_listed: Rows
+    authority: Rows
+    authority_suspended: list[str]
+    timers: Rows
+    resume_from: Row | None
+    waiting_for: str | None
+
+
+def preview(run: Run, req: Request, actor: Actor) -> PausePreview:
     suspend = bool(req.options.get("suspend_authority"))
     return {
         "stops": "no new effect is authorised and no new step should start, from the moment the pause commits",
@@ -75,7 +105,7 @@ def _pause_one(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {"run_id": str(run.pk), "state": run.state, "suspended": suspended}
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> PauseReceipt:
     in_flight = facts.in_flight_effects(run)
     # Listed as they stood at the decision: after the cascade every child in scope reads "paused",
     # and "pause does not apply to a paused run" would hide that this pause reached it.

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from interventions.models import Intervention
     from runs.models import Run
 
+# A preview's or receipt's listed facts (effects, grants, children...): JSON objects as the API
+# serves them. Each contract types its own preview and receipt (a TypedDict beside its apply).
+Row = dict[str, Any]
+Rows = list[dict[str, Any]]
+
 # A card's answer lines (interventions/cards.py draws each piece), built from a preview or a receipt.
 Answers = list[dict[str, Any]]
 Builder = Callable[[Mapping[str, Any]], Answers]
@@ -113,8 +118,9 @@ class Console:
 class Contract:
     kind: str
     event: Event | None  # the state-machine event, or None for contracts that do not move state
-    preview: Callable[[Run, Request, Actor], dict[str, Any]]
-    apply: Callable[[Run, Request, Actor, Intervention], dict[str, Any]]
+    # Each returns the contract's own TypedDict (e.g. pause.PausePreview / pause.PauseReceipt).
+    preview: Callable[[Run, Request, Actor], Mapping[str, Any]]
+    apply: Callable[[Run, Request, Actor, Intervention], Mapping[str, Any]]
     spec: Spec
     may_issue: frozenset[str]  # the roles allowed to issue it (its row in core.roles.PERMISSIONS)
     console: Console

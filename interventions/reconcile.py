@@ -15,7 +15,7 @@ evidence; it needs the same role and decision authority as the reconcile interve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.utils import timezone
@@ -32,7 +32,7 @@ from core.roles import (
 from interventions import cards, jobs
 from interventions.base import authorize
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.registry import (
     ReconcileResult,
     get_commit_window,
@@ -269,14 +269,24 @@ def _reconcile_all(intervention_id: str) -> dict[str, Any]:
     return {"results": results}
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class ReconcilePreview(TypedDict):
+    unresolved_effects: Rows
+    how: str
+
+
+class ReconcileReceipt(TypedDict):
+    unresolved_effects: Rows
+    job: Row
+
+
+def preview(run: Run, req: Request, actor: Actor) -> ReconcilePreview:
     return {
         "unresolved_effects": unresolved_effects(run),
         "how": "each registered reconciler is asked by idempotency key; answers are recorded as evidence",
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> ReconcileReceipt:
     Intervention.objects.filter(pk=intervention.pk).update(status=Intervention.PENDING)
     intervention.status = Intervention.PENDING
     job = jobs.enqueue("reconcile", intervention.pk, run)

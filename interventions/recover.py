@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.conf import settings
@@ -35,7 +35,7 @@ from interventions import cards, facts, jobs
 from interventions.base import finish_job, issue, lock_pending_job
 from interventions.compensate import plan_options, start_plan
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.reconcile import auto_reconcile
 from interventions.retry import policy as retry_policy
 from runs.models import Checkpoint, Effect, ExecutionLease, HistoryEvent, Run
@@ -282,7 +282,27 @@ def _prefer(req: Request) -> str:
     return prefer
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class RecoverPreview(TypedDict):
+    """What a recovery would check and the rules it would choose the next action by."""
+
+    prefer: str
+    dead_lease: Row | None
+    checkpoint: Row | None
+    to_reconcile: Rows
+    versions: Row
+    rules: Any
+    how: str
+
+
+class RecoverReceipt(TypedDict):
+    state: str
+    prefer: str
+    dead_lease: Row | None
+    job: Row
+    fencing: str
+
+
+def preview(run: Run, req: Request, actor: Actor) -> RecoverPreview:
     return {
         "prefer": _prefer(req),
         "dead_lease": _dead_lease(run),
@@ -295,7 +315,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> RecoverReceipt:
     prefer = _prefer(req)
     if prefer == "compensate":
         plan_options(

@@ -5,7 +5,7 @@ failing ones with a reason -- does the run become claimable again from the named
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from celery import shared_task
 from django.db import transaction
@@ -16,7 +16,7 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts, jobs
 from interventions.base import finish_job, lock_pending_job
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
 from runs.selectors import starting_checkpoint, unresolved_effects
@@ -26,7 +26,22 @@ from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class ResumePreview(TypedDict):
+    resume_from: Row | None
+    revalidation: str
+    override: bool
+    unresolved_effects: Rows
+    timers_fired_while_paused: Rows
+    checkpoint_seq: int | None
+
+
+class ResumeReceipt(TypedDict):
+    state: str
+    resume_from: Row | None
+    job: Row
+
+
+def preview(run: Run, req: Request, actor: Actor) -> ResumePreview:
     cp = starting_checkpoint(run)
     return {
         "resume_from": facts.resume_point(run),
@@ -39,7 +54,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> ResumeReceipt:
     cp = starting_checkpoint(run)
     apply_transition(
         run,

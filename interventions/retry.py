@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
@@ -15,7 +15,7 @@ from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import Attempt, Checkpoint, Run
 from runs.selectors import latest_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
@@ -83,7 +83,31 @@ def _backoff(run: Run) -> int:
     return int(min(p["backoff_s"] * (p["backoff_factor"] ** n), p["max_backoff_s"]))
 
 
-def eligibility(run: Run, req: Request) -> dict[str, Any]:
+class Eligibility(TypedDict):
+    """Whether another attempt may start: the policy, the last attempt, and what stands in the way."""
+
+    policy: Row
+    last_attempt: Row | None
+    problems: Rows
+
+
+class RetryPreview(Eligibility):
+    next_attempt: int
+    backoff_s: float
+    from_checkpoint: Row | int | None
+    idempotency_keys: str
+
+
+class RetryReceipt(TypedDict):
+    state: str
+    next_attempt: int
+    note: str
+    from_checkpoint: Row | None
+    claimable_after: str | None
+    previous_attempt: Row | None
+
+
+def eligibility(run: Run, req: Request) -> Eligibility:
     p, last = policy(run), _last_attempt(run)
     failure = last.failure_class if last else ""
     unresolved = unresolved_effects(run)
@@ -125,11 +149,13 @@ def eligibility(run: Run, req: Request) -> dict[str, Any]:
     }
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+def preview(run: Run, req: Request, actor: Actor) -> RetryPreview:
     info = eligibility(run, req)
     cp = latest_checkpoint(run) if req.options.get("checkpoint_seq") is None else None
     return {
-        **info,
+        "policy": info["policy"],
+        "last_attempt": info["last_attempt"],
+        "problems": info["problems"],
         "next_attempt": run.attempt_count + 1,
         "backoff_s": _backoff(run),
         "from_checkpoint": {"seq": cp.seq, "step": cp.step}
@@ -139,7 +165,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> RetryReceipt:
     info = eligibility(run, req)
     if info["problems"]:
         first = info["problems"][0]

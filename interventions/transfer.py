@@ -16,7 +16,7 @@ audit row, so "who held what, when" is answerable facet by facet.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
@@ -35,7 +35,7 @@ from core.roles import (
 from interventions import cards, facts
 from interventions.base import pending_approvals
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import ExecutionLease, Run
 from runs.selectors import unresolved_effects
 from runs.services.decisions import notify_run_changed
@@ -158,7 +158,34 @@ def who_may_now(run: Run) -> dict[str, Any]:
     return out
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class TransferPreview(TypedDict):
+    """Who holds each facet now, who would hold it, and what is open at the handoff."""
+
+    facets: list[str]
+    current: Row
+    proposed: Row
+    blocked_by: list[str]
+    unresolved_effects: Rows
+    pending_approvals: Rows
+    authority_handed_over: Rows
+
+
+class TransferReceipt(TypedDict):
+    state: str
+    facets_moved: list[str]
+    facets_unchanged: list[str]
+    records: Rows
+    before: Row
+    after: Row
+    overriding_actor: str | None
+    unresolved_effects: Rows
+    pending_approvals: Rows
+    authority_handed_over: Rows
+    who_may_now: Row
+    execution_note: str
+
+
+def preview(run: Run, req: Request, actor: Actor) -> TransferPreview:
     facets = _facets(req)
     user, worker = _target_user(req, facets), _target_worker(req, facets)
     lease = _lease_holder(run)
@@ -227,7 +254,7 @@ def _move(
     return record
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> TransferReceipt:
     if run.state == State.CLOSED:
         raise Conflict("the run is closed: ownership can no longer change", state=run.state)
     facets = _facets(req)
@@ -268,7 +295,8 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> d
         "before": before,
         "after": holders(run),
         "overriding_actor": actor.name if intervention.override else None,
-        **at_handoff,
+        "unresolved_effects": at_handoff["unresolved_effects"],
+        "pending_approvals": at_handoff["pending_approvals"],
         "authority_handed_over": facts.active_grants(run),
         "who_may_now": who_may_now(run),
         "execution_note": (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import typing
 
 import pytest
 from django.test import Client
@@ -66,6 +67,16 @@ def test_it_gives_every_kind_a_card_and_a_receipt(kind):
         for line in answers:
             assert line["key"] and line["label"], f"{kind}: an unlabelled {name} line"
     assert isinstance(pieces.blocking({}), list) and isinstance(pieces.more({}), list)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_types_every_kinds_preview_and_receipt(kind):
+    """A preview and a receipt are typed (a TypedDict beside the contract's apply), so mypy holds
+    every key the console and the API read to what the contract writes."""
+    contract = REGISTRY[kind]
+    for fn in (contract.preview, contract.apply):
+        returned = typing.get_type_hints(fn).get("return")
+        assert typing.is_typeddict(returned), f"{kind}: {fn.__qualname__} returns {returned!r}"
 
 
 @pytest.mark.parametrize("kind", KINDS)
