@@ -29,7 +29,7 @@ from core.errors import Conflict, Invalid
 from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER
 from interventions import cards
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import AuthorityGrant, Effect, Run
 from runs.selectors import authority_envelope, unresolved_effects
 from runs.services.decisions import lock_run, notify_run_changed

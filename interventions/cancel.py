@@ -81,7 +81,16 @@ def under_way(run: Run) -> Intervention | None:
     return latest_intervention(run, "cancel")
 
 
-def cancel_facts(original: Intervention | None) -> dict[str, Any]:
+class CancelUnderWay(TypedDict):
+    """The cancel a repeated cancel is refused in favour of (and terminate ends)."""
+
+    intervention: str | None
+    issued_by: str | None
+    at: str | None
+    reason: str | None
+
+
+def cancel_facts(original: Intervention | None) -> CancelUnderWay:
     if original is None:
         return {"intervention": None, "issued_by": None, "at": None, "reason": None}
     return {

@@ -9,16 +9,16 @@ decision (or an admin's), owner-bound like cancel.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 
 from core.actors import Actor
 from core.roles import ADMIN, INCIDENT_COMMANDER
 from interventions import cards, facts
-from interventions.cancel import cancel_facts, under_way
+from interventions.cancel import CancelUnderWay, cancel_facts, under_way
 from interventions.models import Intervention
-from interventions.plugins import Answers, Console, Contract, Request, Spec
+from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import ExecutionLease, Run
 from runs.services.decisions import apply_transition
 from runs.services.stopping import stop_waiting
@@ -40,7 +40,27 @@ def blocked_by(run: Run) -> list[str]:
     return []
 
 
-def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+class TerminatePreview(TypedDict):
+    stops: str
+    cancel_under_way: CancelUnderWay
+    lease: dict[str, Any] | None
+    become_unknown: Rows
+    committed_effects: Rows
+    blocked_by: list[str]
+    note: str
+
+
+class TerminateReceipt(TypedDict):
+    state: str
+    terminated_at: str
+    cancel_under_way: CancelUnderWay
+    leases_ended: list[str]
+    became_unknown: Rows
+    must_reconcile: list[str]
+    committed_effects: Rows
+
+
+def preview(run: Run, req: Request, actor: Actor) -> TerminatePreview:
     return {
         "stops": "waiting for the worker: its lease ends now and its later writes are refused",
         "cancel_under_way": cancel_facts(under_way(run)),
@@ -52,7 +72,7 @@ def preview(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     }
 
 
-def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> dict[str, Any]:
+def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> TerminateReceipt:
     cancel = cancel_facts(under_way(run))
     apply_transition(run, Event.TERMINATE, actor=actor, reason=req.reason)
     stopped = stop_waiting(run, actor, req.reason)
