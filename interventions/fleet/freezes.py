@@ -17,6 +17,7 @@ import json
 import uuid
 from typing import Any
 
+from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.http import QueryDict
 from django.utils import timezone
@@ -206,7 +207,14 @@ def set_freeze(
         freeze = scope(over, agent, filter_text)
         freeze.id, freeze.capability = freeze_id, shown["capability"]
         freeze.reason, freeze.frozen_by, freeze.frozen_at = reason, actor.label, timezone.now()
-        freeze.save(force_insert=True)
+        try:
+            with transaction.atomic():  # a savepoint: a twin set at the same moment loses cleanly
+                freeze.save(force_insert=True)
+        except IntegrityError:
+            raise Conflict(
+                f"{freeze.capability} was frozen over {freeze.scope_label} meanwhile",
+                capability=freeze.capability,
+            ) from None
         receipt = _recorded(freeze, shown, actor, "capability.standing_freeze", reason)
     return freeze, receipt
 

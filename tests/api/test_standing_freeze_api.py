@@ -205,3 +205,42 @@ def test_roles_a_duplicate_and_a_stale_preview_are_refused_and_audited(worker, a
     assert StandingFreeze.objects.filter(lifted_at__isnull=True).count() == 1
     worker_refused = as_user("ian")
     assert worker_refused.get("/fleet/freezes?live=true").json()["freezes"][0]["live"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_identical_freezes_at_once_one_stands_and_two_restores_one_lifts(
+    worker, cast, postgres_only
+):
+    from django.test import Client
+
+    from tests.conftest import Api
+    from tests.interventions.test_races import _run_in_threads
+
+    running_run(worker)
+
+    def post(token: str, path: str, body: dict) -> tuple[int, dict]:
+        resp = Api(Client(), token).post(path, body)
+        return resp.status_code, resp.json()
+
+    body = {**CHARGE, "reason": "card processor flapping"}
+    people = (cast["ian"][1], cast["sam"][1], cast["ada"][1])
+    results = [
+        r[1] for r in _run_in_threads([lambda t=t: post(t, "/fleet/freezes", body) for t in people])
+    ]
+    assert sorted(code for code, _ in results) == [201, 409, 409], results
+    assert StandingFreeze.objects.filter(lifted_at__isnull=True).count() == 1
+    fid = next(b for code, b in results if code == 201)["freeze"]["id"]
+    restore = f"/fleet/freezes/{fid}/restore"
+    results = [
+        r[1]
+        for r in _run_in_threads([lambda t=t: post(t, restore, {"reason": "ok"}) for t in people])
+    ]
+    assert sorted(code for code, _ in results) == [200, 409, 409], results
+    assert (
+        AuditEvent.objects.filter(action="capability.standing_restore", outcome="allowed").count()
+        == 1
+    )
+    assert (
+        AuditEvent.objects.filter(action="capability.standing_freeze", outcome="denied").count()
+        == 2
+    )

@@ -170,3 +170,24 @@ def test_ten_cancels_at_once_give_one_202_and_never_a_forced_stop(worker, cast, 
     ).count() == codes.count(409)
     assert not AuditEvent.objects.filter(action="intervention.terminate").exists()
     assert verify_chain().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_terminates_at_once_one_applies(worker, cast, postgres_only):
+    run, c = running_run(worker)
+    declare(worker, run["id"], c["lease"]["fencing_token"], key="k-flying")
+    assert intervene(Api(Client(), cast["otto"][1]), run["id"], "cancel").status_code == 202
+
+    def press(token: str) -> tuple[int, dict]:
+        resp = intervene(Api(Client(), token), run["id"], "terminate", "worker stuck")
+        return resp.status_code, resp.json()
+
+    results = [
+        r[1]
+        for r in _run_in_threads([lambda t=t: press(t) for t in (cast["ian"][1], cast["ada"][1])])
+    ]
+    assert sorted(code for code, _ in results) == [202, 409], results
+    assert Run.objects.get(pk=run["id"]).state == "cancelled"
+    assert Effect.objects.get(idempotency_key="k-flying").status == "unknown"
+    assert AuditEvent.objects.filter(action="effect.unknown").count() == 1
+    assert AuditEvent.objects.filter(action="intervention.terminate", outcome="denied").count() == 1
