@@ -71,6 +71,18 @@ class FreezePreviewOut(Out):
     digest: str
 
 
+class RestorePreviewOut(Out):
+    freeze: FreezeOut
+    capability: str
+    scope: str
+    covers_now: int
+    covers_by_state: JSON
+    new_declarations: str
+    per_run_freezes: str
+    blocked_by: list[str]
+    digest: str
+
+
 class FreezeReceiptOut(Out):
     freeze: FreezeOut
     by: str
@@ -128,7 +140,10 @@ def get_freeze(request: HttpRequest, freeze_id: UUID) -> Any:
     return freeze_dict(freeze) | {"covers_now": service.run_count(freeze) if freeze.live else 0}
 
 
-@router.post("/fleet/freezes/{freeze_id}/restore/preview", response={200: JSON, **ERRORS_WRITE})
+@router.post(
+    "/fleet/freezes/{freeze_id}/restore/preview",
+    response={200: RestorePreviewOut, **ERRORS_WRITE},
+)
 def preview_restore(request: HttpRequest, freeze_id: UUID) -> Any:
     return service.preview_restore(actor=caller(request), freeze_id=freeze_id)
 

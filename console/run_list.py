@@ -92,7 +92,7 @@ def list_context(
     frozen = covering(page.runs)
     return counts_context(actor, flt) | {
         "runs": [run_row(r, now, frozen[r.pk]) for r in page.runs],
-        "standing_freezes": [freeze_dict(f) for f in live_standing().order_by("frozen_at")],
+        "standing_freezes": [freeze_dict(f) for f in live_standing()],
         # each row's place in the order (a live page places joining runs by it: list_live.py)
         "row_keys": [tuple(getattr(r, name) for name in flt.sort_key) for r in page.runs],
         "query": flt.to_query(**cursor),

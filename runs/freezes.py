@@ -44,7 +44,12 @@ def matches(freeze: StandingFreeze | dict[str, Any], run_ids: list[Any]) -> set[
 
 
 def live_standing(capability: str | None = None) -> QuerySet[StandingFreeze]:
-    qs = StandingFreeze.objects.filter(lifted_at__isnull=True).select_related("agent")
+    """The live standing freezes (of one capability), oldest first."""
+    qs = (
+        StandingFreeze.objects.filter(lifted_at__isnull=True)
+        .select_related("agent")
+        .order_by("frozen_at")
+    )
     return qs.filter(capability=capability) if capability else qs
 
 
@@ -55,7 +60,7 @@ def covering(runs: list[Run]) -> dict[Any, list[StandingFreeze]]:
     out: dict[Any, list[StandingFreeze]] = {pk: [] for pk in ids}
     if not ids:
         return out
-    for freeze in live_standing().order_by("frozen_at"):
+    for freeze in live_standing():
         for pk in matches(freeze, ids):
             out[pk].append(freeze)
     return out
