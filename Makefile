@@ -74,5 +74,14 @@ check-deploy: venv  ## Django's deployment checks against the production setting
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(PY) manage.py check --deploy --fail-level WARNING
 
+image:  ## the container images: Dockerfile on a base built from Debian's packages (BASE_IMAGE=python:3.13-slim-trixie where a registry is reachable)
+	bash deploy/images.sh
+
+compose-test: venv  ## builds the images, starts compose.yaml's stack and checks it through the proxy (first run ~10 min, cached ~3 min; skipped, saying so, without a Docker daemon)
+	@bash deploy/images.sh; rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "compose-test skipped: no Docker daemon could be started"; exit 0; fi; \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	CONTROLPLANE_COMPOSE_TEST=1 $(PY) -m pytest tests/deploy/test_compose.py -p no:cacheprovider $(PYTEST_ARGS)
+
 clean:
 	rm -rf var .pytest_cache site

@@ -341,6 +341,7 @@ class ReceiptListOut(Out):
 
 class ContractsOut(Out):
     contracts: dict[str, JSON]
+    fleet_contracts: dict[str, JSON] = {}
     state_machine: list[JSON]
     permissions: dict[str, list[str]]
 

@@ -31,6 +31,7 @@ from api.schemas import (
 )
 from audit.services import snapshot
 from core.actors import Actor
+from core.drain import is_draining
 from core.errors import DomainError, Invalid, NotFound
 from core.roles import may
 from interventions.registry import redact
@@ -214,6 +215,8 @@ async def heartbeat(request: HttpRequest, lease_id: UUID, body: HeartbeatIn):
         loop_deadline = _now() + wait_s
         while True:
             await bus.wait(event, loop_deadline - _now(), listening)
+            if is_draining():  # answer now; the gate adds the reconnect header (core/drain.py)
+                return (await beat()).as_dict()
             if not listening and _now() < loop_deadline:
                 # No NOTIFY (SQLite): the bus re-checks every FALLBACK_POLL_S, so read the state
                 # rather than write a beat each time.

@@ -189,12 +189,23 @@ class CompensationOptions(StrictOptions):
     claim_ttl_s: StrictInt = Field(default=60, ge=1, le=3600)
 
 
+def _as_uuid(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            raise ValueError("must be a UUID") from None
+    return value
+
+
 class InterventionOptions(CompensationOptions):
     """Every option any intervention reads; each contract checks which of them it needs."""
 
     suspend_authority: StrictBool = False  # pause
     reobserve_assumptions: StrictBool = False  # resume
-    checkpoint_seq: StrictInt | None = Field(default=None, ge=0, le=MAX_INT)  # retry
+    checkpoint_seq: StrictInt | None = Field(default=None, ge=0, le=MAX_INT)  # retry, redrive
+    # redrive: the effects committed after the checkpoint to compensate before the new attempt
+    compensate_first: list[UUID] = Field(default=[], max_length=500)
     to: Text150 | None = None  # transfer: a username
     # transfer: which facets (assignment, decision_authority, execution_lease) the contract checks
     facets: list[Annotated[str, Field(max_length=50)]] = Field(default=[], max_length=10)
@@ -206,15 +217,17 @@ class InterventionOptions(CompensationOptions):
     compensation: CompensationOptions | None = None  # recover with prefer=compensate
 
     # UUIDs arrive as JSON strings: strict mode would refuse every one of them.
+    @field_validator("compensate_first", mode="before")
+    @classmethod
+    def _uuids_from_text(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [_as_uuid(v) for v in value]
+        return value
+
     @field_validator("approval_id", "grant_id", mode="before")
     @classmethod
     def _uuid_from_text(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                return UUID(value)
-            except ValueError:
-                raise ValueError("must be a UUID") from None
-        return value
+        return _as_uuid(value)
 
     def as_dict(self) -> dict[str, Any]:
         """Only what the caller sent (the contracts apply their own defaults), as JSON values."""

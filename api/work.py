@@ -17,6 +17,7 @@ from api import responses as out
 from api.auth import caller, refuse
 from api.schemas import Schema
 from core.actors import Actor
+from core.drain import is_draining
 from core.errors import LeaseHeld, NotClaimable
 from runs import work
 from runs.directive_bus import get_bus
@@ -72,7 +73,7 @@ async def claim_work(request: HttpRequest, body: WorkIn):
         while True:
             claimed = await sync_to_async(_try_claim)(caller(request), list(ids.values()), body)
             remaining = deadline - time.monotonic()
-            if claimed is not None or remaining <= 0:
+            if claimed is not None or remaining <= 0 or is_draining():
                 return {"claim": claimed}
             due = await sync_to_async(work.next_due)(list(ids.values()), body.worker)
             if due is not None:  # a run in retry backoff: wake when it becomes claimable

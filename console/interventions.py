@@ -37,6 +37,7 @@ from core.roles import ROLES, may, roles_of
 from interventions import base
 from interventions.approvals import SATISFIES
 from interventions.contracts import contracts_document, permission_rows
+from interventions.facts import committed_effects
 from interventions.models import Intervention
 from interventions.plugins import REGISTRY, Request, owner_bound
 from interventions.reconcile import reconcile_effect
@@ -78,9 +79,9 @@ def request_from(kind: str, data: QueryDict) -> Request:
         if name in FLAGS:
             if data.get(name) in ("on", "1", "true"):
                 options[name] = True
-        elif name == "facets":
-            if data.getlist("facets"):
-                options["facets"] = data.getlist("facets")
+        elif name in ("facets", "compensate_first"):  # checkboxes: every ticked value
+            if data.getlist(name):
+                options[name] = data.getlist(name)
         elif name == "checkpoint_seq":
             raw = data.get(name, "").strip()
             if raw:
@@ -190,6 +191,9 @@ def dialog_context(
     }
     if "checkpoint_seq" in ctx["fields"]:
         ctx["checkpoints"] = checkpoint_choices(run)
+    if "compensate_first" in ctx["fields"]:  # redrive: each committed effect, kept unless ticked
+        ctx["committed"] = committed_effects(run)
+        ctx["compensate_checked"] = form.getlist("compensate_first")
     if "to" in ctx["fields"]:
         ctx["users"] = people_with_roles(ROLES)
         ctx["all_facets"] = FACETS
@@ -488,8 +492,10 @@ def contracts_page(request: HttpRequest) -> HttpResponse:
         request,
         "console/contracts.html",
         {
+            # The per-run contracts, then those over a scope of the fleet (interventions/intake.py).
             "contracts": [
-                {"kind": k, "label": kind_label(k), **c} for k, c in doc["contracts"].items()
+                {"kind": k, "label": kind_label(k), **c}
+                for k, c in (doc["contracts"] | doc["fleet_contracts"]).items()
             ],
             "by_state": by_state,
             "matrix": matrix,

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import audit, fleet, freezes, interventions, receipts, run_list, run_page
+from console import audit, fleet, freezes, intake, interventions, receipts, run_list, run_page
 
 app_name = "console"
 
@@ -34,6 +34,15 @@ urlpatterns = [
     path("effects/<uuid:effect_id>/reconcile/", interventions.reconcile, name="reconcile"),
     path("approvals/", interventions.approvals_inbox, name="approvals"),
     path("contracts/", interventions.contracts_page, name="contracts"),
+    path("intake/", intake.intake_page, name="intake"),
+    path("intake/preview/", intake.hold_preview_view, name="intake-preview"),
+    path("intake/hold/", intake.hold_confirm, name="intake-hold"),
+    path(
+        "intake/<uuid:hold_id>/release/preview/",
+        intake.release_preview_view,
+        name="intake-release-preview",
+    ),
+    path("intake/<uuid:hold_id>/release/", intake.release_confirm, name="intake-release"),
     path("fleet/", fleet.fleet_page, name="fleet"),
     path("fleet/preview/", fleet.fleet_preview, name="fleet-preview"),
     path("fleet/freezes/preview/", freezes.freeze_preview, name="freeze-preview"),

@@ -296,7 +296,8 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# The image collects static files into its own read-only tree (Dockerfile), apart from var/.
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "staticfiles")))
 
 # One JSON object per line in production (LOG_FORMAT=json), with the run, attempt, effect,
 # intervention and request ids of the decision being made; plain text for people otherwise.

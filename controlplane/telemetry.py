@@ -55,6 +55,8 @@ def json_formatter() -> dict[str, Any]:
             structlog.contextvars.merge_contextvars,
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
+            # the fields a record carries in ``extra=`` (the access log's method, path, status, ...)
+            structlog.stdlib.ExtraAdder(),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
         ],

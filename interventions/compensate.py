@@ -43,11 +43,12 @@ from interventions.base import finish_job
 from interventions.models import CompensationPlan, CompensationStep, Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.registry import CompensationResult, EffectInfo, get_compensator, redact
-from runs.models import Effect, Run
+from runs.models import Checkpoint, Effect, Run
 from runs.selectors import unresolved_effects
 from runs.services.decisions import apply_transition, lock_run, notify_run_changed
 from runs.services.effects import fingerprint
 from runs.services.history import append_history
+from runs.services.lifecycle import set_resume_point
 from runs.states import Event, State, transition
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,9 @@ def _ledger_row(e: Effect) -> dict[str, Any]:
     }
 
 
-def build_plan(run: Run) -> dict[str, Any]:
-    """Pure read: what a compensation of this run would do now."""
+def build_plan(run: Run, only: set[str] | None = None) -> dict[str, Any]:
+    """Pure read: what a compensation of this run would do now. ``only``: the effect ids a redrive
+    chose to compensate first (interventions/redrive.py); the rest of the ledger is left alone."""
     # A discrepancy (the world reported committed against a reconciled failed, or the reverse) is
     # offered too: the world may hold it, and undoing it is what an operator most likely needs.
     committed = Effect.objects.filter(
@@ -124,6 +126,8 @@ def build_plan(run: Run) -> dict[str, Any]:
         decision=Effect.AUTHORIZED,
         status__in=(Effect.COMMITTED, Effect.DISCREPANCY),
     ).order_by("-declared_at", "-outcome_at")
+    if only is not None:
+        committed = committed.filter(pk__in=only)
     steps: list[dict[str, Any]] = []
     called_out, skipped = [], []
     for e in committed:
@@ -164,6 +168,7 @@ def step_dict(s: CompensationStep) -> dict[str, Any]:
         "tool": e.tool,
         "action": e.action,
         "idempotency_key": e.idempotency_key,
+        "declared_at": e.declared_at.isoformat(),  # its place in the ledger (ledger_order)
         "compensation": {"tool": s.tool, "action": s.action, "args": s.args},
         "compensation_key": s.idempotency_key,
         "compensation_effect": str(s.compensation_effect_id) if s.compensation_effect_id else None,
@@ -253,10 +258,14 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> C
 
 
 def start_plan(
-    run: Run, intervention: Intervention, actor: Actor, options: dict[str, Any]
+    run: Run,
+    intervention: Intervention,
+    actor: Actor,
+    options: dict[str, Any],
+    only: set[str] | None = None,
 ) -> CompensationPlan:
     """Persist the plan (caller holds the run lock, in the transaction of the decision) and enqueue it."""
-    built = build_plan(run)
+    built = build_plan(run, only)
     plan = CompensationPlan.objects.create(
         run=run,
         intervention=intervention,
@@ -313,16 +322,23 @@ def _irreversible(irreversible: list[dict[str, Any]], outcome: str) -> dict[str,
     )
 
 
-def compensate_card(p: Mapping[str, Any]) -> Answers:
-    plan = p.get("plan") or {}
+def ledger_order(plan: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The plan's steps and its called-out effects in one list, newest first as the ledger has them:
+    an irreversible effect in the middle of the ledger keeps its place between the steps around it
+    (the plan goes on past it), on the preview's card and on the receipt alike."""
     steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
-    merged = sorted(
+    return sorted(
         [("step", s) for s in steps] + [("out", c) for c in called_out],
         key=lambda pair: pair[1].get("declared_at", ""),
         reverse=True,
     )
+
+
+def compensate_card(p: Mapping[str, Any]) -> Answers:
+    plan = p.get("plan") or {}
+    steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
     rows = []
-    for what, e in merged:
+    for what, e in ledger_order(plan):
         if what == "step":
             comp = e.get("compensation") or {}
             rows.append(
@@ -383,12 +399,18 @@ def compensate_receipt(r: Mapping[str, Any]) -> Answers:
     plan = r.get("plan") or {}
     steps, called_out = plan.get("steps") or [], plan.get("called_out") or []
     irreversible = [c for c in called_out if c.get("irreversible")]
+    order = [
+        f"{e['compensation']['tool']}:{e['compensation']['action']}"
+        if what == "step"
+        else f"[{e['tool']}:{e['action']} {'irreversible' if e.get('irreversible') else 'not undone'}: stays committed]"
+        for what, e in ledger_order(plan)
+    ]
     return [
         cards.answer(
             "plan",
             "Plan",
             f"{len(steps)} compensation{'s' if len(steps) != 1 else ''} in reverse order: "
-            + ", ".join(f"{s['compensation']['tool']}:{s['compensation']['action']}" for s in steps)
+            + ", ".join(order)
             if steps
             else "",
             empty="nothing to compensate",
@@ -872,8 +894,10 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
     }
     plan.save(update_fields=["status", "finished_at", "updated_at", "result"])
     run = lock_run(plan.run_id)
+    intervention = Intervention.objects.select_for_update().get(pk=plan.intervention_id)
+    redrive = intervention.kind == "redrive"
     event = (
-        Event.COMPENSATION_COMPLETED
+        (Event.REDRIVE_SETTLED if redrive else Event.COMPENSATION_COMPLETED)
         if status == CompensationPlan.COMPLETED
         else Event.COMPENSATION_FAILED
     )
@@ -884,6 +908,8 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
         actor=actor,
     )
     if transition(run.state, event) is not None:
+        if event == Event.REDRIVE_SETTLED:  # the new attempt starts from the chosen checkpoint
+            set_resume_point(run, redrive_checkpoint(intervention), claimable_after=None)
         apply_transition(
             run,
             event,
@@ -905,9 +931,12 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
             "failed": [s.idempotency_key for s in failed],
         },
     )
-    intervention = Intervention.objects.select_for_update().get(pk=plan.intervention_id)
     result = {"plan_status": status, "summary": summary, "plan": plan_dict(plan)}
-    if intervention.kind == "compensate":
+    if redrive:
+        result["redrive"] = (
+            "queued from the checkpoint" if not failed else "not started: " + summary
+        )
+    if intervention.kind in ("compensate", "redrive"):
         finish_job(
             intervention, Intervention.COMPLETED if not failed else Intervention.FAILED, result
         )
@@ -915,6 +944,11 @@ def _finish_plan(plan: CompensationPlan, actor: Actor) -> dict[str, Any]:
         intervention.receipt = {**intervention.receipt, "compensation": result}
         intervention.save(update_fields=["receipt"])
     return {"status": status, "finished": True, "summary": summary}
+
+
+def redrive_checkpoint(intervention: Intervention) -> Checkpoint | None:
+    seq = (intervention.receipt or {}).get("checkpoint", {}).get("seq")
+    return Checkpoint.objects.filter(run_id=intervention.run_id, seq=seq).first()
 
 
 jobs.register_kind("compensation", execute_compensation_plan, give_up_plan)

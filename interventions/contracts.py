@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.roles import PERMISSIONS
-from interventions.plugins import REGISTRY, get_contract
+from interventions.plugins import FLEET_REGISTRY, REGISTRY, get_contract
 from runs.states import TRANSITIONS, as_table
 
 
@@ -34,9 +34,24 @@ def contract_for(kind: str) -> dict[str, Any]:
     return spec
 
 
+def fleet_contract_for(kind: str) -> dict[str, Any]:
+    contract = FLEET_REGISTRY[kind]
+    return contract.spec.as_dict() | {
+        "kind": kind,
+        "event": None,
+        "may_issue": sorted(PERMISSIONS.get(kind, frozenset())),
+        "honours_decision_authority": False,
+        "override_roles": [],
+        "from_states": "no run: a standing rule over a scope of the fleet",
+        "transitions": [],
+        "reason_required": True,
+    }
+
+
 def contracts_document() -> dict[str, Any]:
     return {
         "contracts": {kind: contract_for(kind) for kind in REGISTRY},
+        "fleet_contracts": {kind: fleet_contract_for(kind) for kind in FLEET_REGISTRY},
         "state_machine": as_table(),
         "permissions": {k: sorted(v) for k, v in permission_rows().items()},
     }
@@ -45,7 +60,7 @@ def contracts_document() -> dict[str, Any]:
 def permission_rows() -> dict[str, frozenset[str]]:
     """The permission matrix in reading order: viewing, then each contract in its order, then the
     rights no contract owns."""
-    first = ["view", *REGISTRY]
+    first = ["view", *REGISTRY, *FLEET_REGISTRY]
     return {k: PERMISSIONS[k] for k in first} | {
         k: v for k, v in PERMISSIONS.items() if k not in first
     }

@@ -6,9 +6,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from runs.models import AuthorityGrant, Effect, Run, Timer
+from core.errors import Invalid
+from runs.models import AuthorityGrant, Checkpoint, Effect, Run, Timer
 from runs.selectors import (
     checkpoint_summary,
+    latest_checkpoint,
     starting_checkpoint,
 )
 
@@ -90,3 +92,56 @@ def deadline(run: Run) -> dict[str, Any] | None:
         "passed": run.deadline <= timezone.now(),
         "note": "deadlines keep running during a pause",
     }
+
+
+def chosen_checkpoint(run: Run, options: dict[str, Any]) -> Checkpoint | None:
+    """``options.checkpoint_seq``'s checkpoint (retry, redrive), else the latest; a seq the run does
+    not have is refused naming the option."""
+    seq = options.get("checkpoint_seq")
+    if seq is None:
+        return latest_checkpoint(run)
+    cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
+    if cp is None:
+        raise Invalid(
+            f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq"
+        )
+    return cp
+
+
+def protection(e: Effect) -> tuple[bool, str]:
+    """What keeps an effect its step repeats from happening twice in the world, in the operator's words."""
+    key = e.idempotency_key
+    if not key:
+        return False, "UNPROTECTED: no idempotency key; the repeat would dispatch it again"
+    if e.status == Effect.COMMITTED:
+        return True, f"replays the recorded result under {key}: not dispatched again"
+    if e.status in Effect.UNRESOLVED:
+        return True, f"outcome unknown: reconciled first; the repeat then reuses {key}"
+    return True, f"dispatched again under {key} (its last attempt {e.status})"
+
+
+def re_executes(run: Run, cp: Checkpoint | None) -> list[dict[str, Any]]:
+    """Every step that runs again from ``cp`` (``None``: the start), oldest first, with each effect
+    it repeats and that effect's idempotency protection. The steps are those of the authorised
+    effects declared after the checkpoint and of the later checkpoints (a step with no effect)."""
+    effects = Effect.objects.filter(run=run, kind=Effect.ACTION, decision=Effect.AUTHORIZED)
+    later = Checkpoint.objects.filter(run=run)
+    if cp is not None:
+        effects, later = effects.filter(declared_at__gt=cp.created_at), later.filter(seq__gt=cp.seq)
+    steps: dict[str, list[dict[str, Any]]] = {}
+    for e in effects.order_by("declared_at"):
+        protected, note = protection(e)
+        steps.setdefault(e.step, []).append(
+            {
+                "id": str(e.pk),
+                "tool": e.tool,
+                "action": e.action,
+                "idempotency_key": e.idempotency_key,
+                "status": e.status,
+                "protected": protected,
+                "protection": note,
+            }
+        )
+    for step in later.order_by("seq").values_list("step", flat=True):
+        steps.setdefault(step, [])
+    return [{"step": s, "effects": rows} for s, rows in steps.items()]

@@ -140,7 +140,20 @@ class Contract:
     repeat: Callable[[Run, Request, Actor], Intervention | None] | None = None
 
 
+@dataclass(frozen=True)
+class FleetContract:
+    """A contract over a scope of the fleet rather than one run (hold_intake, release_intake): it has
+    its own preview, issue and receipt services (its module's), a spec and a permission row, and an
+    entry on the contracts page under "Fleet contracts". Declared as ``FLEET_CONTRACTS``."""
+
+    kind: str
+    spec: Spec
+    may_issue: frozenset[str]
+    order: int
+
+
 REGISTRY: dict[str, Contract] = {}
+FLEET_REGISTRY: dict[str, FleetContract] = {}
 
 
 def register(contract: Contract) -> Contract:
@@ -162,6 +175,11 @@ def discover() -> None:
         module = importlib.import_module(info.name)
         for contract in getattr(module, "CONTRACTS", ()):
             register(contract)
+        for fleet in getattr(module, "FLEET_CONTRACTS", ()):
+            if fleet.kind in FLEET_REGISTRY and FLEET_REGISTRY[fleet.kind] is not fleet:
+                raise ValueError(f"fleet contract {fleet.kind!r} is declared twice")
+            FLEET_REGISTRY[fleet.kind] = fleet
+            declare_permission(fleet.kind, fleet.may_issue)
     ordered = sorted(REGISTRY.values(), key=lambda c: (c.order, c.kind))
     REGISTRY.clear()
     REGISTRY.update((c.kind, c) for c in ordered)

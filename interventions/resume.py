@@ -19,7 +19,7 @@ from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from interventions.revalidation import build_report
 from runs.models import Run
-from runs.selectors import starting_checkpoint, unresolved_effects
+from runs.selectors import latest_checkpoint, starting_checkpoint, unresolved_effects
 from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import set_resume_point
@@ -33,6 +33,7 @@ class ResumePreview(TypedDict):
     unresolved_effects: Rows
     timers_fired_while_paused: Rows
     checkpoint_seq: int | None
+    re_executes: Rows  # each step that runs again, each effect with its idempotency protection
 
 
 class ResumeReceipt(TypedDict):
@@ -51,6 +52,8 @@ def preview(run: Run, req: Request, actor: Actor) -> ResumePreview:
         "unresolved_effects": unresolved_effects(run),
         "timers_fired_while_paused": [t for t in facts.timers(run) if t["status"] == "fired"],
         "checkpoint_seq": cp.seq if cp else None,
+        # Each step that runs again from the checkpoint, each effect it repeats with its protection.
+        "re_executes": facts.re_executes(run, cp or latest_checkpoint(run)),
     }
 
 
@@ -187,10 +190,23 @@ def checks_table(report: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def replay_table(report: dict[str, Any]) -> dict[str, Any]:
+def replay_table(
+    report: Mapping[str, Any], steps: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The replay check's steps (a report), else the preview's own ``re_executes``."""
     replay = next((c for c in report.get("checks") or [] if c["name"] == "replay"), None)
     rows = []
-    for step in (replay or {}).get("details") or []:
+    for step in (replay or {}).get("details") or steps or []:
+        if not step.get("effects"):
+            rows.append(
+                cards.row(
+                    cards.cell("code", step.get("step")),
+                    cards.cell("text", "no effect"),
+                    cards.cell("text", ""),
+                    cards.cell("text", ""),
+                    cards.cell("text", "runs again"),
+                )
+            )
         for e in step.get("effects") or []:
             rows.append(
                 cards.row(
@@ -200,7 +216,8 @@ def replay_table(report: dict[str, Any]) -> dict[str, Any]:
                     cards.cell("status", e.get("status")),
                     cards.cell(
                         "text",
-                        "replays the recorded result" if e.get("protected") else "UNPROTECTED",
+                        e.get("protection")
+                        or ("replays the recorded result" if e.get("protected") else "UNPROTECTED"),
                     ),
                     mark="" if e.get("protected") else "fail",
                 )
@@ -232,7 +249,7 @@ def resume_card(p: Mapping[str, Any]) -> Answers:
             "runs_again",
             "Runs again",
             f"from {cards.checkpoint_text(p.get('resume_from'))}",
-            replay_table(report),
+            replay_table(report, p.get("re_executes")),
             empty="no step with effects runs again",
         ),
         cards.answer(

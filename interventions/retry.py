@@ -11,9 +11,9 @@ from typing import Any, TypedDict
 from django.utils import timezone
 
 from core.actors import Actor
-from core.errors import Conflict, Invalid
+from core.errors import Conflict
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
-from interventions import cards
+from interventions import cards, facts
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import Attempt, Checkpoint, Run
@@ -66,15 +66,7 @@ def _last_attempt(run: Run) -> Attempt | None:
 
 
 def _checkpoint(run: Run, req: Request) -> Checkpoint | None:
-    seq = req.options.get("checkpoint_seq")
-    if seq is None:
-        return latest_checkpoint(run)
-    cp = Checkpoint.objects.filter(run=run, seq=seq).first() if isinstance(seq, int) else None
-    if cp is None:
-        raise Invalid(
-            f"checkpoint {seq!r} does not exist for this run", field="options.checkpoint_seq"
-        )
-    return cp
+    return facts.chosen_checkpoint(run, req.options)
 
 
 def _backoff(run: Run) -> int:

@@ -12,8 +12,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from interventions import facts
 from interventions.registry import get_assumption_checker
-from runs.models import Assumption, AuthorityGrant, Checkpoint, Effect, Run
+from runs.models import Assumption, AuthorityGrant, Checkpoint, Run
 from runs.selectors import latest_checkpoint, starting_checkpoint, unresolved_effects
 
 
@@ -186,22 +187,8 @@ def check_replay(run: Run) -> Check:
     """Steps after the boundary run again; each effect they repeat must carry an idempotency key so
     the control plane replays the recorded result instead of dispatching twice."""
     cp: Checkpoint | None = starting_checkpoint(run) or latest_checkpoint(run)
-    effects = Effect.objects.filter(run=run, kind=Effect.ACTION, decision=Effect.AUTHORIZED)
-    if cp is not None:
-        effects = effects.filter(declared_at__gt=cp.created_at)
-    steps: dict[str, list[dict]] = {}
-    for e in effects.order_by("declared_at"):
-        steps.setdefault(e.step, []).append(
-            {
-                "tool": e.tool,
-                "action": e.action,
-                "idempotency_key": e.idempotency_key,
-                "status": e.status,
-                "protected": bool(e.idempotency_key),
-            }
-        )
-    unprotected = [x for rows in steps.values() for x in rows if not x["protected"]]
-    rows = [{"step": s, "effects": rows} for s, rows in steps.items()]
+    rows = facts.re_executes(run, cp)
+    unprotected = [x for step in rows for x in step["effects"] if not x["protected"]]
     if unprotected:
         return Check(
             "replay", False, f"{len(unprotected)} repeated effect(s) lack an idempotency key", rows

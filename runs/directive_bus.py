@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from django.db import connection
 
-from core import pg
+from core import drain, pg
 from runs.work import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -26,6 +26,13 @@ class RunChangeBus:
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._listener: asyncio.Task | None = None
         self._ready = asyncio.Event()  # replaced by a fresh one whenever a listener (re)starts
+        # A draining process answers its long-polls now (core/drain.py): wake every waiter.
+        drain.on_drain(self.wake_all)
+
+    def wake_all(self) -> None:
+        for waiters in list(self._waiters.values()):
+            for event in waiters:
+                event.set()
 
     @property
     def uses_notify(self) -> bool:
@@ -94,13 +101,13 @@ class RunChangeBus:
                     "directive listener lost its connection; reconnecting", exc_info=True
                 )
                 # Wake everyone so they re-read from the database rather than miss a change.
-                for waiters in list(self._waiters.values()):
-                    for event in waiters:
-                        event.set()
+                self.wake_all()
                 await asyncio.sleep(0.5)
 
     async def wait(self, event: asyncio.Event, timeout: float, listening: bool) -> None:
         """Wait until woken or ``timeout``; without NOTIFY, at most FALLBACK_POLL_S before re-checking."""
+        if drain.is_draining():
+            return  # the caller answers now: this process is about to exit
         step = timeout if listening else min(timeout, FALLBACK_POLL_S)
         try:
             await asyncio.wait_for(event.wait(), timeout=max(step, 0))

@@ -63,6 +63,10 @@ class Event(StrEnum):
     REJECT = "reject"
     APPROVAL_TIMED_OUT = "approval_timed_out"
     CLOSE = "close"
+    # Redrive from a chosen checkpoint (interventions/redrive.py): straight to the queue when every
+    # later effect is kept, else through a compensation plan of the ones to undo first.
+    REDRIVE = "redrive"
+    REDRIVE_COMPENSATE_FIRST = "redrive_compensate_first"
     # job outcomes
     REVALIDATION_PASSED = "revalidation_passed"
     REVALIDATION_BLOCKED = "revalidation_blocked"
@@ -71,6 +75,7 @@ class Event(StrEnum):
     RECOVERY_COMPENSATE = "recovery_compensate"
     COMPENSATION_COMPLETED = "compensation_completed"
     COMPENSATION_FAILED = "compensation_failed"
+    REDRIVE_SETTLED = "redrive_settled"  # a redrive's compensate-first plan completed
     JOB_FAILED = "job_failed"  # a follow-up job gave up after JOB_MAX_ATTEMPTS
 
 
@@ -118,6 +123,8 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
         E.RESUME: T(S.REVALIDATING),
         E.CANCEL: T(S.CANCELLED),
         E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.REDRIVE: T(S.QUEUED, guard="no_unresolved_effects"),
+        E.REDRIVE_COMPENSATE_FIRST: T(S.COMPENSATING, guard="no_unresolved_effects"),
     },
     S.REVALIDATING: {
         E.REVALIDATION_PASSED: T(S.QUEUED),
@@ -136,6 +143,8 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
     },
     S.CANCELLED: {
         E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.REDRIVE: T(S.QUEUED, guard="no_unresolved_effects"),
+        E.REDRIVE_COMPENSATE_FIRST: T(S.COMPENSATING, guard="no_unresolved_effects"),
         E.CLOSE: T(S.CLOSED),
     },
     S.ORPHANED: {
@@ -152,6 +161,7 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
     },
     S.COMPENSATING: {
         E.COMPENSATION_COMPLETED: T(S.COMPENSATED),
+        E.REDRIVE_SETTLED: T(S.QUEUED),
         E.COMPENSATION_FAILED: T(S.COMPENSATION_FAILED),
         # The operator's exit: the plan stops before its next step (a step already called finishes
         # and is recorded); the plan ends and the run stays cancelled.
@@ -177,6 +187,8 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
     S.FAILED: {
         E.RETRY: T(S.QUEUED, guard="previous_attempt_accounted_for"),
         E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),
+        E.REDRIVE: T(S.QUEUED, guard="no_unresolved_effects"),
+        E.REDRIVE_COMPENSATE_FIRST: T(S.COMPENSATING, guard="no_unresolved_effects"),
         E.CLOSE: T(S.CLOSED),
     },
     S.SUCCEEDED: {

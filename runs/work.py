@@ -9,6 +9,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from runs.models import Agent, Run
+from runs.services.intake import not_held
 from runs.states import State
 
 # The channel services NOTIFY on in the deciding transaction (runs/services/decisions.py) and the
@@ -28,7 +29,8 @@ def agent_ids(names: list[str] | None) -> dict[str, int]:
 
 
 def _waiting(ids: list[int], worker: str):
-    return Run.objects.filter(agent_id__in=ids, state=State.QUEUED).filter(
+    # Runs a live intake hold covers stay queued, out of every worker's sight until released.
+    return not_held(Run.objects.filter(agent_id__in=ids, state=State.QUEUED)).filter(
         Q(execution_pin="") | Q(execution_pin__isnull=True) | Q(execution_pin=worker)
     )
 

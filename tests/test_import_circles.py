@@ -28,10 +28,7 @@ PACKAGES = (
 # Circles other engineers of issue 17 are removing on their own branches. Remove each entry once its
 # branch is merged: the test then holds the line for those modules too.
 KNOWN: dict[frozenset[str], str] = {}
-KNOWN_PREFIXES: dict[str, str] = {
-    # the sdk/ engineer of issue 17: a type-only circle inside the SDK.
-    "controlplane_sdk.": "sdk",
-}
+KNOWN_PREFIXES: dict[str, str] = {}
 
 
 def circles(graph: grimp.ImportGraph) -> list[list[str]]:

@@ -1,6 +1,7 @@
 from .agents import Agent, ApiToken, ApprovalPolicy
 from .freeze import CapabilityFreeze, StandingFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
+from .intake import IntakeHold
 from .ledger import AuthorityGrant, Effect
 from .run import Approval, Attempt, ExecutionLease, Run, RunTally
 
@@ -17,6 +18,7 @@ __all__ = [
     "Effect",
     "ExecutionLease",
     "HistoryEvent",
+    "IntakeHold",
     "Run",
     "RunTally",
     "StandingFreeze",

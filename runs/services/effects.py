@@ -318,6 +318,16 @@ def _replay(run: Run, actor: Actor, existing: Effect, fp: str) -> Declaration:
             idempotency_key=existing.idempotency_key,
             effect_id=str(existing.pk),
         )
+    if existing.compensation_status == "compensated":
+        # Undone (a redrive compensated it first): replaying "committed" would tell the agent it
+        # happened. Doing it again is a new effect under a new key (docs/concepts/contracts.md#redrive).
+        raise IdempotencyKeyReused(
+            f"effect {existing.pk} with key {existing.idempotency_key!r} was compensated: "
+            "declare it again under a new idempotency key",
+            idempotency_key=existing.idempotency_key,
+            effect_id=str(existing.pk),
+            compensated=True,
+        )
     if existing.unresolved:
         raise EffectUnresolved(
             f"effect {existing.pk} with key {existing.idempotency_key!r} is {existing.status}: do not dispatch "

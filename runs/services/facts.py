@@ -17,6 +17,7 @@ from django.db import connection
 from core import pg
 from core.pg.rows import from_json, hot_cursor, select_row
 from runs.models import Agent, Approval, Attempt, Checkpoint, Effect, ExecutionLease, Run
+from runs.services.intake import HOLD_SQL, covering_hold
 
 _SQL: dict[str, str] = {}
 
@@ -48,6 +49,8 @@ class ClaimFacts:
         Checkpoint | None
     )  # where the attempt starts: the named resume point, else the latest
     pending_approvals: list[Any]  # ids, newest first
+    # A live intake hold covering the run: [id, scope, target, reason, held_by] (runs/models/intake.py)
+    hold: list[Any] | None = None
 
 
 def claim_facts(run: Run) -> ClaimFacts:
@@ -59,6 +62,7 @@ def claim_facts(run: Run) -> ClaimFacts:
             select_row(ExecutionLease, run=run.pk, status=ExecutionLease.ACTIVE),
             starting_checkpoint(run),
             _pending_orm(run),
+            covering_hold(run),
         )
     leases, checkpoints = ExecutionLease._meta.db_table, Checkpoint._meta.db_table
     sql = (
@@ -68,15 +72,17 @@ def claim_facts(run: Run) -> ClaimFacts:
         f" COALESCE((SELECT row_to_json(c) FROM {checkpoints} c WHERE c.id = %(resume)s),"
         f"   (SELECT row_to_json(c) FROM {checkpoints} c WHERE c.run_id = %(run)s"
         f"    ORDER BY c.seq DESC LIMIT 1)),"
-        f" {_pending_sql()}"
+        f" {_pending_sql()},"
+        f" {HOLD_SQL}"
     )
     params = {"run": run.pk, "agent": run.agent_id, "resume": run.resume_checkpoint_id}
-    agent, lease, checkpoint, pending = _fetch("claim", sql, params)
+    agent, lease, checkpoint, pending, hold = _fetch("claim", sql, params)
     return ClaimFacts(
         agent,
         from_json(ExecutionLease, lease),
         from_json(Checkpoint, checkpoint),
         [Approval._meta.pk.to_python(pk) for pk in pending or ()],
+        hold,
     )
 
 

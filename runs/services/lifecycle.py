@@ -50,6 +50,7 @@ from .decisions import (
 )
 from .facts import claim_facts, finish_facts
 from .history import append_history, next_history
+from .intake import held_message
 
 DEFAULT_GRANT_TTL_S = 3600
 
@@ -213,6 +214,8 @@ def claim_run(*, actor: Actor, run_id: Any, worker: str, versions: dict | None =
             raise NotClaimable(
                 f"run is {run.state}; only queued runs can be claimed", state=run.state
             )
+        if facts.hold is not None:  # accepted and queued, not started: interventions/intake.py
+            raise NotClaimable(held_message(facts.hold), state=run.state, intake_hold=facts.hold[0])
         if run.claimable_after and run.claimable_after > now:
             raise NotClaimable(
                 f"retry backoff: claimable after {run.claimable_after.isoformat()}", state=run.state

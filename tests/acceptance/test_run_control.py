@@ -1,10 +1,11 @@
-"""The operator's run-control test (docs/operator/scenarios.md): seven scenarios against the live system --
+"""The operator's run-control test (docs/operator/scenarios.md): nine scenarios against the live system --
 daphne, a Celery worker with beat, the demo world and real agent worker processes (demo_agents.worker),
 on PostgreSQL and Redis. Every fact is read back from recorded data and written to the report
 (reports/run-control.html and .json)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -597,8 +598,95 @@ def test_scenario_7_recover_after_a_worker_disappears(live):
     s7.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
 
 
-def test_scenario_8_two_cancels_never_force_terminate_stops_waiting(live):
-    s8 = scenario(8, "Two cancels at once; terminate stops waiting for a stuck worker")
+def test_scenario_8_hold_intake_during_an_incident(live):
+    s8 = scenario(8, "Hold intake for an agent, then release it")
+    worker, ian = live["worker"], live["people"]["ian"]
+    live["start_workers"](1)
+    shown = ian.post("/intake/holds/preview", {"scope": "agent", "target": "purchasing"}).json()
+    s8.fact(
+        "the hold's preview: what it covers, what continues", shown, "POST /intake/holds/preview"
+    )
+    resp = ian.post(
+        "/intake/holds",
+        {
+            "scope": "agent",
+            "target": "purchasing",
+            "reason": "card processor flapping",
+            "preview_digest": shown["digest"],
+        },
+    )
+    assert resp.status_code == 202, resp.text
+    hold = resp.json()
+    s8.fact("the hold's receipt", hold["receipt"], "POST /intake/holds")
+    rid = purchase(live)["id"]
+    time.sleep(3)  # a worker is long-polling for purchasing all along
+    s8.fact("the new run is accepted and stays queued", worker.run(rid)["state"], "GET /runs/{id}")
+    assert worker.run(rid)["state"] == "queued" and worker.run(rid)["attempts"] == []
+    seen = ian.get("/intake").json()
+    s8.fact("the held queue with its age", seen["queued"], "GET /intake")
+    assert seen["queued"]["runs"][0]["id"] == rid and seen["queued"]["runs"][0]["age_s"] >= 3
+    rel = ian.post(f"/intake/holds/{hold['id']}/release", {"reason": "processor stable again"})
+    assert rel.status_code == 200, rel.text
+    s8.fact("the release's receipt", rel.json()["receipt"]["release"], "POST .../release")
+    final = wait_state(worker, rid, {"succeeded", "failed"}, 60)
+    s8.fact("released: the run is claimed and completes", final["state"], "GET /runs/{id}")
+    assert final["state"] == "succeeded"
+    audit = ian.get("/audit", object_type="intake_hold").json()["events"]
+    actions = sorted(a["action"] for a in audit)
+    s8.fact("both decisions audited", actions, "GET /audit")
+    assert actions == ["intervention.hold_intake", "intervention.release_intake"]
+    s8.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_9_redrive_a_cancelled_run_from_a_chosen_checkpoint(live):
+    s9 = scenario(9, "Redrive a cancelled run from a chosen checkpoint")
+    worker, world, otto = live["worker"], live["world"], live["people"]["otto"]
+    live["start_workers"](1)
+    world.set_fault("shipping", "slow", action="create_label", count=1, delay_ms=3000)
+    rid = purchase(live)["id"]
+    wait_effect(worker, rid, "inventory", "reserve", "committed")
+    assert otto.intervene(rid, "cancel", "customer called: wrong address").status_code == 202
+    wait_state(worker, rid, {"cancelled"}, 60)
+    wait_for(
+        "every effect's outcome known",
+        lambda: all(e["status"] not in ("in_flight", "unknown") for e in worker.effects(rid)),
+        30,
+    )
+    first = otto.preview(rid, "redrive")
+    cp = next(c for c in first["checkpoints"] if c["step"] == "reserve")
+    shown = otto.preview(rid, "redrive", options={"checkpoint_seq": cp["seq"]})
+    s9.fact("the chosen checkpoint", shown["redrive_from"], "redrive preview")
+    s9.fact(
+        "every effect committed after it: compensation, reversible, what re-executes under which key",
+        shown["committed_after"],
+        "redrive preview",
+    )
+    assert all(r["choice"] == "keep" and r["idempotency_key"] for r in shown["committed_after"])
+    assert all("reserve" != r["step"] for r in shown["committed_after"])
+    resp = otto.intervene(
+        rid,
+        "redrive",
+        "address corrected; carry on from the reservation",
+        options={"checkpoint_seq": cp["seq"]},
+        preview_digest=shown["digest"],
+    )
+    assert resp.status_code == 202, resp.text
+    s9.fact("the redrive's receipt", resp.json()["receipt"], "POST interventions")
+    final = wait_state(worker, rid, {"succeeded", "failed"}, 90)
+    assert final["state"] == "succeeded", final["state"]
+    started = [e for e in worker.history(rid)["events"] if e["kind"] == "attempt_started"]
+    s9.fact("the new attempt starts from that checkpoint", started[-1]["data"], "GET history")
+    assert started[-1]["data"]["checkpoint"] == cp["seq"]
+    s9.fact(
+        "each effect exactly once in the world (kept effects replayed)",
+        assert_no_duplicates(worker, world, rid),
+        "world /admin/requests",
+    )
+    s9.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_10_two_cancels_never_force_terminate_stops_waiting(live):
+    s10 = scenario(10, "Two cancels at once; terminate stops waiting for a stuck worker")
     worker, world = live["worker"], live["world"]
     otto, olga, ian = (live["people"][n] for n in ("otto", "olga", "ian"))
     live["start_workers"](1)
@@ -608,29 +696,29 @@ def test_scenario_8_two_cancels_never_force_terminate_stops_waiting(live):
     seen = otto.preview(rid, "cancel", "customer withdrew")
     first = otto.intervene(rid, "cancel", "customer withdrew", preview_digest=seen["digest"])
     assert first.status_code == 202, first.text
-    s8.fact("the first cancel moves the run to cancelling", first.json()["receipt"], "receipt")
+    s10.fact("the first cancel moves the run to cancelling", first.json()["receipt"], "receipt")
     assert first.json()["receipt"]["state"] == "cancelling"
     second = olga.intervene(rid, "cancel", "stop it", preview_digest=seen["digest"])
-    s8.fact("a second operator's cancel is refused, naming the first", second.json(), "409")
+    s10.fact("a second operator's cancel is refused, naming the first", second.json(), "409")
     assert second.status_code == 409, second.text
     assert second.json()["existing_cancel"]["intervention"] == first.json()["id"]
     again = otto.intervene(rid, "cancel", "customer withdrew", preview_digest=seen["digest"])
-    s8.fact("the same operator's same request gets the original receipt", again.json(), "200")
+    s10.fact("the same operator's same request gets the original receipt", again.json(), "200")
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
     still = worker.run(rid)
     assert still["state"] == "cancelling" and still["leases"][0]["status"] == "active"
-    s8.fact("still cancelling, the worker's lease live: nothing forced", still["leases"][0], "run")
+    s10.fact("still cancelling, the worker's lease live: nothing forced", still["leases"][0], "run")
 
     shown = ian.preview(rid, "terminate", "the charge call hangs")
-    s8.fact("terminate's preview names what becomes unknown", shown["become_unknown"], "preview")
+    s10.fact("terminate's preview names what becomes unknown", shown["become_unknown"], "preview")
     assert [e["id"] for e in shown["become_unknown"]] == [charge["id"]]
     done = ian.intervene(rid, "terminate", "the charge call hangs", preview_digest=shown["digest"])
     assert done.status_code == 202, done.text
     receipt = done.json()["receipt"]
-    s8.fact("terminate's receipt: lease ended, effect to reconcile", receipt, "receipt")
+    s10.fact("terminate's receipt: lease ended, effect to reconcile", receipt, "receipt")
     assert receipt["state"] == "cancelled" and receipt["must_reconcile"] == [charge["id"]]
     now = effect(worker, rid, "payments", "charge")
-    s8.fact("the in-flight charge is unknown, not assumed", now, "GET /runs/{id}/effects")
+    s10.fact("the in-flight charge is unknown, not assumed", now, "GET /runs/{id}/effects")
     assert now["status"] in ("unknown", "committed")  # the worker may report it at once
     late = wait_for(
         "the worker's late outcome",
@@ -638,14 +726,14 @@ def test_scenario_8_two_cancels_never_force_terminate_stops_waiting(live):
         40,
         0.5,
     )
-    s8.fact("the worker's late report is recorded, flagged stale", late, "GET /runs/{id}/effects")
+    s10.fact("the worker's late report is recorded, flagged stale", late, "GET /runs/{id}/effects")
     assert worker.run(rid)["state"] == "cancelled"
     denials = [
         e
         for e in ian.get("/audit", run_id=rid, action="intervention.cancel").json()["events"]
         if e["outcome"] == "denied"
     ]
-    s8.fact("the refused cancel is audited", denials, "GET /audit")
+    s10.fact("the refused cancel is audited", denials, "GET /audit")
     assert len(denials) == 1
-    s8.fact("no duplicated effect", assert_no_duplicates(worker, world, rid), "ledger vs world")
-    s8.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+    s10.fact("no duplicated effect", assert_no_duplicates(worker, world, rid), "ledger vs world")
+    s10.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")

@@ -11,7 +11,7 @@ import pytest
 from audit.models import AuditEvent
 from core.roles import PERMISSIONS, ROLES
 from interventions.models import Intervention
-from interventions.plugins import REGISTRY
+from interventions.plugins import FLEET_REGISTRY, REGISTRY
 from tests.conftest import ROLE_USERS
 from tests.interventions.helpers import intervene, running_run
 
@@ -28,7 +28,8 @@ NOT_INTERVENTIONS = {
     "take_command",
     "standing_freeze",
 }
-KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS)
+# Contracts over a scope of the fleet, not a run: their matrix is tests/interventions/test_intake.py's.
+KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS - set(FLEET_REGISTRY))
 OWNER_BOUND = {kind for kind, c in REGISTRY.items() if c.owner_bound}
 USER_OF_ROLE = {
     role: name for name, role in reversed(list(ROLE_USERS.items()))
@@ -54,7 +55,9 @@ def test_the_matrix_covers_every_intervention_kind():
         "restore_authority",
         "freeze_capability",
         "restore_capability",
+        "redrive",
     }
+    assert set(FLEET_REGISTRY) == {"hold_intake", "release_intake"}
     assert set(USER_OF_ROLE) == set(ROLES)
 
 

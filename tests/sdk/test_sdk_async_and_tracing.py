@@ -1,4 +1,5 @@
-"""The async client never blocks the event loop; every call carries a W3C traceparent, and all calls
+"""The async client (httpx.AsyncClient underneath, no threads) never blocks the event loop; every
+call carries a W3C traceparent, and all calls
 of one run (the agent's and the heartbeat thread's) share the run's trace id."""
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ from tests.sdk.conftest import RUN, FakeServer
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-01$")
 
 
-def test_async_calls_run_concurrently_without_blocking_the_loop(server: FakeServer) -> None:
-    def slow(req):
-        time.sleep(0.5)
-        return 200, {"id": RUN, "state": "running"}
-
-    server.on("GET", f"/runs/{RUN}", slow)
+def test_async_calls_run_concurrently_without_blocking_the_loop() -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:  # a server that takes 0.5 s
+        await asyncio.sleep(0.5)
+        return httpx.Response(200, json={"id": RUN, "state": "running"})
 
     async def main():
         ticks = 0
@@ -32,9 +31,7 @@ def test_async_calls_run_concurrently_without_blocking_the_loop(server: FakeServ
                 ticks += 1
 
         t = asyncio.create_task(ticker())
-        async with AsyncClient(
-            "http://cp.test", "t", transport=httpx.MockTransport(server.handler)
-        ) as cp:
+        async with AsyncClient("http://cp.test", "t", transport=httpx.MockTransport(slow)) as cp:
             started = time.monotonic()
             runs = await asyncio.gather(*(cp.get_run(RUN) for _ in range(3)))
             elapsed = time.monotonic() - started

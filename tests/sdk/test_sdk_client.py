@@ -412,3 +412,28 @@ def test_operator_helpers(server: FakeServer, client: Client) -> None:
             "external_ref": "",
         }
     ]
+
+
+def test_a_draining_replicas_refusal_is_sent_again_by_every_call() -> None:
+    """A 503 marked X-Controlplane-Draining did nothing (controlplane/drain.py): even a call sent
+    once (finish) goes again, and behind a load balancer reaches the replica that stays; a plain 503
+    to the same call is still not resent."""
+    answers = [
+        httpx.Response(503, json={"error": "draining"}, headers={"X-Controlplane-Draining": "1"}),
+        httpx.Response(200, json={"id": RUN, "state": "succeeded"}),
+        httpx.Response(503, json={"error": "busy"}),
+    ]
+    sent: list[httpx.Request] = []
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return answers.pop(0)
+
+    client = Client(
+        "http://cp.test", "t", transport=httpx.MockTransport(replica), sleep=lambda s: None
+    )
+    assert client.finish(RUN, TOKEN, "succeeded")["state"] == "succeeded"
+    assert len(sent) == 2
+    with pytest.raises(ApiError) as ei:
+        client.finish(RUN, TOKEN, "succeeded")
+    assert ei.value.status == 503 and len(sent) == 3

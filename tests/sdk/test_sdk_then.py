@@ -148,5 +148,7 @@ def test_a_changed_mind_records_the_ahead_effect_failed_not_dispatched(
     assert len(server.calls("POST", EFFECTS)) == 2
 
 
-def test_the_async_client_offers_the_carrying_call() -> None:
-    assert "record_outcome_and_declare" in dir(AsyncClient("http://cp.test", "t"))
+def test_the_async_client_is_native_httpx() -> None:
+    import httpx
+
+    assert isinstance(AsyncClient("http://cp.test", "t")._http, httpx.AsyncClient)

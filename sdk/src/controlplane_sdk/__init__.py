@@ -7,9 +7,12 @@ Import as ``controlplane_sdk``. Main entry points:
 * :class:`Worker` / :class:`RunContext` — claim a run, heartbeat in the background, honour directives
   at step boundaries, ``effect(...)`` context manager, checkpoints, assumptions, timers, approvals.
 * :func:`run_agent_loop` — the main loop of an agent worker process.
+* :class:`AsyncClient`, :class:`AsyncWorker`, :class:`AsyncRunContext`, :func:`arun_one` — the
+  same for asyncio agents, natively async (``async with ctx.effect(...)``).
 """
 
-from .aio import AsyncClient
+from typing import TYPE_CHECKING, Any
+
 from .client import API_PREFIX, Client
 from .effects import EffectScope
 from .errors import (
@@ -51,12 +54,39 @@ from .models import (
 )
 from .runtime import RunContext, Worker
 
+if TYPE_CHECKING:
+    from .aio import AsyncClient
+    from .aio_loop import AsyncWorker, arun_one
+    from .aio_runtime import AsyncEffectScope, AsyncRunContext
+
+# The asyncio side loads on first use: a synchronous agent does not pay for importing asyncio.
+_ASYNC = {
+    "AsyncClient": "aio",
+    "AsyncWorker": "aio_loop",
+    "AsyncRunContext": "aio_runtime",
+    "AsyncEffectScope": "aio_runtime",
+    "arun_one": "aio_loop",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ASYNC:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_ASYNC[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.2.0"
 
 __all__ = [
     "API_PREFIX",
     "Client",
     "AsyncClient",
+    "AsyncWorker",
+    "AsyncRunContext",
+    "AsyncEffectScope",
+    "arun_one",
     "Worker",
     "RunContext",
     "EffectScope",

@@ -9,7 +9,8 @@ exponential backoff **only** for calls that are safe to repeat: reads, heartbeat
 checkpoint, and effect declaration (the server dedupes a declaration by idempotency key + request
 fingerprint and answers a repeat with the recorded effect). ``create_run``, ``claim``, ``append_events``,
 ``request_approval`` and ``finish`` are sent once; a transport failure there raises
-:class:`ServerUnreachable` and the caller decides.
+:class:`ServerUnreachable` and the caller decides -- unless a draining replica refused it unread
+(``X-Controlplane-Draining``): it did nothing, so every call is sent again then.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ log = logging.getLogger("controlplane_sdk")
 
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({502, 503, 504})
+DRAINING_HEADER = "X-Controlplane-Draining"  # the server's "refused unread, send it again"
 MAX_WAIT_S = 60.0  # the server refuses longer heartbeat long-polls
 JSON = dict[str, Any]
 
@@ -83,6 +85,27 @@ def effect_attempt_id(effect: Mapping[str, Any]) -> str | None:
     if isinstance(v, Mapping):
         v = v.get("id")
     return None if v is None else str(v)
+
+
+def _own_in_flight(
+    ledger: Callable[[], list[JSON]],
+    key: str,
+    effect_id: Any,
+    attempt_id: str | None,
+    known: JSON | None = None,
+) -> JSON | None:
+    """Our own attempt's in-flight effect with this key (a declaration whose answer was lost)."""
+    if attempt_id is None:
+        return None
+    candidates = [known] if known and effect_attempt_id(known) else ledger()
+    for e in candidates:
+        if e.get("idempotency_key") != key or (
+            effect_id is not None and str(e.get("id")) != str(effect_id)
+        ):
+            continue
+        if e.get("status") == "in_flight" and effect_attempt_id(e) == str(attempt_id):
+            return e
+    return None
 
 
 class Client(OperatorCalls):
@@ -148,38 +171,70 @@ class Client(OperatorCalls):
         timeout: float | None = None,
     ) -> tuple[httpx.Response, bool]:
         """Send one logical call; returns ``(response, a_try_failed_in_transit)``."""
+        headers, content, clean = self.request_parts(body, params)
+        tries, lost = 1 + self.retries, False
+        for i in range(tries):
+            try:
+                resp = self._http.request(
+                    method, path, content=content, params=clean, headers=headers,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )  # fmt: skip
+            except httpx.TransportError as exc:
+                lost = True
+                self.retry_or_raise(method, path, i, tries, exc, retry)
+            else:
+                if not self.retry_or_raise(method, path, i, tries, resp, retry):
+                    return resp, lost
+            self._sleep(self.retry_delay(self.backoff, i))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # The retry rules, shared with the asyncio client (aio.py).
+
+    @staticmethod
+    def request_parts(
+        body: Any, params: Mapping[str, Any] | None
+    ) -> tuple[dict[str, str], bytes | None, dict[str, Any] | None]:
+        """Headers (a request id shared by the call's tries, the trace), body bytes, params."""
         headers = {"X-Request-ID": uuid.uuid4().hex, "traceparent": traceparent()}
         content = None
         if body is not None:
             content = json.dumps(body, default=json_default).encode()
             headers["Content-Type"] = "application/json"
         clean = {k: v for k, v in (params or {}).items() if v is not None}
-        tries = 1 + (self.retries if retry else 0)
-        lost = False
-        for i in range(tries):
-            try:
-                resp = self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    params=clean or None,
-                    headers=headers,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-            except httpx.TransportError as exc:
-                lost = True
-                if i + 1 >= tries:
-                    raise ServerUnreachable(
-                        f"{method} {path}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                log.warning("%s %s failed (%s); retrying", method, path, type(exc).__name__)
-            else:
-                if resp.status_code in RETRY_STATUSES and i + 1 < tries:
-                    log.warning("%s %s -> %s; retrying", method, path, resp.status_code)
-                else:
-                    return resp, lost
-            self._sleep(self.backoff * (2**i) * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")  # pragma: no cover
+        return headers, content, clean or None
+
+    @staticmethod
+    def retry_or_raise(
+        method: str,
+        path: str,
+        i: int,
+        tries: int,
+        got: httpx.Response | httpx.TransportError,
+        retry: bool = True,
+    ) -> bool:
+        """Whether try ``i`` of ``tries`` is to be tried again; a transport failure that is not
+        retried raises ``ServerUnreachable``. Retried when ``retry``: transport failures and
+        502/503/504. Any call is sent again when a draining replica refused it unread
+        (X-Controlplane-Draining, a rolling restart): it did nothing, and behind a load balancer
+        the next try reaches another replica."""
+        last = i + 1 >= tries
+        if isinstance(got, httpx.TransportError):
+            if last or not retry:
+                raise ServerUnreachable(f"{method} {path}: {type(got).__name__}: {got}") from got
+            log.warning("%s %s failed (%s); retrying", method, path, type(got).__name__)
+            return True
+        if not last and got.headers.get(DRAINING_HEADER) == "1":
+            log.warning("%s %s -> %s (draining); retrying", method, path, got.status_code)
+            return True
+        if retry and got.status_code in RETRY_STATUSES and not last:
+            log.warning("%s %s -> %s; retrying", method, path, got.status_code)
+            return True
+        return False
+
+    @staticmethod
+    def retry_delay(backoff: float, i: int) -> float:
+        """Exponential backoff with jitter before try ``i + 1``."""
+        return backoff * (2**i) * (0.5 + random.random() / 2)
 
     @staticmethod
     def _decode(resp: httpx.Response) -> Any:
@@ -239,6 +294,92 @@ class Client(OperatorCalls):
         }
         return self._call("POST", "/runs", body, retry=False)
 
+    # The bodies and answers of the calls, shared with the asyncio client (aio.py).
+
+    @staticmethod
+    def heartbeat_body(fencing_token: int, wait_s: float | None) -> tuple[JSON, float | None]:
+        """The heartbeat's body and its long-poll (capped at the server's limit)."""
+        body: JSON = {"fencing_token": fencing_token}
+        if wait_s:
+            body["wait_s"] = wait_s = min(float(wait_s), MAX_WAIT_S)
+        return body, (float(wait_s) if wait_s else None)
+
+    @staticmethod
+    def heartbeat_from(d: JSON) -> HeartbeatReply:
+        approval, timers = d.get("approval"), d.get("timers_fired")
+        return HeartbeatReply(
+            directive=str(d.get("directive") or "continue"),
+            reason=str(d.get("reason") or ""),
+            expires_at=d.get("expires_at"),
+            approval=approval if isinstance(approval, dict) else None,
+            timers_fired=_items(timers),
+            raw=d,
+        )
+
+    @staticmethod
+    def outcome_body(
+        fencing_token: int,
+        status: str,
+        external_ref: str | None,
+        detail: Any,
+        checkpoint: tuple[str, JSON] | None,
+    ) -> JSON:
+        """The body of ``POST /effects/{id}/outcome`` (without ``next``)."""
+        if detail is not None and not isinstance(detail, Mapping):
+            detail = {"value": detail}  # the server stores an object
+        body: JSON = {
+            "fencing_token": fencing_token,
+            "status": status,
+            "external_ref": external_ref or "",
+            "detail": dict(detail or {}),
+        }
+        if checkpoint is not None:
+            body["checkpoint"] = {"step": checkpoint[0], "state": dict(checkpoint[1] or {})}
+        return body
+
+    @staticmethod
+    def approval_body(
+        fencing_token: int,
+        tool: str,
+        action: str,
+        args: JSON | None,
+        reason: str,
+        deadline_s: float | None,
+        required_role: str | None,
+    ) -> JSON:
+        body: JSON = {
+            "fencing_token": fencing_token,
+            "tool": tool,
+            "action": action,
+            "args": args or {},
+            "reason": reason,
+            "deadline_s": None if deadline_s is None else math.ceil(deadline_s),
+        }
+        if required_role is not None:
+            body["required_role"] = required_role
+        return body
+
+    @staticmethod
+    def finish_body(
+        fencing_token: int, outcome: str, failure_class: str | None, error: str | None
+    ) -> JSON:
+        return {
+            "fencing_token": fencing_token,
+            "outcome": outcome,
+            "failure_class": failure_class or "",
+            "error": error or "",
+        }
+
+    @staticmethod
+    def events_body(fencing_token: int, events: Iterable[Event | Mapping[str, Any]]) -> JSON:
+        evs = [
+            {"kind": e.kind, "data": e.data}
+            if isinstance(e, Event)
+            else {"kind": e["kind"], "data": e.get("data") or {}}
+            for e in events
+        ]
+        return {"fencing_token": fencing_token, "events": evs}
+
     def get_run(self, run_id: str) -> JSON:
         """``GET /runs/{id}``."""
         return self._call("GET", f"/runs/{run_id}", retry=True)
@@ -249,6 +390,10 @@ class Client(OperatorCalls):
         """``GET /runs?agent=…&state=…`` → list of runs (bare list or ``{"items": [...]}`` accepted)."""
         params = {"agent": agent, "state": state, **filters}
         return _items(self._call_any("GET", "/runs", params=params, retry=True))
+
+    def get_history(self, run_id: str) -> list[JSON]:
+        """``GET /runs/{id}/history`` → the run's events, oldest first (``kind``, ``data``, …)."""
+        return _items(self._call_any("GET", f"/runs/{run_id}/history", retry=True).get("events"))
 
     def list_effects(self, run_id: str) -> list[JSON]:
         """``GET /runs/{id}/effects`` → the run's ledger."""
@@ -317,20 +462,10 @@ class Client(OperatorCalls):
     ) -> HeartbeatReply:
         """``POST /leases/{id}/heartbeat``; with ``wait_s`` the server may hold the request until the
         directive changes (long-poll). Raises ``LeaseLost`` when the lease is gone."""
-        body: JSON = {"fencing_token": fencing_token}
-        if wait_s:
-            body["wait_s"] = wait_s = min(float(wait_s), MAX_WAIT_S)
-        timeout = self.timeout + float(wait_s) if wait_s else None
+        body, wait = self.heartbeat_body(fencing_token, wait_s)
+        timeout = self.timeout + wait if wait else None
         d = self._call("POST", f"/leases/{lease_id}/heartbeat", body, retry=True, timeout=timeout)
-        approval, timers = d.get("approval"), d.get("timers_fired")
-        return HeartbeatReply(
-            directive=str(d.get("directive") or "continue"),
-            reason=str(d.get("reason") or ""),
-            expires_at=d.get("expires_at"),
-            approval=approval if isinstance(approval, dict) else None,
-            timers_fired=_items(timers),
-            raw=d,
-        )
+        return self.heartbeat_from(d)
 
     def release_lease(self, lease_id: str, fencing_token: int, reason: str = "") -> JSON:
         """``POST /leases/{id}/release`` (step 8 of docs/concepts/worker-protocol.md): acknowledge a
@@ -384,7 +519,14 @@ class Client(OperatorCalls):
             d: Any = self._decode_obj(resp)
         except EffectUnresolved as exc:
             d = exc
-        return self._decision(run_id, resp.status_code, d, lost, idempotency_key, attempt_id)
+        return self._decision(
+            resp.status_code,
+            d,
+            lost,
+            idempotency_key,
+            attempt_id,
+            lambda: self.list_effects(run_id),
+        )
 
     @staticmethod
     def declaration_body(
@@ -414,25 +556,22 @@ class Client(OperatorCalls):
             body["approval_id"] = approval_id
         return body
 
+    @staticmethod
     def _decision(
-        self,
-        run_id: str,
         status_code: int,
         d: JSON | EffectUnresolved,
         lost: bool,
         idempotency_key: str,
         attempt_id: str | None,
+        ledger: Callable[[], list[JSON]],
     ) -> EffectDecision:
         """A declaration's answer (``d``, or the ``EffectUnresolved`` it raised) as a decision, or
         the exception a declaration raises. ``lost``: a try of the call was lost in transit, so an
-        unresolved effect of our own attempt with this key may be our own declaration."""
+        unresolved effect of our own attempt with this key may be our own declaration (``ledger``
+        reads the run's effects to find it)."""
         adopted = False
         if isinstance(d, EffectUnresolved):
-            own = (
-                self._own_in_flight(run_id, idempotency_key, d.effect_id, attempt_id)
-                if lost
-                else None
-            )
+            own = _own_in_flight(ledger, idempotency_key, d.effect_id, attempt_id) if lost else None
             if own is None:
                 raise d
             d, adopted = {**own, "decision": "authorized"}, True
@@ -442,7 +581,7 @@ class Client(OperatorCalls):
             raise EffectDenied(status_code, "denied", d.get("detail"), d)
         if decision == "replayed" and status in ("in_flight", "unknown"):
             own = (
-                self._own_in_flight(run_id, idempotency_key, d.get("id"), attempt_id, d)
+                _own_in_flight(ledger, idempotency_key, d.get("id"), attempt_id, d)
                 if lost
                 else None
             )
@@ -472,26 +611,6 @@ class Client(OperatorCalls):
             raw=d,
         )
 
-    def _own_in_flight(
-        self,
-        run_id: str,
-        key: str,
-        effect_id: Any,
-        attempt_id: str | None,
-        known: JSON | None = None,
-    ) -> JSON | None:
-        if attempt_id is None:
-            return None
-        candidates = [known] if known and effect_attempt_id(known) else self.list_effects(run_id)
-        for e in candidates:
-            if e.get("idempotency_key") != key or (
-                effect_id is not None and str(e.get("id")) != str(effect_id)
-            ):
-                continue
-            if e.get("status") == "in_flight" and effect_attempt_id(e) == str(attempt_id):
-                return e
-        return None
-
     def record_outcome(
         self,
         effect_id: str,
@@ -513,16 +632,7 @@ class Client(OperatorCalls):
         the next declaration on the same run, decided right after (the answer's ``"next"``, with the
         ``http_status`` a separate declaration would have had). A server that does not know them
         answers without those keys: the caller then makes the separate calls."""
-        if detail is not None and not isinstance(detail, Mapping):
-            detail = {"value": detail}  # the server stores an object
-        body: JSON = {
-            "fencing_token": fencing_token,
-            "status": status,
-            "external_ref": external_ref or "",
-            "detail": dict(detail or {}),
-        }
-        if checkpoint is not None:
-            body["checkpoint"] = {"step": checkpoint[0], "state": dict(checkpoint[1] or {})}
+        body = self.outcome_body(fencing_token, status, external_ref, detail, checkpoint)
         if next_effect is not None:
             body["next"] = {"fencing_token": fencing_token, "args": {}, **next_effect}
         return self._call("POST", f"/effects/{effect_id}/outcome", body, retry=True)
@@ -547,16 +657,7 @@ class Client(OperatorCalls):
         returned (an :class:`EffectDecision`) or raised (the exception, returned, not raised: the
         outcome is recorded either way), or ``None`` when the server did not decide it (an older
         server, or one that refused the carried body itself): then declare separately."""
-        if detail is not None and not isinstance(detail, Mapping):
-            detail = {"value": detail}
-        body: JSON = {
-            "fencing_token": fencing_token,
-            "status": status,
-            "external_ref": external_ref or "",
-            "detail": dict(detail or {}),
-        }
-        if checkpoint is not None:
-            body["checkpoint"] = {"step": checkpoint[0], "state": dict(checkpoint[1] or {})}
+        body = self.outcome_body(fencing_token, status, external_ref, detail, checkpoint)
         body["next"] = {**next_effect, "fencing_token": fencing_token}
         path = f"/effects/{effect_id}/outcome"
         resp, lost = self._send("POST", path, body, retry=True)
@@ -573,15 +674,19 @@ class Client(OperatorCalls):
         if not isinstance(ride, Mapping) or "http_status" not in ride:
             return answer, None
         code = int(ride["http_status"])
+
+        def ledger() -> list[JSON]:
+            return self.list_effects(run_id)
+
         d = {k: v for k, v in ride.items() if k != "http_status"}
         key = str(next_effect["idempotency_key"])
         try:
             if code >= 400:  # exactly what the separate call's error answer raises
                 raise error_from_response(code, d)
-            return answer, self._decision(run_id, code, d, lost, key, attempt_id)
+            return answer, self._decision(code, d, lost, key, attempt_id, ledger)
         except EffectUnresolved as err:
             try:
-                return answer, self._decision(run_id, code, err, lost, key, attempt_id)
+                return answer, self._decision(code, err, lost, key, attempt_id, ledger)
             except ApiError as still:
                 return answer, still
         except ApiError as err:
@@ -598,13 +703,7 @@ class Client(OperatorCalls):
         self, run_id: str, fencing_token: int, events: Iterable[Event | Mapping[str, Any]]
     ) -> JSON:
         """``POST /runs/{id}/events`` with ``[{"kind", "data"}, …]``. Not retried (no dedupe key)."""
-        evs = [
-            {"kind": e.kind, "data": e.data}
-            if isinstance(e, Event)
-            else {"kind": e["kind"], "data": e.get("data") or {}}
-            for e in events
-        ]
-        body = {"fencing_token": fencing_token, "events": evs}
+        body = self.events_body(fencing_token, events)
         return self._call("POST", f"/runs/{run_id}/events", body, retry=False)
 
     @staticmethod
@@ -648,16 +747,9 @@ class Client(OperatorCalls):
         required_role: str | None = None,
     ) -> Approval:
         """``POST /runs/{id}/approvals`` → a pending :class:`Approval`. Not retried."""
-        body: JSON = {
-            "fencing_token": fencing_token,
-            "tool": tool,
-            "action": action,
-            "args": args or {},
-            "reason": reason,
-            "deadline_s": None if deadline_s is None else math.ceil(deadline_s),
-        }
-        if required_role is not None:
-            body["required_role"] = required_role
+        body = self.approval_body(
+            fencing_token, tool, action, args, reason, deadline_s, required_role
+        )
         return self.parse_approval(
             self._call("POST", f"/runs/{run_id}/approvals", body, retry=False)
         )
@@ -675,7 +767,8 @@ class Client(OperatorCalls):
             raw=dict(d),
         )
 
-    def find_approval(self, run: Mapping[str, Any], approval_id: str) -> Approval | None:
+    @staticmethod
+    def find_approval(run: Mapping[str, Any], approval_id: str) -> Approval | None:
         """Find an approval in a run payload (``approvals: [...]`` or ``pending_approval``/``approval``)."""
         pool: list[Any] = list(run.get("approvals") or [])
         pool += [
@@ -683,7 +776,7 @@ class Client(OperatorCalls):
         ]
         for a in pool:
             if isinstance(a, Mapping) and str(a.get("id")) == str(approval_id):
-                return self.parse_approval(a)
+                return Client.parse_approval(a)
         return None
 
     def finish(
@@ -696,10 +789,5 @@ class Client(OperatorCalls):
         error: str | None = None,
     ) -> JSON:
         """``POST /runs/{id}/finish``: end the attempt ``succeeded`` or ``failed``. Not retried."""
-        body = {
-            "fencing_token": fencing_token,
-            "outcome": outcome,
-            "failure_class": failure_class or "",
-            "error": error or "",
-        }
+        body = self.finish_body(fencing_token, outcome, failure_class, error)
         return self._call("POST", f"/runs/{run_id}/finish", body, retry=False)

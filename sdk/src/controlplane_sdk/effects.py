@@ -38,17 +38,68 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
-from .errors import ControlPlaneError, EffectDenied, LeaseLost, OutcomeNotRecorded
-from .models import EffectDecision
+from .client import Client
+from .errors import (
+    ApiError,
+    ControlPlaneError,
+    EffectDenied,
+    LeaseLost,
+    OutcomeNotRecorded,
+    error_from_response,
+)
+from .models import Attempt, EffectDecision
 
-if TYPE_CHECKING:
-    from .runtime import RunContext
 
-__all__ = ["EffectScope", "UNKNOWN_ON_DEFAULT"]
+class RunHost(Protocol):
+    """What an effect needs of the run it belongs to (:class:`~controlplane_sdk.RunContext`).
+    A protocol, so this module and ``runtime`` (which creates scopes) do not import each other."""
+
+    client: Client
+    run_id: str
+    attempt: Attempt
+
+    @property
+    def fencing_token(self) -> int: ...
+
+    def effect(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: str | None = None,
+        args: dict[str, Any] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        approval_id: str | None = None,
+        unknown_on: tuple[type[BaseException], ...] = (),
+    ) -> EffectScope: ...
+
+    def _take_ahead(self, body: dict[str, Any]) -> EffectDecision | None: ...
+
+    def _hold_ahead(self, body: dict[str, Any], answer: EffectDecision | ApiError) -> None: ...
+
+    def _mark_lease_lost(self, err: ApiError) -> None: ...
+
+    def _count(self, counted: tuple[str, str, str]) -> None: ...
+
+    def _checkpoint_written(
+        self, step: str, state: dict[str, Any], answer: dict[str, Any] | None
+    ) -> None: ...
+
+
+__all__ = [
+    "EffectScope",
+    "RunHost",
+    "UNKNOWN_ON_DEFAULT",
+    "settle",
+    "not_recorded",
+    "carried_checkpoint",
+]
 
 log = logging.getLogger("controlplane_sdk")
 
@@ -65,7 +116,7 @@ class EffectScope:
 
     def __init__(
         self,
-        ctx: RunContext,
+        ctx: RunHost,
         *,
         tool: str,
         action: str,
@@ -77,8 +128,10 @@ class EffectScope:
         unknown_on: tuple[type[BaseException], ...] = (),
         approval_id: str | None = None,
         checkpoint: dict[str, Any] | None = None,
+        counted: tuple[str, str, str] | None = None,
     ) -> None:
         self._ctx = ctx
+        self._counted = counted  # a default key's position: counted once declared
         self.tool = tool
         self.action = action
         self.step = step
@@ -234,6 +287,8 @@ class EffectScope:
             if isinstance(err, LeaseLost) or err.reason == "lease_lost":
                 ctx._mark_lease_lost(err)
             raise
+        if self._counted is not None:
+            ctx._count(self._counted)
         self.idempotency_key = self.declaration.idempotency_key
         if self.already_done:
             self.external_ref = self.declaration.external_ref
@@ -248,14 +303,7 @@ class EffectScope:
     ) -> None:
         if self.already_done:
             return
-        if self._outcome is None:
-            if exc is None:
-                self._outcome = ("committed", None, None)
-            elif isinstance(exc, self._unknown_on):
-                self._outcome = ("unknown", None, _describe(exc))
-            else:
-                self._outcome = ("failed", None, _describe(exc))
-        status, ref, detail = self._outcome
+        self._outcome = status, ref, detail = settle(self._outcome, exc, self._unknown_on)
         # The step's checkpoint rides on a successful outcome only: a step that failed did not end.
         checkpoint = (
             (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
@@ -287,13 +335,7 @@ class EffectScope:
                 if ahead is not None:
                     ctx._hold_ahead(then, ahead)
         except ControlPlaneError as err:
-            msg = f"{type(err).__name__}: {err}"
-            if exc is None:
-                raise OutcomeNotRecorded(self.effect_id, status, msg) from err
-            log.error("outcome %s of effect %s not recorded: %s", status, self.effect_id, msg)
-            exc.add_note(
-                f"controlplane: outcome {status!r} of effect {self.effect_id} NOT recorded ({msg})"
-            )
+            not_recorded(self.effect_id, status, err, exc)
             return
         if checkpoint is not None:
             ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
@@ -303,6 +345,43 @@ class EffectScope:
             f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
             f"decision={self.decision} status={self.status}>"
         )
+
+
+def not_recorded(
+    effect_id: str, status: str, err: ControlPlaneError, exc: BaseException | None
+) -> None:
+    """The outcome could not be written: raise ``OutcomeNotRecorded``, or (the body raised) log it
+    and note it on the body's exception, which propagates."""
+    msg = f"{type(err).__name__}: {err}"
+    if exc is None:
+        raise OutcomeNotRecorded(effect_id, status, msg) from err
+    log.error("outcome %s of effect %s not recorded: %s", status, effect_id, msg)
+    exc.add_note(f"controlplane: outcome {status!r} of effect {effect_id} NOT recorded ({msg})")
+
+
+def carried_checkpoint(answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The checkpoint an outcome's answer says it wrote; ``None`` when the server did not take it
+    (an older one: write it separately). A refusal raises what a separate call would have."""
+    written = (answer or {}).get("checkpoint")
+    if written is not None and "error" in written:
+        raise error_from_response(409, written)
+    return written
+
+
+def settle(
+    said: tuple[str, str | None, Any] | None,
+    exc: BaseException | None,
+    unknown_on: tuple[type[BaseException], ...],
+) -> tuple[str, str | None, Any]:
+    """The one outcome an effect block records (the module docstring's rules): what the body
+    said, else ``committed`` if it returned, ``unknown`` for a timeout, ``failed`` otherwise."""
+    if said is not None:
+        return said
+    if exc is None:
+        return ("committed", None, None)
+    if isinstance(exc, unknown_on):
+        return ("unknown", None, _describe(exc))
+    return ("failed", None, _describe(exc))
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:

@@ -19,8 +19,9 @@ class OperatorCalls:
     def _call(self, method: str, path: str, body: Any = None, *, retry: bool, **kw: Any) -> JSON:
         raise NotImplementedError  # pragma: no cover
 
+    @staticmethod
     def _intervention_body(
-        self, kind: str, reason: str, scope: str, options: JSON | None, override_reason: str | None
+        kind: str, reason: str, scope: str, options: JSON | None, override_reason: str | None
     ) -> JSON:
         body: JSON = {"kind": kind, "reason": reason, "scope": scope, "options": options or {}}
         if override_reason:
@@ -56,6 +57,12 @@ class OperatorCalls:
     def get_intervention(self, intervention_id: str) -> JSON:
         """``GET /interventions/{id}``: receipt and job results."""
         return self._call("GET", f"/interventions/{intervention_id}", retry=True)
+
+    def decide_approval(self, run_id: str, approval_id: str, approve: bool, reason: str) -> JSON:
+        """Approve (or reject) a run's pending approval: the ``approve``/``reject`` intervention
+        with ``options.approval_id``. Needs the token of someone with the approver role."""
+        kind = "approve" if approve else "reject"
+        return self.intervene(run_id, kind, reason, options={"approval_id": approval_id})
 
     def reconcile_effect(
         self,

@@ -17,12 +17,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from ._util import json_default
 from .client import Client
-from .effects import EffectScope
+from .effects import EffectScope, carried_checkpoint
 from .errors import (
     ApiError,
     CancelRequested,
@@ -30,12 +30,14 @@ from .errors import (
     LeaseLost,
     PauseRequested,
     StopRequested,
-    error_from_response,
 )
 from .models import Approval, Checkpoint, Claim, Directive, EffectDecision, Event, HeartbeatReply
+from .tools import governed
 from .tracing import run_trace
 
 __all__ = ["Worker", "RunContext"]
+
+R = TypeVar("R")
 
 JSON = dict[str, Any]
 
@@ -78,6 +80,10 @@ class RunContext:
         # The next declaration, decided on the previous outcome (``fx.then(...)``): its body and what
         # the declaration answered (a decision, or the error it would have raised).
         self._ahead: tuple[JSON, EffectDecision | ApiError] | None = None
+        # Effects declared under a default key in the current execution of each step, by
+        # (step, tool, action): the next one's position (see ``effect``). Entering a step resets
+        # its counts, so a step executed again (resume, redrive) replays the same keys.
+        self._declared: dict[tuple[str, str, str], int] = {}
         ttl = float(claim.lease.ttl_s or 30.0)
         self.heartbeat_interval = (
             heartbeat_interval if heartbeat_interval is not None else max(ttl / 3.0, 0.05)
@@ -261,6 +267,8 @@ class RunContext:
         directive is honoured at the boundary after it."""
         if not self.declared_ahead:
             self.check_directive()
+        for counted in [k for k in self._declared if k[0] == name]:
+            del self._declared[counted]
         prev, self.current_step = self.current_step, name
         self.event("step_started", {"step": name, "attempt": self.attempt.number})
         try:
@@ -285,8 +293,12 @@ class RunContext:
     ) -> EffectScope:
         """Declare an external side effect; see :mod:`controlplane_sdk.effects` for the contract.
 
-        ``key`` (the idempotency key) must be stable across attempts; it defaults to
-        ``"{run_id}:{step}:{tool}:{action}"`` — pass your own when one step repeats the same action.
+        ``key`` (the idempotency key) must be stable across attempts. By default it is the call's
+        identity: ``"{run_id}:{step}:{tool}:{action}"`` for the first such effect in this execution
+        of the step, ``…:2``, ``…:3`` for the next ones (so two intended charges in one step are two
+        effects, and a step executed again after a resume replays the same keys). Pass ``key=`` when
+        the identity is something else: an id your agent keeps across attempts (an order line, a
+        model's tool-call id), or a step whose effects do not come in a fixed order.
         ``step`` defaults to the enclosing ``ctx.step(...)``. ``approval_id`` cites the granted approval
         when this action needed one (the server denies it with ``approval_required`` otherwise).
         ``checkpoint``: the step's state once this effect has committed, written with its outcome in
@@ -296,11 +308,17 @@ class RunContext:
         step = step or self.current_step
         if not step:
             raise ValueError("effect() needs step= (or run it inside `with ctx.step(name):`)")
+        counted = None
+        if key is None:
+            counted = (step, tool, action)
+            position = self._declared.get(counted, 0) + 1
+            key = f"{self.run_id}:{step}:{tool}:{action}" + (f":{position}" if position > 1 else "")
         return EffectScope(
             self,
+            counted=counted,
             tool=tool,
             action=action,
-            key=key or f"{self.run_id}:{step}:{tool}:{action}",
+            key=key,
             step=step,
             args=args,
             compensate=compensate,
@@ -309,6 +327,23 @@ class RunContext:
             approval_id=approval_id,
             checkpoint=checkpoint,
         )
+
+    def tool(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: Callable[..., str] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        unknown_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[Callable[..., R]], Callable[..., R]]:
+        """A decorator: each call of the function is an effect (see :mod:`controlplane_sdk.tools`)."""
+        return governed(
+            self, tool, action, key=key, step=step, compensate=compensate,
+            irreversible=irreversible, unknown_on=unknown_on,
+        )  # fmt: skip
 
     def checkpoint(self, step: str, state: dict[str, Any]) -> int:
         """Write a durable boundary *after* ``step``; a resume or redrive starts from here. Returns seq."""
@@ -324,18 +359,21 @@ class RunContext:
         """An outcome carried the step's checkpoint: note it, or write it separately if the server
         did not take it (an older server answers without ``checkpoint``); a refusal is what a
         separate checkpoint call would have raised."""
-        written = (answer or {}).get("checkpoint")
+        try:
+            written = carried_checkpoint(answer)
+        except LeaseLost as err:
+            self._mark_lease_lost(err)
+            raise
         if written is None:
             self.checkpoint(step, state)
             return
-        if "error" in written:
-            err = error_from_response(409, written)
-            if isinstance(err, LeaseLost):
-                self._mark_lease_lost(err)
-            raise err
         self.state = dict(state)
         seq = written.get("seq")
         self.last_checkpoint_seq = int(seq) if seq is not None else self.last_checkpoint_seq
+
+    def _count(self, counted: tuple[str, str, str]) -> None:
+        """An effect under a default key was declared: the next one takes the next position."""
+        self._declared[counted] = self._declared.get(counted, 0) + 1
 
     @property
     def declared_ahead(self) -> bool:

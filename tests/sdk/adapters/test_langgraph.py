@@ -68,7 +68,9 @@ def test_it_declares_each_tool_call_and_checkpoints_the_next_node(server: FakeSe
         ("inventory", "reserve"),
         ("payments", "charge"),
     ]
-    assert declared[0]["idempotency_key"].startswith(f"{RUN}:inventory:reserve:")
+    # The key is the call's identity: the graph task that made it and its position there.
+    key = declared[0]["idempotency_key"]
+    assert key.startswith(f"{RUN}:lg:") and key.endswith(":inventory:reserve:1"), key
     steps = [b["step"] for b in server.bodies("POST", f"/runs/{RUN}/checkpoints")]
     assert steps == [
         "langgraph next: __start__",
@@ -155,3 +157,39 @@ def test_a_replayed_tool_call_is_not_sent_to_the_world_again(server: FakeServer)
     out = run_graph(ctx, graph, {"log": []})
     assert world == [("charge", 10)]
     assert out["log"][0] == "res-from-before"
+
+
+def test_identical_calls_are_two_effects_and_a_node_run_again_replays_its_calls():
+    """Keys come from the call's identity, not its arguments: two intended charges with the same
+    arguments are two effects; the node LangGraph runs again from its start after an interrupt
+    makes the same calls again, which are replays (the world is not called twice)."""
+    from controlplane_sdk.testing import FakeControlPlane
+
+    cp = FakeControlPlane()
+    run = cp.create_run("lg", scopes=["payments:charge"])
+    ctx = Worker(cp.client(), "w", "lg").claim(run, heartbeat=False)
+    world: list = []
+    charge = governed_tool(ctx, "payments", "charge")(
+        lambda amount: world.append(amount) or f"ch-{len(world)}"
+    )
+
+    def twice_then_ask(s):
+        first, second = charge(amount=5), charge(amount=5)
+        answer = interrupt({"tool": "payments", "action": "refund", "args": {}, "reason": "?"})
+        return {"log": [first, second, answer["approved"]]}
+
+    g = StateGraph(Order)
+    g.add_node("pay", twice_then_ask)
+    g.add_edge(START, "pay")
+    g.add_edge("pay", END)
+    graph = g.compile(checkpointer=ControlPlaneSaver(ctx))
+
+    import threading
+
+    threading.Timer(0.5, cp.approve).start()
+    out = run_graph(ctx, graph, {"log": []})
+    assert world == [5, 5]  # two charges, each once although the node ran twice
+    assert out["log"] == ["ch-1", "ch-2", True]  # the replays answered with the recorded results
+    fx = cp.effects(run)
+    assert [e["idempotency_key"].rsplit(":", 1)[1] for e in fx] == ["1", "2"]
+    assert len({e["idempotency_key"] for e in fx}) == 2

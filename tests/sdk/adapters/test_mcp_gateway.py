@@ -1,100 +1,222 @@
-"""The MCP gateway in front of an in-process MCP tool server, against the SDK's fake control plane:
-every tools/call is a declared effect, a paused run's call is a tool error that never reaches the tool
-server, an approval_required denial waits for an approval, and results and failures become outcomes."""
+"""The MCP gateway in front of an in-process MCP tool server (with an output schema), against the
+SDK's in-memory control plane (controlplane_sdk.testing): every tools/call is a declared effect whose
+whole result is the outcome; identical calls are separate effects; a paused run's call is refused
+(and audited) without reaching the tool, the lease is handed back, and after resume the gateway
+claims the run again; a replay returns the recorded structured result."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
-import httpx
 import pytest
 
 pytest.importorskip("mcp")
 
 from mcp import Client as McpClient
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
-from controlplane_sdk import Client, Worker
-from controlplane_sdk.adapters.mcp_gateway import McpGateway
-from tests.sdk.conftest import LEASE, RUN, FakeServer
-
-HB = f"/leases/{LEASE}/heartbeat"
-GO = (200, {"directive": "continue", "reason": "", "expires_at": "2030-01-01T00:00:00Z"})
-PAUSE = (200, {"directive": "pause", "reason": "incident 7", "expires_at": "2030-01-01T00:00:00Z"})
+from controlplane_sdk import Worker
+from controlplane_sdk.adapters.mcp_gateway import KEY_META, UPSTREAM_KEY_META, McpGateway
+from controlplane_sdk.testing import FakeControlPlane
 
 
-def payments(world: list) -> MCPServer:
+class Charge(BaseModel):
+    id: str
+    amount: int
+
+
+def payments(world: list, keys: list | None = None) -> MCPServer:
     server = MCPServer("payments")
+    keys = [] if keys is None else keys
 
     @server.tool()
-    def charge(amount: int) -> str:
+    def charge(amount: int, ctx: Context) -> Charge:
         """Charge the card."""
         if amount < 0:
             raise ValueError("negative amount")
         world.append(("charge", amount))
-        return f"ch-{amount}"
+        keys.append((ctx.request_context.meta or {}).get(UPSTREAM_KEY_META))
+        return Charge(id=f"ch-{len(world)}", amount=amount)
 
     return server
 
 
-def claim(server: FakeServer):
-    client = Client("http://cp", token="t", transport=httpx.MockTransport(server.handler))
-    return Worker(client, "w", "mcp-agent").claim(RUN, heartbeat=False)
+@pytest.fixture
+def cp() -> FakeControlPlane:
+    return FakeControlPlane()
 
 
-async def call(ctx, world, name: str, args: dict):
-    async with McpGateway(ctx, {"payments": payments(world)}) as gw:
-        async with McpClient(gw.server) as agent:
-            listed = [t.name for t in (await agent.list_tools()).tools]
-            return listed, await agent.call_tool(name, args)
+def start(cp: FakeControlPlane, scopes=("payments:charge",)):
+    run = cp.create_run("mcp-agent", scopes=scopes)
+    return run, Worker(cp.client(), "gw", "mcp-agent").claim(run, heartbeat=False)
 
 
-def test_a_tool_call_is_a_declared_effect_and_its_result_the_outcome(server: FakeServer):
-    ctx, world = claim(server), []
-    listed, result = asyncio.run(call(ctx, world, "payments__charge", {"amount": 12}))
-    assert listed == ["payments__charge"]
-    assert not result.is_error and world == [("charge", 12)]
-    (declared,) = server.bodies("POST", f"/runs/{RUN}/effects")
-    assert (declared["tool"], declared["action"], declared["args"]) == (
-        "payments",
-        "charge",
-        {"amount": 12},
+async def session(gw: McpGateway, calls, *, meta=None):
+    async with gw, McpClient(gw.server) as agent:
+        out = []
+        for c in calls:
+            out.append(await c(agent) if callable(c) else await agent.call_tool(*c, meta=meta))
+        return out
+
+
+def test_a_tool_call_is_a_declared_effect_and_its_whole_result_the_outcome(cp):
+    run, ctx = start(cp)
+    world: list = []
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+    (result,) = asyncio.run(session(gw, [("payments__charge", {"amount": 12})]))
+    assert not result.is_error and result.structured_content == {"id": "ch-1", "amount": 12}
+    (fx,) = cp.effects(run)
+    assert (fx["tool"], fx["action"], fx["args"], fx["status"]) == (
+        "payments", "charge", {"amount": 12}, "committed",
+    )  # fmt: skip
+    assert fx["outcome_detail"]["result"]["structuredContent"] == {"id": "ch-1", "amount": 12}
+
+
+def test_two_identical_calls_are_two_effects_keyed_by_position(cp):
+    run, ctx = start(cp)
+    world: list = []
+    sent: list = []
+    gw = McpGateway(ctx, {"payments": payments(world, sent)}, watch_interval_s=0.05)
+    asyncio.run(session(gw, [("payments__charge", {"amount": 5})] * 2))
+    assert world == [("charge", 5), ("charge", 5)]
+    keys = [e["idempotency_key"] for e in cp.effects(run)]
+    assert keys == [f"{run}:mcp:payments__charge:1", f"{run}:mcp:payments__charge:2"]
+    assert sent == keys  # the tool server got each effect's key to pass on
+
+
+def test_a_client_key_makes_a_retry_a_replay_with_the_structured_result(cp):
+    run, ctx = start(cp)
+    world: list = []
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+    first, again = asyncio.run(
+        session(gw, [("payments__charge", {"amount": 7})] * 2, meta={KEY_META: "call_abc"})
     )
-    (outcome,) = [b["status"] for b in server.bodies("POST", "/effects/e1/outcome")]
-    assert outcome == "committed"
+    assert world == [("charge", 7)]  # the tool was called once
+    # The replay is what the tool returned (structured content included), so a client that
+    # validates the tool's output schema accepts it.
+    assert again.structured_content == first.structured_content == {"id": "ch-1", "amount": 7}
+    assert [e["idempotency_key"] for e in cp.effects(run)] == [f"{run}:mcp-key:call_abc"]
 
 
-def test_a_paused_runs_call_is_a_clear_tool_error_and_never_reaches_the_tool(server: FakeServer):
-    ctx, world = claim(server), []
-    server.on("POST", HB, PAUSE)
-    _, result = asyncio.run(call(ctx, world, "payments__charge", {"amount": 12}))
-    assert result.is_error and "paused" in result.content[0].text
-    assert "incident 7" in result.content[0].text
-    assert world == [] and server.bodies("POST", f"/runs/{RUN}/effects") == []
-
-
-def test_a_failing_tool_is_a_failed_outcome(server: FakeServer):
-    ctx, world = claim(server), []
-    _, result = asyncio.run(call(ctx, world, "payments__charge", {"amount": -1}))
+def test_a_failing_tool_is_a_failed_outcome(cp):
+    run, ctx = start(cp)
+    gw = McpGateway(ctx, {"payments": payments([])}, watch_interval_s=0.05)
+    (result,) = asyncio.run(session(gw, [("payments__charge", {"amount": -1})]))
     assert result.is_error
-    assert [b["status"] for b in server.bodies("POST", "/effects/e1/outcome")] == ["failed"]
+    assert [e["status"] for e in cp.effects(run)] == ["failed"]
 
 
-def test_a_call_that_needs_approval_waits_for_it(server: FakeServer):
-    ctx, world = claim(server), []
-    denied = (409, {"error": "denied", "decision": "denied", "reason": "approval_required"})
-    ok = (
-        201,
-        {"id": "e2", "decision": "authorized", "status": "in_flight", "idempotency_key": "k"},
+def test_pause_refuses_and_audits_the_call_hands_the_lease_back_and_resume_continues(cp):
+    run, ctx = start(cp)
+    world: list = []
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+
+    async def pause(agent):
+        cp.pause(run, "incident 7")
+        return await agent.call_tool("payments__charge", {"amount": 2})
+
+    async def resume_and_call(agent):
+        assert cp.state(run) == "paused"  # the gateway acknowledged the pause
+        cp.resume(run)
+        return await agent.call_tool("payments__charge", {"amount": 3})
+
+    ok, held, after = asyncio.run(
+        session(gw, [("payments__charge", {"amount": 1}), pause, resume_and_call])
     )
-    server.on("POST", f"/runs/{RUN}/effects", denied, ok)
-    server.on(
-        "GET",
-        f"/runs/{RUN}",
-        (200, {"id": RUN, "state": "running", "approvals": [{"id": "ap1", "status": "approved"}]}),
+    assert not ok.is_error
+    text = held.content[0].text
+    assert held.is_error and text.startswith("The run is paused (incident 7).")
+    assert "payments__charge was not called" in text and "stopd" not in text
+    (refusal,) = [a for a in cp.audit if a["action"] == "effect.declare"]
+    assert refusal["reason"] == "run_paused"  # the control plane refused it, and audited it
+    assert not after.is_error and world == [("charge", 1), ("charge", 3)]
+    done = [e for e in cp.effects(run) if e["status"] == "committed"]
+    assert [e["attempt_id"] for e in done] == [f"{run}-a1", f"{run}-a2"]  # a new attempt
+
+
+def test_with_pause_wait_a_call_waits_for_the_resume(cp):
+    run, ctx = start(cp)
+    world: list = []
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05, pause_wait_s=10)
+
+    async def paused_call(agent):
+        cp.pause(run, "a moment")
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.5, lambda: cp.resume(run) if cp.state(run) == "paused" else None)
+        return await agent.call_tool("payments__charge", {"amount": 4})
+
+    (result,) = asyncio.run(session(gw, [paused_call]))
+    assert not result.is_error and world == [("charge", 4)]
+    assert cp.state(run) == "running"
+
+
+def test_a_new_gateway_continues_the_run_after_the_old_one_died(cp):
+    run, ctx = start(cp)
+    world: list = []
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+    asyncio.run(session(gw, [("payments__charge", {"amount": 1})]))
+    cp.expire_lease(run)  # the process died: no heartbeat, recovery queues the run again
+    gw2 = McpGateway(
+        None, {"payments": payments(world)}, client=cp.client(), run_id=run, watch_interval_s=0.05
     )
-    _, result = asyncio.run(call(ctx, world, "payments__charge", {"amount": 900}))
+    (result,) = asyncio.run(session(gw2, [("payments__charge", {"amount": 1})]))
+    assert not result.is_error and world == [("charge", 1), ("charge", 1)]
+    keys = [e["idempotency_key"][-1] for e in cp.effects(run)]
+    assert keys == ["1", "2"]  # numbering continues from the ledger
+
+
+def test_a_call_whose_outcome_was_lost_is_refused_until_reconciled(cp):
+    run, ctx = start(cp)
+    world: list = []
+    cp.lose_outcome("payments", "charge")
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+    (first,) = asyncio.run(session(gw, [("payments__charge", {"amount": 9})]))
+    assert not first.is_error  # the tool answered; the ledger could not be told
+    cp.expire_lease(run)
+    gw2 = McpGateway(
+        None, {"payments": payments(world)}, client=cp.client(), run_id=run, watch_interval_s=0.05
+    )
+    (retry,) = asyncio.run(session(gw2, [("payments__charge", {"amount": 9})]))
+    assert retry.is_error and "reconcile" in retry.content[0].text
+    assert world == [("charge", 9)]  # never sent twice
+
+
+def test_a_call_that_needs_approval_waits_for_it(cp):
+    run, ctx = start(cp)
+    world: list = []
+    cp.require_approval("payments", "charge")
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05)
+
+    async def approved_call(agent):
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, cp.approve)
+        return await agent.call_tool("payments__charge", {"amount": 900})
+
+    (result,) = asyncio.run(session(gw, [approved_call]))
     assert not result.is_error and world == [("charge", 900)]
-    (asked,) = server.bodies("POST", f"/runs/{RUN}/approvals")
-    assert asked["args"] == {"amount": 900}
-    assert server.bodies("POST", f"/runs/{RUN}/effects")[1]["approval_id"] == "ap1"
+    (asked,) = cp.runs[run].approvals
+    assert asked["args"] == {"amount": 900} and asked["status"] == "approved"
+
+
+def test_an_upstream_given_as_a_command_is_spoken_to_over_stdio(cp, tmp_path):
+    """The CLI's ``--upstream name='command'``: the gateway starts the tool server as a process."""
+    from controlplane_sdk.adapters.mcp_serve import upstream_target
+
+    server = tmp_path / "tools.py"
+    server.write_text(
+        "from mcp.server.mcpserver import Context, MCPServer\n"
+        "s = MCPServer('echo')\n"
+        "@s.tool()\n"
+        "def echo(text: str) -> str:\n"
+        "    '''Echo.'''\n"
+        "    return text.upper()\n"
+        "s.run('stdio')\n"
+    )
+    run, ctx = start(cp, scopes=("echo:echo",))
+    target = upstream_target(f"{sys.executable} {server}")
+    gw = McpGateway(ctx, {"echo": target}, watch_interval_s=0.05)
+    (result,) = asyncio.run(session(gw, [("echo__echo", {"text": "hi"})]))
+    assert not result.is_error and result.content[0].text == "HI"
+    assert [e["status"] for e in cp.effects(run)] == ["committed"]

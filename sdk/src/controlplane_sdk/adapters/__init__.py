@@ -13,8 +13,6 @@ Each imports its framework lazily: install the extra (``pip install 'controlplan
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -47,10 +45,3 @@ def effect_in_progress(fx: EffectScope) -> Iterator[EffectScope]:
         yield fx
     finally:
         _current.reset(token)
-
-
-def args_digest(args: Any) -> str:
-    """A short stable digest of a tool call's arguments (canonical JSON): the part of an idempotency key
-    that tells two calls of the same tool apart when the framework gives no call id."""
-    blob = json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -15,7 +15,11 @@
   ``run_graph`` continues the graph.
 * A governed tool checks the run's directive before each call (a paused or cancelled run stops at the
   next tool call, before anything escapes) and declares the call as an effect whose idempotency key is
-  derived from the run, the tool, the action and the arguments (stable across attempts and resumes).
+  the call's identity: the LangGraph task that makes it (its id is derived from the checkpoint the
+  node runs from, so it is the same when the node runs again after a resume, in any process) and
+  the call's position among that task's calls of the tool. Two identical calls are two effects; a
+  node executed again replays its calls. Pass ``key=`` (a function of the call's arguments) when the
+  identity is something else, e.g. an order line id.
 * ``interrupt(payload)`` inside a node becomes a control-plane approval (payload: ``tool``, ``action``,
   ``args``, ``reason``); the graph resumes with ``{"approved": bool, "approval_id": id}`` once an
   approver decides in the console.
@@ -34,7 +38,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from ..runtime import RunContext
-from . import args_digest, effect_in_progress, recorded
+from . import effect_in_progress, recorded
 
 STATE_KEY = "langgraph"
 BRANCH_PREFIX = "branch:to:"
@@ -142,7 +146,7 @@ def governed_tool(
             # Called with keywords only (the usual tool call), the declared args are those keywords,
             # so an approval requested for the same dict matches the declaration's digest.
             call = dict(kwargs) if not args else {"args": list(args), "kwargs": kwargs}
-            k = key(*args, **kwargs) if key else f"{ctx.run_id}:{tool}:{action}:{args_digest(call)}"
+            k = key(*args, **kwargs) if key else call_identity(ctx, tool, action)
             with ctx.effect(
                 tool,
                 action,
@@ -166,6 +170,34 @@ def governed_tool(
     return wrap
 
 
+def _task_id() -> str | None:
+    """The LangGraph task running this code (``node:task-id`` in its config), if any."""
+    try:
+        from langgraph.config import get_config
+
+        ns = str(get_config()["configurable"].get("checkpoint_ns") or "")
+    except (RuntimeError, KeyError):
+        return None
+    return ns.rpartition("|")[2].partition(":")[2] or None
+
+
+def _positions(ctx: RunContext) -> dict[tuple[str, str, str], int]:
+    counts = getattr(ctx, "_langgraph_positions", None)
+    if counts is None:
+        counts = {}
+        ctx._langgraph_positions = counts  # type: ignore[attr-defined]
+    return counts
+
+
+def call_identity(ctx: RunContext, tool: str, action: str) -> str:
+    """The idempotency key of a governed call: its task and its position among that task's calls
+    of ``tool:action`` (outside a graph task: the step, or the run, and the position there)."""
+    where = _task_id() or ctx.current_step or "run"
+    counts = _positions(ctx)
+    n = counts[(where, tool, action)] = counts.get((where, tool, action), 0) + 1
+    return f"{ctx.run_id}:lg:{where}:{tool}:{action}:{n}"
+
+
 def interrupts_of(graph: Any, config: dict[str, Any]) -> Sequence[Any]:
     return graph.get_state(config).interrupts
 
@@ -187,12 +219,15 @@ def run_graph(
     config = saver.config if isinstance(saver, ControlPlaneSaver) else {"configurable": {}}
     resumed = isinstance(saver, ControlPlaneSaver) and saver.has_checkpoint()
     pending = list(interrupts_of(graph, config)) if resumed else []
+    # Each invocation executes its tasks from their start: their calls count from the first again.
+    _positions(ctx).clear()
     result = None if pending else graph.invoke(None if resumed else graph_input, config)
     while True:
         pending = list(interrupts_of(graph, config))
         if not pending:
             return result if result is not None else graph.get_state(config).values
         decision = _ask(ctx, pending[0].value, approval_timeout)
+        _positions(ctx).clear()
         result = graph.invoke(Command(resume=decision), config)
 
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0015_run_index_and_trigger_trim"),
+        ("runs", "0017_redrive_state_edges"),
     ]
 
     operations = [

@@ -1,0 +1,112 @@
+"""Intake holds: preview, hold, see the held queue with its age, release (interventions/intake.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from uuid import UUID
+
+from django.http import HttpRequest
+from ninja import Router
+from ninja.responses import Status
+from pydantic import ConfigDict, Field
+
+from api.auth import caller
+from api.responses import ERRORS_READ, ERRORS_WRITE, JSON, Out
+from api.schemas import Schema
+from core.errors import Forbidden
+from core.roles import may
+from interventions.intake import (
+    hold_dict,
+    hold_intake,
+    hold_preview,
+    intake_state,
+    release_intake,
+    release_preview,
+)
+
+router = Router(tags=["intake"])
+
+Target = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.\-]*$")
+
+
+class HoldScopeIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    scope: Literal["agent", "tool", "all"]
+    target: str = Target  # the agent's or tool's name; empty for "all"
+
+
+class HoldIn(HoldScopeIn):
+    reason: str = Field(min_length=1, max_length=2000)
+    preview_digest: str = Field(default="", max_length=64)
+
+
+class ReleaseIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=2000)
+    preview_digest: str = Field(default="", max_length=64)
+
+
+class HoldOut(Out):
+    id: str
+    scope: str
+    target: str
+    covers: str
+    reason: str
+    held_by: str
+    held_at: str
+    live: bool
+    released_at: str | None
+    released_by: str
+    receipt: JSON
+    queued: JSON | None = None
+
+
+class IntakeOut(Out):
+    holds: list[HoldOut]
+    queued: JSON  # every held queued run, oldest first, with its age
+    released: list[HoldOut]
+
+
+def _viewer(request: HttpRequest) -> None:
+    actor = caller(request)
+    if actor.is_worker or not may(actor.roles, "view"):
+        raise Forbidden("no role grants viewing intake")
+
+
+@router.get("/intake", response={200: IntakeOut, **ERRORS_READ})
+def state(request: HttpRequest) -> Any:
+    _viewer(request)
+    return intake_state()
+
+
+@router.post("/intake/holds/preview", response={200: JSON, **ERRORS_WRITE})
+def preview_hold(request: HttpRequest, body: HoldScopeIn) -> Any:
+    return hold_preview(actor=caller(request), scope=body.scope, target=body.target)
+
+
+@router.post("/intake/holds", response={202: HoldOut, **ERRORS_WRITE})
+def hold(request: HttpRequest, body: HoldIn) -> Any:
+    made = hold_intake(
+        actor=caller(request),
+        scope=body.scope,
+        target=body.target,
+        reason=body.reason,
+        seen_digest=body.preview_digest or None,
+    )
+    return Status(202, hold_dict(made))
+
+
+@router.post("/intake/holds/{hold_id}/release/preview", response={200: JSON, **ERRORS_WRITE})
+def preview_release(request: HttpRequest, hold_id: UUID) -> Any:
+    return release_preview(actor=caller(request), hold_id=hold_id)
+
+
+@router.post("/intake/holds/{hold_id}/release", response={200: HoldOut, **ERRORS_WRITE})
+def release(request: HttpRequest, hold_id: UUID, body: ReleaseIn) -> Any:
+    done = release_intake(
+        actor=caller(request),
+        hold_id=hold_id,
+        reason=body.reason,
+        seen_digest=body.preview_digest or None,
+    )
+    return hold_dict(done)

@@ -1,0 +1,131 @@
+"""``AsyncWorker`` and ``arun_one``: claiming runs and ending attempts for asyncio agents, by the
+same table as :func:`controlplane_sdk.run_one` (see ``loop.py``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .aio import AsyncClient
+from .aio_runtime import AsyncRunContext
+from .errors import (
+    ApiError,
+    CancelRequested,
+    ControlPlaneError,
+    DirectiveInterrupt,
+    EffectDenied,
+    LeaseLost,
+    PauseRequested,
+    StopRequested,
+)
+from .loop import RunSummary, classify_failure
+from .models import Claim
+from .tracing import run_trace
+
+__all__ = ["AsyncWorker", "arun_one"]
+
+log = logging.getLogger("controlplane_sdk")
+_DENIAL_AS_DIRECTIVE = {"run_paused": PauseRequested, "run_cancelled": CancelRequested}
+
+
+class AsyncWorker:
+    """Claims runs for one agent under one worker identity (as :class:`~controlplane_sdk.Worker`)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        worker_name: str,
+        agent: str,
+        *,
+        versions: dict[str, Any] | None = None,
+        heartbeat_interval: float | None = None,
+    ) -> None:
+        self.client, self.worker_name, self.agent = client, worker_name, agent
+        self.versions, self.heartbeat_interval = versions or {}, heartbeat_interval
+
+    def _context(self, claim: Claim, heartbeat: bool) -> AsyncRunContext:
+        ctx = AsyncRunContext(
+            self.client, claim, self.worker_name, heartbeat_interval=self.heartbeat_interval
+        )
+        if heartbeat:
+            ctx.start_heartbeat()
+        return ctx
+
+    async def claim(self, run_id: str, *, heartbeat: bool = True) -> AsyncRunContext:
+        claim = await self.client.claim(run_id, self.worker_name, self.versions)
+        return self._context(claim, heartbeat)
+
+    async def claim_next(
+        self, wait_s: float = 20.0, *, heartbeat: bool = True
+    ) -> AsyncRunContext | None:
+        claim = await self.client.claim_next(self.worker_name, [self.agent], self.versions, wait_s)
+        return None if claim is None else self._context(claim, heartbeat)
+
+
+async def _try_finish(ctx: AsyncRunContext, outcome: str, fc: str | None, err: str | None) -> None:
+    try:
+        await ctx.finish(outcome, failure_class=fc, error=err)
+    except ControlPlaneError as refused:
+        log.warning("run %s: finish(%s) not accepted: %s", ctx.run_id, outcome, refused)
+
+
+async def arun_one(
+    ctx: AsyncRunContext, run_fn: Callable[[AsyncRunContext], Awaitable[Any]]
+) -> RunSummary:
+    """``await run_fn(ctx)`` and end the attempt by the same table as :func:`run_one`."""
+
+    def summary(outcome: str, detail: str = "") -> RunSummary:
+        return RunSummary(ctx.run_id, ctx.attempt.id, outcome, detail)
+
+    async with ctx:
+        with run_trace(ctx.run_id):
+            try:
+                try:
+                    await ctx.check_directive()
+                    await run_fn(ctx)
+                except EffectDenied as denied:
+                    if denied.reason == "lease_lost":
+                        raise LeaseLost(
+                            denied.status, "lease_lost", denied.detail, denied.payload
+                        ) from denied
+                    interrupt = _DENIAL_AS_DIRECTIVE.get(denied.reason)
+                    if interrupt is None:
+                        raise
+                    raise interrupt(f"effect denied: {denied.reason}") from denied
+            except (PauseRequested, StopRequested) as intr:
+                await ctx.release(f"worker stopped at a boundary on {intr.directive}")
+                return summary(
+                    "paused" if isinstance(intr, PauseRequested) else "stopped", intr.reason
+                )
+            except CancelRequested as intr:
+                if (
+                    not await ctx.release("worker stopped at a boundary on cancel")
+                    and not ctx.lease_lost
+                ):
+                    await _try_finish(
+                        ctx, "failed", "cancelled", intr.reason or "cancelled by operator"
+                    )
+                return summary("cancelled", intr.reason)
+            except LeaseLost as lost:
+                await ctx.stop_heartbeat()
+                return summary("lease_lost", str(lost))
+            except DirectiveInterrupt:  # pragma: no cover - the three above are all of them
+                raise
+            except Exception as exc:  # the agent failed: record it, keep the worker alive
+                fc = classify_failure(exc)
+                log.warning("run %s failed (%s): %s", ctx.run_id, fc, exc)
+                if not ctx.finished:
+                    await _try_finish(ctx, "failed", fc, f"{type(exc).__name__}: {exc}"[:2000])
+                return summary("failed", f"{type(exc).__name__}: {exc}")
+            if not ctx.finished:
+                try:
+                    await ctx.finish("succeeded")
+                except LeaseLost as lost:
+                    return summary("lease_lost", str(lost))
+                except ControlPlaneError as err:
+                    fc = err.code if isinstance(err, ApiError) else "control_plane_unreachable"
+                    ctx.finished = False
+                    await _try_finish(ctx, "failed", fc, f"finish(succeeded) refused: {err}"[:2000])
+                    return summary("failed", str(err))
+            return summary("succeeded")

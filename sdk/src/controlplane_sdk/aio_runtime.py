@@ -1,0 +1,438 @@
+"""The asyncio runtime: the same contract as ``runtime.py`` / ``effects.py`` / ``loop.run_one``,
+awaited instead of blocking, with the heartbeat an asyncio task instead of a thread::
+
+    async def purchase(ctx: AsyncRunContext) -> None:
+        async with ctx.step("charge"):
+            async with ctx.effect("payments", "charge", args={"amount": 42}) as fx:
+                if not fx.already_done:
+                    r = await world.post("/charge", headers={"Idempotency-Key": fx.idempotency_key})
+                    fx.committed(r.json()["id"])
+
+    async with AsyncClient(URL, TOKEN) as cp:
+        ctx = await AsyncWorker(cp, "worker-1", "purchasing").claim_next(wait_s=20)  # aio_loop
+        if ctx is not None:
+            summary = await arun_one(ctx, purchase)
+
+Directives are honoured at ``async with ctx.step(...)`` boundaries (``PauseRequested``,
+``CancelRequested``, ``StopRequested``, ``LeaseLost``), an effect records exactly one outcome by the
+rules of :func:`controlplane_sdk.effects.settle`, keys are the call's identity as in the sync
+runtime, and ``arun_one`` ends the attempt by the table in ``loop.py``. Not (yet) here: ``fx.then``
+(the declaration carried by the previous outcome); ``checkpoint=`` on an effect is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+from .aio import AsyncClient
+from .effects import UNKNOWN_ON_DEFAULT, carried_checkpoint, not_recorded, settle
+from .errors import (
+    ApiError,
+    CancelRequested,
+    ControlPlaneError,
+    EffectDenied,
+    LeaseLost,
+    PauseRequested,
+    StopRequested,
+)
+from .models import Approval, Claim, Directive, EffectDecision, Event, HeartbeatReply
+from .tracing import run_trace
+
+__all__ = ["AsyncRunContext", "AsyncEffectScope"]
+
+log = logging.getLogger("controlplane_sdk")
+_INTERRUPTS = {"pause": PauseRequested, "cancel": CancelRequested, "stop": StopRequested}
+_DENIAL_AS_DIRECTIVE = {"run_paused": PauseRequested, "run_cancelled": CancelRequested}
+
+
+class AsyncEffectScope:
+    """``async with ctx.effect(...) as fx``: declare on entry, one outcome on exit."""
+
+    def __init__(
+        self,
+        ctx: AsyncRunContext,
+        *,
+        tool: str,
+        action: str,
+        key: str,
+        step: str,
+        args: dict[str, Any] | None,
+        compensate: dict[str, Any] | None,
+        irreversible: bool,
+        unknown_on: tuple[type[BaseException], ...],
+        approval_id: str | None,
+        checkpoint: dict[str, Any] | None,
+        counted: tuple[str, str, str] | None,
+    ) -> None:
+        self._ctx, self.tool, self.action, self.step = ctx, tool, action, step
+        self.args, self.compensate, self.irreversible = args or {}, compensate, irreversible
+        self.idempotency_key, self.approval_id = key, approval_id
+        self._unknown_on = UNKNOWN_ON_DEFAULT + tuple(unknown_on)
+        self._checkpoint, self._counted = checkpoint, counted
+        self.declaration: EffectDecision | None = None
+        self._outcome: tuple[str, str | None, Any] | None = None
+        self.outcome_response: dict[str, Any] | None = None
+        self.external_ref: str | None = None
+        self.result: Any = None
+
+    @property
+    def effect_id(self) -> str:
+        assert self.declaration is not None, "effect not declared yet"
+        return self.declaration.id
+
+    @property
+    def already_done(self) -> bool:
+        return bool(self.declaration and self.declaration.already_done)
+
+    def committed(self, external_ref: str | None = None, detail: Any = None) -> None:
+        self._set("committed", external_ref, detail)
+
+    def failed(self, detail: Any = None) -> None:
+        self._set("failed", None, detail)
+
+    def unknown(self, detail: Any = None) -> None:
+        self._set("unknown", None, detail)
+
+    def checkpoint(self, state: dict[str, Any]) -> None:
+        self._checkpoint = dict(state)
+
+    def _set(self, status: str, external_ref: str | None, detail: Any) -> None:
+        if self.already_done:
+            log.warning(
+                "effect %s already committed (replayed); %s() ignored", self.idempotency_key, status
+            )
+            return
+        self._outcome = (status, external_ref, detail)
+        self.external_ref = external_ref if external_ref is not None else self.external_ref
+        self.result = detail if detail is not None else self.result
+
+    async def __aenter__(self) -> AsyncEffectScope:
+        ctx = self._ctx
+        try:
+            self.declaration = await ctx.client.declare_effect(
+                ctx.run_id,
+                ctx.fencing_token,
+                step=self.step,
+                tool=self.tool,
+                action=self.action,
+                idempotency_key=self.idempotency_key,
+                args=self.args,
+                compensation=self.compensate,
+                irreversible=self.irreversible,
+                approval_id=self.approval_id,
+                attempt_id=ctx.attempt.id,
+            )
+        except (LeaseLost, EffectDenied) as err:
+            if isinstance(err, LeaseLost) or err.reason == "lease_lost":
+                ctx._mark_lease_lost(err)
+            raise
+        if self._counted is not None:
+            ctx._declared[self._counted] = ctx._declared.get(self._counted, 0) + 1
+        self.idempotency_key = self.declaration.idempotency_key
+        if self.already_done:
+            self.external_ref = self.declaration.external_ref
+            self.result = self.declaration.outcome_detail
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.already_done:
+            return
+        self._outcome = status, ref, detail = settle(self._outcome, exc, self._unknown_on)
+        checkpoint = (
+            (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
+        )
+        ctx = self._ctx
+        try:
+            self.outcome_response = await ctx.client.record_outcome(
+                self.effect_id,
+                ctx.fencing_token,
+                status,
+                external_ref=ref,
+                detail=detail,
+                checkpoint=checkpoint,
+            )
+        except ControlPlaneError as err:
+            not_recorded(self.effect_id, status, err, exc)
+            return
+        if checkpoint is not None:
+            await ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
+
+
+class AsyncRunContext:
+    """One claimed attempt, for asyncio agents; ``async with ctx:`` stops the heartbeat task."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        claim: Claim,
+        worker_name: str,
+        *,
+        heartbeat_interval: float | None = None,
+    ) -> None:
+        self.client, self.worker_name, self.claim_result = client, worker_name, claim
+        self.run_id, self.attempt, self.lease = claim.run_id, claim.attempt, claim.lease
+        self.start_checkpoint = claim.checkpoint
+        self.state: dict[str, Any] = dict(claim.checkpoint.state) if claim.checkpoint else {}
+        self.last_checkpoint_seq = claim.checkpoint.seq if claim.checkpoint else None
+        self.current_step: str | None = None
+        self.finished = False
+        ttl = float(claim.lease.ttl_s or 30.0)
+        self.heartbeat_interval = heartbeat_interval or max(ttl / 3.0, 0.05)
+        self.directive, self.directive_reason = claim.directive, ""
+        self._approval: dict[str, Any] | None = None
+        self._lease_lost: LeaseLost | None = None
+        self._declared: dict[tuple[str, str, str], int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def fencing_token(self) -> int:
+        return self.lease.fencing_token
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._lease_lost is not None
+
+    def _mark_lease_lost(self, err: ApiError) -> None:
+        if self._lease_lost is None:
+            self._lease_lost = (
+                err
+                if isinstance(err, LeaseLost)
+                else LeaseLost(err.status, "lease_lost", err.detail, err.payload)
+            )
+
+    # -- heartbeats and directives ---------------------------------------------------------------
+
+    async def _beat(self, wait_s: float | None = None) -> HeartbeatReply:
+        try:
+            hb = await self.client.heartbeat(self.lease.id, self.fencing_token, wait_s=wait_s)
+        except LeaseLost as err:
+            self._mark_lease_lost(err)
+            raise
+        self.directive, self.directive_reason = hb.directive, hb.reason
+        if hb.approval is not None:
+            self._approval = hb.approval
+        return hb
+
+    def start_heartbeat(self) -> None:
+        if self._task is None and not self.lease_lost:
+            self._task = asyncio.create_task(self._heartbeats(), name=f"heartbeat-{self.run_id}")
+
+    async def _heartbeats(self) -> None:
+        with run_trace(self.run_id):
+            while True:
+                await asyncio.sleep(self.heartbeat_interval)
+                try:
+                    await self._beat()
+                except LeaseLost:
+                    log.warning(
+                        "run %s: lease %s lost; heartbeat stopped", self.run_id, self.lease.id
+                    )
+                    return
+                except ControlPlaneError as err:  # transient: keep trying
+                    log.warning("run %s: heartbeat failed: %s", self.run_id, err)
+
+    async def stop_heartbeat(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> AsyncRunContext:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_heartbeat()
+
+    async def refresh(self) -> str:
+        return (await self._beat()).directive
+
+    async def check_directive(self, *, refresh: bool = True) -> str:
+        """A step boundary: raises the directive's interrupt, or waits out ``wait``."""
+        if refresh and not self.lease_lost:
+            with contextlib.suppress(ControlPlaneError):
+                await self._beat()
+        while self._lease_lost is None and self.directive == Directive.WAIT:
+            t0 = time.monotonic()
+            await self._beat(wait_s=20)
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))  # no busy loop
+        if self._lease_lost is not None:
+            raise self._lease_lost
+        if self.directive in _INTERRUPTS:
+            raise _INTERRUPTS[self.directive](self.directive_reason)
+        return self.directive
+
+    async def get_run(self) -> dict[str, Any]:
+        return await self.client.get_run(self.run_id)
+
+    # -- steps, effects, history -------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def step(self, name: str) -> AsyncIterator[None]:
+        await self.check_directive()
+        for counted in [k for k in self._declared if k[0] == name]:
+            del self._declared[counted]
+        prev, self.current_step = self.current_step, name
+        await self.event("step_started", {"step": name, "attempt": self.attempt.number})
+        try:
+            yield
+        finally:
+            self.current_step = prev
+        await self.event("step_completed", {"step": name, "attempt": self.attempt.number})
+
+    def effect(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: str | None = None,
+        args: dict[str, Any] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        unknown_on: tuple[type[BaseException], ...] = (),
+        approval_id: str | None = None,
+        checkpoint: dict[str, Any] | None = None,
+    ) -> AsyncEffectScope:
+        """As :meth:`RunContext.effect` (the same default keys), for ``async with``."""
+        step = step or self.current_step
+        if not step:
+            raise ValueError("effect() needs step= (or run it inside `async with ctx.step(name):`)")
+        counted = None
+        if key is None:
+            counted = (step, tool, action)
+            position = self._declared.get(counted, 0) + 1
+            key = f"{self.run_id}:{step}:{tool}:{action}" + (f":{position}" if position > 1 else "")
+        return AsyncEffectScope(
+            self,
+            tool=tool,
+            action=action,
+            key=key,
+            step=step,
+            args=args,
+            compensate=compensate,
+            irreversible=irreversible,
+            unknown_on=unknown_on,
+            approval_id=approval_id,
+            checkpoint=checkpoint,
+            counted=counted,
+        )
+
+    async def checkpoint(self, step: str, state: dict[str, Any]) -> int:
+        d = await self.client.checkpoint(self.run_id, self.fencing_token, step, state)
+        self.state = dict(state)
+        if d.get("seq") is not None:
+            self.last_checkpoint_seq = int(d["seq"])
+        return self.last_checkpoint_seq or 0
+
+    async def _checkpoint_written(
+        self, step: str, state: dict[str, Any], answer: dict[str, Any] | None
+    ) -> None:
+        try:
+            written = carried_checkpoint(answer)
+        except LeaseLost as err:
+            self._mark_lease_lost(err)
+            raise
+        if written is None:  # an older server: write it separately
+            await self.checkpoint(step, state)
+            return
+        self.state = dict(state)
+        if written.get("seq") is not None:
+            self.last_checkpoint_seq = int(written["seq"])
+
+    async def event(self, kind: str, data: dict[str, Any] | None = None) -> None:
+        await self.client.append_events(self.run_id, self.fencing_token, [Event(kind, data or {})])
+
+    async def record_assumption(
+        self,
+        key: str,
+        value: Any,
+        max_age_s: float | None = None,
+        checker: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        from .client import Client
+
+        ev = Client.assumption_event(key, value, max_age_s=max_age_s, checker=checker, meta=meta)
+        await self.client.append_events(self.run_id, self.fencing_token, [ev])
+
+    # -- approvals -------------------------------------------------------------------------------
+
+    async def request_approval(
+        self,
+        tool: str,
+        action: str,
+        args: dict[str, Any] | None,
+        reason: str,
+        deadline_s: float | None = None,
+        required_role: str | None = None,
+    ) -> str:
+        approval = await self.client.request_approval(
+            self.run_id,
+            self.fencing_token,
+            tool=tool,
+            action=action,
+            args=args,
+            reason=reason,
+            deadline_s=deadline_s,
+            required_role=required_role,
+        )
+        return approval.id
+
+    async def await_approval(self, approval_id: str, timeout: float | None = None) -> Approval:
+        """Until the approval is decided (or ``timeout``); on pause/cancel it returns it as it
+        stands and the next boundary raises (as the sync ``await_approval``)."""
+        from .client import Client
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        latest: Approval | None = None
+        while deadline is None or time.monotonic() < deadline:
+            raw = self._approval
+            if raw and str(raw.get("id")) == str(approval_id):
+                latest = Client.parse_approval(raw)
+                if not latest.pending:
+                    return latest
+            if self.directive != Directive.WAIT:
+                found = Client.find_approval(await self.get_run(), approval_id)
+                latest = found or latest
+                if (latest and not latest.pending) or self.directive in _INTERRUPTS:
+                    break
+            t0 = time.monotonic()
+            await self._beat(wait_s=20 if deadline is None else max(0.1, min(20, deadline - t0)))
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+        return latest or Approval(id=str(approval_id), status="pending")
+
+    # -- end of the attempt ------------------------------------------------------------------------
+
+    async def finish(
+        self, outcome: str = "succeeded", failure_class: str | None = None, error: str | None = None
+    ) -> dict[str, Any]:
+        try:
+            return await self.client.finish(
+                self.run_id, self.fencing_token, outcome, failure_class=failure_class, error=error
+            )
+        finally:
+            self.finished = True
+            await self.stop_heartbeat()
+
+    async def release(self, reason: str = "") -> bool:
+        await self.stop_heartbeat()
+        if self.lease_lost:
+            return False
+        try:
+            await self.client.release_lease(self.lease.id, self.fencing_token, reason)
+            return True
+        except ControlPlaneError as err:
+            log.warning("run %s: lease release not accepted (%s)", self.run_id, err)
+            return False

@@ -1,0 +1,149 @@
+"""Minimal agents for the conformance kit (``python -m controlplane_sdk.conformance``): one written
+with the SDK, one with the LangGraph adapter, one with the OpenAI Agents SDK adapter, and one that
+misbehaves (it ignores directives and invents a fresh key per attempt), which the kit must fail."""
+
+from __future__ import annotations
+
+import operator
+import os
+import uuid
+from typing import Annotated, Any, TypedDict
+
+from controlplane_sdk import RunContext
+from controlplane_sdk.conformance import ToolStandIn
+
+PLAN = [
+    ("reserve", "inventory", "reserve", {"sku": "sku-1"}, "release"),
+    ("label", "shipping", "create_label", {"to": "ada"}, "void"),
+    ("charge", "payments", "charge", {"amount": 42}, "refund"),
+    ("notify", "notifications", "enqueue", {"email": "ada@example.com"}, None),
+]
+
+
+def sdk(tools: ToolStandIn):
+    """A purchasing agent with the plain SDK: a step per call, a checkpoint after each."""
+
+    def run(ctx: RunContext) -> None:
+        for step, tool, action, args, undo in PLAN:
+            if step in ctx.state:
+                continue
+            with ctx.step(step):
+                with ctx.effect(
+                    tool, action, args=args, irreversible=undo is None,
+                    compensate={"tool": tool, "action": undo} if undo else None,
+                ) as fx:  # fmt: skip
+                    if not fx.already_done:
+                        done = tools.call(tool, action, args, idempotency_key=fx.idempotency_key)
+                        fx.committed(done["id"])
+            ctx.checkpoint(step, {**ctx.state, step: fx.external_ref or "done"})
+
+    return run
+
+
+class Order(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+def langgraph(tools: ToolStandIn):
+    """The same purchase as a LangGraph graph: a node per call, governed tools, graph checkpoints
+    stored as the run's checkpoints."""
+    from langgraph.graph import END, START, StateGraph
+
+    from controlplane_sdk.adapters import current_effect
+    from controlplane_sdk.adapters.langgraph import ControlPlaneSaver, governed_tool, run_graph
+
+    def run(ctx: RunContext) -> Any:
+        g = StateGraph(Order)
+        prev = START
+        for step, tool, action, args, undo in PLAN:
+
+            def call(tool=tool, action=action, **kw: Any) -> str:
+                return tools.call(tool, action, kw, idempotency_key=current_effect().idempotency_key)["id"]  # fmt: skip
+
+            governed = governed_tool(
+                ctx, tool, action, irreversible=undo is None,
+                compensate={"tool": tool, "action": undo} if undo else None,
+            )(call)  # fmt: skip
+            g.add_node(step, lambda s, governed=governed, args=args: {"log": [governed(**args)]})
+            g.add_edge(prev, step)
+            prev = step
+        g.add_edge(prev, END)
+        graph = g.compile(checkpointer=ControlPlaneSaver(ctx))
+        return run_graph(ctx, graph, {"log": []})
+
+    return run
+
+
+def reckless(tools: ToolStandIn):
+    """Ignores directives (no step boundaries) and makes a new key each attempt."""
+
+    def run(ctx: RunContext) -> None:
+        for step, tool, action, args, _ in PLAN:
+            key = f"{step}-{uuid.uuid4().hex}"
+            with ctx.effect(tool, action, key=key, step=step, args=args) as fx:
+                tools.call(tool, action, args, idempotency_key=fx.idempotency_key)
+
+    return run
+
+
+def openai_agents(tools: ToolStandIn):
+    """The same purchase with the OpenAI Agents SDK and a scripted model that, like a real one,
+    answers from the conversation: its next move is the plan's next call after the tool results it
+    has seen (so a run resumed from its stored RunState continues, not restarts)."""
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # no exporting traces to OpenAI
+    from agents import Agent
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from controlplane_sdk.adapters import current_effect
+    from controlplane_sdk.adapters.openai_agents import govern_tool, run_agent
+
+    class PlanModel(ScriptedModel):
+        async def get_response(self, system_instructions, input, *args, **kwargs):
+            seen = sum(
+                1 for i in (input if isinstance(input, list) else [])
+                if isinstance(i, dict) and i.get("type") == "function_call_output"
+            )  # fmt: skip
+            step = (
+                [function_call(PLAN[seen][0], PLAN[seen][3], call_id=f"call-{PLAN[seen][0]}")]
+                if seen < len(PLAN)
+                else [assistant_message("bought")]
+            )
+            return await ScriptedModel([step]).get_response(
+                system_instructions, input, *args, **kwargs
+            )
+
+    def dispatch(step: str, **args: Any) -> str:
+        _, tool, action, _, _ = next(p for p in PLAN if p[0] == step)
+        return tools.call(tool, action, args, idempotency_key=current_effect().idempotency_key)[
+            "id"
+        ]
+
+    def reserve(sku: str) -> str:
+        """Reserve stock."""
+        return dispatch("reserve", sku=sku)
+
+    def label(to: str) -> str:
+        """Create a shipping label."""
+        return dispatch("label", to=to)
+
+    def charge(amount: int) -> str:
+        """Charge the card."""
+        return dispatch("charge", amount=amount)
+
+    def notify(email: str) -> str:
+        """Queue the customer's notification."""
+        return dispatch("notify", email=email)
+
+    def run(ctx: RunContext) -> Any:
+        fns = {"reserve": reserve, "label": label, "charge": charge, "notify": notify}
+        governed = [
+            govern_tool(
+                ctx, fns[step], tool=tool, action=action, irreversible=undo is None,
+                compensate={"tool": tool, "action": undo} if undo else None,
+            )
+            for step, tool, action, _args, undo in PLAN
+        ]  # fmt: skip
+        agent = Agent(name="buyer", instructions="buy", tools=governed, model=PlanModel([]))
+        return run_agent(ctx, agent, "buy sku-1")
+
+    return run

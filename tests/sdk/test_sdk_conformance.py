@@ -1,0 +1,49 @@
+"""The conformance kit against one minimal agent per way of writing one (the SDK, LangGraph), and
+against an agent that misbehaves, which it must fail; its CLI writes Markdown and JSON evidence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from controlplane_sdk.conformance import run_kit
+from tests.sdk import conformance_agents as agents
+
+
+@pytest.mark.parametrize(
+    "build", [agents.sdk, agents.langgraph, agents.openai_agents], ids=["sdk", "langgraph", "oa"]
+)
+def test_a_well_behaved_agent_passes_all_seven(build):
+    t0 = time.monotonic()
+    evidence = run_kit(build, build.__name__)
+    failed = [(s["number"], s["error"]) for s in evidence["scenarios"] if s["status"] != "passed"]
+    assert not failed, failed
+    assert evidence["passed"] == 7 and time.monotonic() - t0 < 60
+    assert all(s["shown"] for s in evidence["scenarios"])
+
+
+def test_an_agent_that_ignores_directives_and_invents_keys_fails():
+    evidence = run_kit(agents.reckless, "reckless")
+    status = {s["number"]: s["status"] for s in evidence["scenarios"]}
+    # The control plane still refuses its calls after a pause or cancel (1, 3 pass); but a new key
+    # per attempt means a resumed, retried or recovered run does everything again.
+    assert (status[2], status[4], status[7]) == ("failed", "failed", "failed"), status
+    errors = {s["number"]: s["error"] for s in evidence["scenarios"]}
+    assert "done twice" in errors[2] and "done twice" in errors[4]
+
+
+def test_the_command_writes_markdown_and_json_evidence(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "controlplane_sdk.conformance", "tests.sdk.conformance_agents:sdk",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    evidence = json.loads((tmp_path / "conformance.json").read_text())
+    assert evidence["passed"] == 7
+    md = (tmp_path / "conformance.md").read_text()
+    assert "## 4. Retry an ambiguous timeout: passed" in md and "not shown by this kit" in md
