@@ -175,6 +175,7 @@ def body_too_large(request: HttpRequest, exc: Exception):
 def _register_routers() -> None:
     from api.audit import router as audit_router
     from api.fleet import router as fleet_router
+    from api.freezes import router as freezes_router
     from api.intake import router as intake_router
     from api.interventions import router as interventions_router
     from api.runs import router as runs_router
@@ -184,6 +185,7 @@ def _register_routers() -> None:
     api.add_router("", audit_router)
     api.add_router("", interventions_router)
     api.add_router("", work_router)
+    api.add_router("", freezes_router)  # before /fleet/{operation_id}
     api.add_router("", fleet_router)
     api.add_router("", intake_router)
 

@@ -49,14 +49,24 @@ def preview(request: HttpRequest, run_id: UUID, body: InterventionIn):
     return base.preview(actor=actor, run_id=run_id, req=_req(body))
 
 
-@router.post("/runs/{run_id}/interventions", response={202: out.ReceiptOut, **ERRORS_WRITE})
+@router.post(
+    "/runs/{run_id}/interventions",
+    response={202: out.ReceiptOut, 200: out.ReceiptOut, **ERRORS_WRITE},
+)
 def issue(request: HttpRequest, run_id: UUID, body: InterventionIn):
+    """202: issued, the receipt in the body. 200: the same actor sent the same request again (a
+    cancel already under way): the original receipt, ``replayed`` true; nothing new was decided."""
     actor = caller(request)  # workers are refused inside base.issue, so the refusal is audited
     with observe_intervention(body.kind):
         intervention = base.issue(
-            actor=actor, run_id=run_id, req=_req(body), seen_digest=body.preview_digest
+            actor=actor,
+            run_id=run_id,
+            req=_req(body),
+            seen_digest=body.preview_digest,
+            seen_sections=body.preview_sections,
         )
-    return Status(202, receipt_dict(intervention))
+    replayed = getattr(intervention, "replayed", False)
+    return Status(200 if replayed else 202, receipt_dict(intervention) | {"replayed": replayed})
 
 
 @router.get("/interventions/{intervention_id}", response={200: out.ReceiptOut, **ERRORS_READ})

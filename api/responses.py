@@ -252,6 +252,7 @@ class EffectDeniedOut(ErrorOut):
     detail: Any = None
     decision: str | None = None
     reason: str | None = None
+    freeze: Any = None  # capability_frozen: the freeze, who set it and why
 
 
 class CheckpointWrittenOut(Out):
@@ -312,6 +313,7 @@ class PreviewOut(Out):
     next_state: str
     scope: str
     digest: str  # send it back as preview_digest to refuse a confirm once the run has moved on
+    sections: dict[str, str]  # and these as preview_sections: a refusal then names what moved
 
 
 class ReceiptOut(Out):
@@ -330,6 +332,7 @@ class ReceiptOut(Out):
     receipt: JSON
     created_at: str
     completed_at: str | None
+    replayed: bool = False  # the original receipt, answered again to the same actor's same request
 
 
 class ReceiptListOut(Out):

@@ -196,6 +196,7 @@ class FinishIn(Schema):
 
 
 Text150 = Annotated[str, Field(min_length=1, max_length=150)]
+Text64 = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class CompensationOptions(StrictOptions):
@@ -260,6 +261,9 @@ class InterventionIn(Schema):
     # The digest of the preview the caller confirms (POST .../interventions/preview answers it). If
     # given and the run has moved on since, the intervention is refused: 409 preview_stale.
     preview_digest: str | None = Field(default=None, min_length=1, max_length=64)
+    # The preview's ``sections`` as the caller had them: a stale confirm's 409 then names what moved
+    # (``changed``: each section, with what it was and is when it is a plain value).
+    preview_sections: dict[str, Text64] | None = Field(default=None, max_length=60)
 
 
 class ReconcileIn(Schema):

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from console.common import ConsoleRequest, console_view, is_fragment, kind_label
+from console.freezes import freezes_context
 from console.interventions import error_dict
 from core.errors import DomainError, Invalid
 from core.roles import may
@@ -103,7 +104,7 @@ def fleet_page(request: ConsoleRequest) -> HttpResponse:
         "filter": _filter_of(request.GET),
         "form": request.GET,
         "operations": list(recent_operations()),
-    }
+    } | freezes_context(request.roles)
     return render(request, "console/fleet_operations.html", ctx)
 
 

@@ -109,13 +109,21 @@ def request_from(kind: str, data: QueryDict) -> Request:
     )
 
 
-def changed_sections(posted: str, sections_now: Any) -> list[str]:
-    """The preview sections whose digest differs from the ones the operator's form carried."""
+def posted_sections(posted: str) -> dict[str, str] | None:
+    """The preview's section digests as the operator's form carried them (None if unreadable)."""
     try:
         before = json.loads(posted) if posted else {}
     except ValueError:
-        return []
+        return None
     if not isinstance(before, dict) or not before:
+        return None
+    return {str(k): str(v) for k, v in before.items()}
+
+
+def changed_sections(posted: str, sections_now: Any) -> list[str]:
+    """The preview sections whose digest differs from the ones the operator's form carried."""
+    before = posted_sections(posted) or {}
+    if not before:
         return []
     return [k.replace("_", " ") for k, v in sections_now.items() if before.get(k) != v]
 
@@ -362,6 +370,7 @@ def intervention_issue(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
                 run_id=run.pk,
                 req=req,
                 seen_digest=request.POST.get("preview_digest", ""),
+                seen_sections=posted_sections(request.POST.get("preview_sections", "")),
             )
     except DomainError as err:
         return refused(request, run, kind, err)

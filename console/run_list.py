@@ -25,7 +25,8 @@ from console.common import (
 )
 from core.filters import BadFilter, check_text
 from interventions.triage import attention_reasons
-from runs.models import Run
+from runs.freezes import covering, freeze_dict, live_standing
+from runs.models import Run, StandingFreeze
 from runs.search import (
     RunFilter,
     attention_count,
@@ -45,12 +46,19 @@ ATTENTION_CAP = 1000  # the "needs attention" chip counts up to this many ("1000
 SORT_LABELS = {"created": "created", "updated": "updated", "state": "state", "agent": "agent"}
 
 
-def run_row(run: Run, now: datetime | None = None) -> dict[str, Any]:
+def run_row(
+    run: Run, now: datetime | None = None, freezes: list[StandingFreeze] | None = None
+) -> dict[str, Any]:
     """What one row of the list shows (the ``run-row`` partial draws it): times relative, with the
-    absolute time for the hover, computed here once (a template filter per cell costs more)."""
+    absolute time for the hover, computed here once (a template filter per cell costs more).
+    ``freezes``: the standing freezes covering the run (runs.freezes.covering, read once a page)."""
     now = now or timezone.now()
     unresolved = getattr(run, "n_unresolved", None)
     return run_summary(run, unresolved) | {
+        "frozen": [
+            {"capability": f.capability, "title": f"{f.scope_label} · {f.frozen_by}: {f.reason}"}
+            for f in freezes or ()
+        ],
         "url": reverse("console:run", args=[run.pk]),
         "created": _when(run.created_at, now),
         "updated": _when(run.updated_at, now),
@@ -62,7 +70,8 @@ def run_rows(runs: list[Run], flt: RunFilter, now: datetime | None = None) -> li
     """The rows of a page of runs; in the "needs attention" view each carries why, in words
     (interventions/triage.py: a query per kind of trouble for the whole page)."""
     now = now or timezone.now()
-    rows = [run_row(r, now) for r in runs]
+    frozen = covering(runs)  # the standing freezes over each run, read once for the page
+    rows = [run_row(r, now, frozen[r.pk]) for r in runs]
     if flt.attention:
         reasons = attention_reasons(runs, now)
         for row in rows:
@@ -96,6 +105,7 @@ def list_context(
     now = timezone.now()
     return counts_context(actor, flt) | {
         "runs": run_rows(list(page.runs), flt, now),
+        "standing_freezes": [freeze_dict(f) for f in live_standing()],
         # each row's place in the order (a live page places joining runs by it: list_live.py)
         "row_keys": [tuple(getattr(r, name) for name in flt.sort_key) for r in page.runs],
         "query": flt.to_query(**cursor),

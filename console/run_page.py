@@ -41,6 +41,7 @@ from interventions.jobs import attention
 from interventions.plugins import REGISTRY
 from interventions.selectors import receipt_dict, recent_interventions
 from interventions.transfer import holders
+from runs.freezes import covering, freeze_dict
 from runs.models import Effect, Run
 from runs.selectors import (
     discrepancies,
@@ -198,6 +199,8 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "basis": basis(run, total, data["unresolved_effects"]),  # an open dialog's "run changed"
         "parent": run.parent,
         "drained": _drained(run),
+        # The standing freezes over a scope of the fleet that cover this run (runs/freezes.py).
+        "standing_freezes": [freeze_dict(f) for f in covering([run])[run.pk]],
     }
 
 

@@ -2,7 +2,17 @@
 
 from django.urls import path
 
-from console import audit, fleet, intake, interventions, receipts, run_list, run_page, workers
+from console import (
+    audit,
+    fleet,
+    freezes,
+    intake,
+    interventions,
+    receipts,
+    run_list,
+    run_page,
+    workers,
+)
 
 app_name = "console"
 
@@ -50,6 +60,14 @@ urlpatterns = [
     path("intake/<uuid:hold_id>/release/", intake.release_confirm, name="intake-release"),
     path("fleet/", fleet.fleet_page, name="fleet"),
     path("fleet/preview/", fleet.fleet_preview, name="fleet-preview"),
+    path("fleet/freezes/preview/", freezes.freeze_preview, name="freeze-preview"),
+    path("fleet/freezes/", freezes.freeze_set, name="freeze-set"),
+    path(
+        "fleet/freezes/<uuid:freeze_id>/restore/preview/",
+        freezes.freeze_restore_preview,
+        name="freeze-restore-preview",
+    ),
+    path("fleet/freezes/<uuid:freeze_id>/restore/", freezes.freeze_restore, name="freeze-restore"),
     path("fleet/start/", fleet.fleet_start, name="fleet-start"),
     path("fleet/<uuid:operation_id>/", fleet.fleet_operation, name="fleet-operation"),
     path("fleet/<uuid:operation_id>/halt/", fleet.fleet_halt, name="fleet-halt"),

@@ -25,6 +25,9 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     # its own right.
     "fleet": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     "take_command": frozenset({INCIDENT_COMMANDER, ADMIN}),
+    # A standing capability freeze over a scope of the fleet, and its restore
+    # (interventions/fleet/freezes.py); with "fleet".
+    "standing_freeze": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     "override": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),

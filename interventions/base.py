@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -128,13 +129,22 @@ def _shown(run: Run, req: Request, actor: Actor, contract: Contract) -> dict[str
         "scope": req.scope,
         **contract.preview(run, req, actor),
     }
-    return shown | {"digest": preview_digest(req, shown)}
+    digest = preview_digest(req, shown)
+    sections = section_digests(shown)
+    # Remembered briefly, so a confirm that sends only the digest still hears what changed.
+    cache.set(f"preview-sections:{digest}", sections, PREVIEW_MEMORY_S)
+    return shown | {"digest": digest, "sections": sections}
+
+
+PREVIEW_MEMORY_S = 3600
+# Not part of what a preview says: its own digests.
+_NOT_SHOWN = ("digest", "sections")
 
 
 def preview_digest(req: Request, shown: dict[str, Any]) -> str:
     """A hash of what the preview showed and of the request it answered (not the reason text). A
     confirm carrying it is refused if the run has moved on since: what is issued is what was shown."""
-    preview = {k: v for k, v in shown.items() if k != "digest"}
+    preview = {k: v for k, v in shown.items() if k not in _NOT_SHOWN}
     lease = (preview.get("current") or {}).get("execution_lease")
     if isinstance(lease, dict):
         # A live lease's expiry moves with every heartbeat; who holds it is what the preview says.
@@ -152,14 +162,40 @@ def preview_digest(req: Request, shown: dict[str, Any]) -> str:
 
 
 def section_digests(shown: dict[str, Any]) -> dict[str, str]:
-    """One short hash per preview section, so an edge can name which sections a stale confirm missed."""
-    return {
-        key: hashlib.sha256(
-            json.dumps(_jsonable(value), sort_keys=True, default=str).encode()
-        ).hexdigest()[:8]
-        for key, value in shown.items()
-        if key != "digest"
-    }
+    """One short hash per preview section, so an edge can name which sections a stale confirm missed.
+    A short scalar section (the state, whether it is allowed) is kept as ``=value`` instead: the
+    refusal can then say what it was and what it is now."""
+    out = {}
+    for key, value in shown.items():
+        if key in _NOT_SHOWN:
+            continue
+        if value is None or isinstance(value, (str, bool, int, float)) and len(str(value)) <= 40:
+            out[key] = f"={value}"
+        else:
+            text = json.dumps(_jsonable(value), sort_keys=True, default=str)
+            out[key] = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return out
+
+
+def differences(seen: dict[str, str], now: dict[str, str]) -> list[dict[str, Any]]:
+    """The sections of a preview that moved, with what they were and are when they are scalars."""
+    out = []
+    for key in now.keys() | seen.keys():
+        if seen.get(key) == now.get(key):
+            continue
+        row: dict[str, Any] = {"section": key}
+        for side, value in (("was", seen.get(key)), ("now", now.get(key))):
+            if isinstance(value, str) and value.startswith("="):
+                row[side] = value[1:]
+        out.append(row)
+    return sorted(out, key=lambda r: (r["section"] not in ("state", "allowed"), r["section"]))
+
+
+def _said(row: dict[str, Any]) -> str:
+    name = row["section"].replace("_", " ")
+    if "was" in row and "now" in row:
+        return f"{name} was {row['was']}, now {row['now']}"
+    return f"{name} changed"
 
 
 class Parent(Protocol):
@@ -173,15 +209,28 @@ class Parent(Protocol):
         """Once the receipt is written, in the same transaction: link it to the parent."""
 
 
-def check_digest(req: Request, shown: dict[str, Any], seen: str | None) -> None:
-    """Refuse a confirm whose preview (``seen``) no longer matches what the run would do now."""
-    if seen is not None and seen != shown["digest"]:
-        raise PreviewStale(
-            "the run changed since the preview you confirmed: review the new preview, then confirm",
-            field="preview_digest",
-            preview_digest=shown["digest"],
-            state=shown["state"],
-        )
+def check_digest(
+    req: Request,
+    shown: dict[str, Any],
+    seen: str | None,
+    seen_sections: dict[str, str] | None = None,
+) -> None:
+    """Refuse a confirm whose preview (``seen``) no longer matches what the run would do now, naming
+    the difference: from the sections the caller sent back, else from the preview remembered under
+    its digest."""
+    if not seen or seen == shown["digest"]:
+        return
+    before = seen_sections or cache.get(f"preview-sections:{seen}") or {}
+    changed = differences(before, shown["sections"]) if before else []
+    named = "; ".join(_said(r) for r in changed[:4]) or "the preview you confirmed is not the run's"
+    raise PreviewStale(
+        f"the run changed since the preview you confirmed ({named}): review the new preview, "
+        "then confirm",
+        field="preview_digest",
+        preview_digest=shown["digest"],
+        state=shown["state"],
+        changed=changed,
+    )
 
 
 def preview(*, actor: Actor, run_id: Any, req: Request) -> dict[str, Any]:
@@ -199,6 +248,7 @@ def issue(
     req: Request,
     policy: str = "",
     seen_digest: str | None = None,
+    seen_sections: dict[str, str] | None = None,
     parent: Parent | None = None,
 ) -> Intervention:
     """One transaction: lock, authorise, check the table, apply, record intervention + history + audit.
@@ -208,7 +258,12 @@ def issue(
     policy is recorded in their place, on the receipt and in the audit context.
 
     ``seen_digest``: the digest of the preview the operator confirmed; checked under the run lock, so
-    a change committed between the preview and the confirm is caught (PreviewStale, 409).
+    a change committed between the preview and the confirm is caught (PreviewStale, 409, naming what
+    changed: ``seen_sections`` are the preview's ``sections`` as the caller had them). It is kept on
+    the receipt (``decided_on_preview``).
+
+    A contract's ``repeat`` answers a request that repeats a decision already taken: the original
+    intervention (marked ``replayed``; nothing new is decided, the replay is audited) or a Conflict.
 
     ``parent``: a record this decision belongs to (interventions/fleet/operations.py); its lock is taken before
     the run's, so a halt of the parent and this decision are serialised."""
@@ -228,9 +283,21 @@ def issue(
         override: dict[str, Any] = (
             {"override": False, "policy": policy} if policy else authorize(actor, run, req)
         )
+        if contract.repeat is not None and (original := contract.repeat(run, req, actor)):
+            record_audit(
+                actor=actor,
+                action="intervention.replayed",
+                object_type="intervention",
+                object_id=original.pk,
+                run_id=run.pk,
+                reason=req.reason,
+                context={"kind": req.kind, "original": str(original.pk), "state": run.state},
+            )
+            original.replayed = True  # type: ignore[attr-defined]
+            return original
         check_transition(run, contract.event)
         shown = _shown(run, req, actor, contract)
-        check_digest(req, shown, seen_digest)
+        check_digest(req, shown, seen_digest, seen_sections)
         intervention = Intervention.objects.create(
             run=run,
             kind=req.kind,
@@ -252,6 +319,7 @@ def issue(
             "role": actor.role,
             "reason": req.reason,
             "scope": req.scope,
+            "decided_on_preview": seen_digest or None,
             **override,
             **receipt,
         }

@@ -1,6 +1,11 @@
 """Cancel stops *future* work: new effects are denied at once, the worker is told to stop
 (cooperative), and the lease's expiry forces it. Committed effects stay committed and are listed with
-the compensations available -- cancel never marks them undone."""
+the compensations available -- cancel never marks them undone.
+
+A cancel never escalates: a second plain cancel of a run already cancelling is refused (409, naming
+the cancel under way), or answered with the original receipt when the same actor repeats the same
+request. Stopping waiting for the worker is its own contract, terminate (interventions/terminate.py).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any, TypedDict
 from django.utils import timezone
 
 from core.actors import Actor
+from core.errors import Conflict
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
 from interventions import cards, facts
 from interventions.base import children_in_scope, descendants
@@ -17,7 +23,6 @@ from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import Run
 from runs.services.decisions import apply_transition, lock_run
-from runs.services.lifecycle import end_live_leases
 from runs.states import Event, State, transition
 
 # A cascade stops children's work; it does not force a child's cooperative cancel nor interrupt a
@@ -66,10 +71,60 @@ def preview(run: Run, req: Request, actor: Actor) -> CancelPreview:
 
 
 def _cancel_one(run: Run, req: Request, actor: Actor) -> None:
-    forced = run.state == State.CANCELLING  # a second cancel: stop waiting for the worker
     apply_transition(run, Event.CANCEL, actor=actor, reason=req.reason, data={"scope": req.scope})
-    if forced:
-        end_live_leases(run, f"cancel forced by {actor.label}: {req.reason}")
+
+
+def under_way(run: Run) -> Intervention | None:
+    """The cancel that moved this run (or, by a tree cancel, its nearest ancestor) on, if any."""
+    from interventions.selectors import latest_intervention
+
+    return latest_intervention(run, "cancel")
+
+
+class CancelUnderWay(TypedDict):
+    """The cancel a repeated cancel is refused in favour of (and terminate ends)."""
+
+    intervention: str | None
+    issued_by: str | None
+    at: str | None
+    reason: str | None
+
+
+def cancel_facts(original: Intervention | None) -> CancelUnderWay:
+    if original is None:
+        return {"intervention": None, "issued_by": None, "at": None, "reason": None}
+    return {
+        "intervention": str(original.pk),
+        "issued_by": original.actor_label,
+        "at": original.created_at.isoformat(),
+        "reason": original.reason,
+    }
+
+
+def repeat(run: Run, req: Request, actor: Actor) -> Intervention | None:
+    """A cancel of a run already cancelling (or cancelled by a cancel) is not a new decision. The same
+    actor sending the same request again gets the original; anyone else is refused, told which cancel
+    is under way and that terminate is the contract that stops waiting for the worker."""
+    if run.state not in (State.CANCELLING, State.CANCELLED):
+        return None
+    original = under_way(run)
+    same = original is not None and (
+        original.run_id == run.pk
+        and original.actor_label == actor.label
+        and original.reason == req.reason
+        and original.scope == req.scope
+        and (original.options or {}) == req.options
+    )
+    if same:
+        return original
+    facts = cancel_facts(original)
+    who = f" by {facts['issued_by']} at {facts['at']} ({facts['reason']})" if original else ""
+    waiting = "; terminate stops waiting for the worker" if run.state == State.CANCELLING else ""
+    raise Conflict(
+        f"the run is already {run.state}: a cancel was issued{who}{waiting}",
+        state=run.state,
+        existing_cancel=facts,
+    )
 
 
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> CancelReceipt:
@@ -169,18 +224,23 @@ CONTRACTS = (
             summary="stops future work; committed effects stay committed",
             stops=(
                 "authorisation of new effects",
-                "new steps (directive 'cancel'); forced at lease expiry, or at once by a second cancel",
+                "new steps (directive 'cancel'); forced at lease expiry (terminate stops waiting sooner)",
                 "a recovery or compensation under way (a compensation step already called finishes)",
             ),
             continues=("in-flight effects' outcomes are recorded",),
             cascade="scope 'run' or 'tree'",
             authority="unchanged",
-            claims=("committed_effects_listed_with_compensations", "never_marks_undone"),
+            claims=(
+                "committed_effects_listed_with_compensations",
+                "never_marks_undone",
+                "a_second_cancel_never_forces",
+            ),
         ),
         may_issue=frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),
         console=Console(card=cancel_card, receipt=cancel_receipt, now=cancel_now, danger=True),
         order=30,
         scoped=True,
         owner_bound=True,
+        repeat=repeat,
     ),
 )

@@ -140,6 +140,12 @@ class Contract:
     # The right an override of this contract's own guard takes (a failing revalidation, a
     # non-retryable failure class): recorded as an override like any other.
     guard_right: str = "override"
+    # A decision already taken that this request repeats (called with the run locked, before the
+    # state table is consulted): the original intervention when the same actor sends the same
+    # request again (its receipt is answered, nothing new is decided), a Conflict naming it when
+    # someone else asks for what is already under way, None when this is a new decision. Cancel
+    # declares one: two plain cancels never escalate (docs/concepts/contracts.md#cancel).
+    repeat: Callable[[Run, Request, Actor], Intervention | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -147,3 +147,14 @@ def denials_page(
     """Refused decisions audited about the run (after their rollback, so not in its history)."""
     qs = AuditEvent.objects.filter(run_id=run.pk, outcome=AuditEvent.DENIED)
     return list(_window(qs, "created_at", before, after).order_by("-seq")[:n])
+
+
+def latest_intervention(run: Any, kind: str) -> Intervention | None:
+    """The newest ``kind`` intervention on the run, else on its nearest ancestor (a tree cascade)."""
+    current: Any = run
+    while current is not None:
+        found = Intervention.objects.filter(run_id=current.pk, kind=kind).order_by("-created_at")
+        if (first := found.first()) is not None:
+            return first
+        current = Run.objects.filter(pk=current.parent_id).first() if current.parent_id else None
+    return None

@@ -53,6 +53,9 @@ class Event(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     CANCEL = "cancel"
+    # Stop waiting for the worker: its own contract (interventions/terminate.py), never a repeated
+    # cancel. The lease ends now; what it had in flight becomes unknown until reconciled.
+    TERMINATE = "terminate"
     RETRY = "retry"
     COMPENSATE = "compensate"
     RECOVER = "recover"
@@ -135,7 +138,8 @@ TRANSITIONS: dict[State, dict[Event, Transition]] = {
         E.FINISH_FAILED: T(S.CANCELLED),
         E.LEASE_EXPIRED: T(S.CANCELLED),
         # The operator's exit: stop waiting for the worker (its lease is ended now, not at expiry).
-        E.CANCEL: T(S.CANCELLED),
+        # Its own event, so a second plain cancel has no edge here (409 naming the first).
+        E.TERMINATE: T(S.CANCELLED),
     },
     S.CANCELLED: {
         E.COMPENSATE: T(S.COMPENSATING, guard="no_unresolved_effects"),

@@ -1,5 +1,5 @@
 from .agents import Agent, ApiToken, ApprovalPolicy
-from .freeze import CapabilityFreeze
+from .freeze import CapabilityFreeze, StandingFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .intake import IntakeHold
 from .ledger import AuthorityGrant, Effect
@@ -21,5 +21,6 @@ __all__ = [
     "IntakeHold",
     "Run",
     "RunTally",
+    "StandingFreeze",
     "Timer",
 ]

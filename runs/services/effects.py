@@ -40,7 +40,15 @@ from runs.states import EFFECT_STATES, State, denial_reason
 from .approvals import approval_denial
 from .decisions import decision, lock_run
 from .discrepancy import record_discrepancy, reported_again
-from .freeze import FREEZE_JSON_SQL, capability_frozen, live_freeze
+from .freeze import (
+    FREEZE_JSON_SQL,
+    STANDING_JSON_SQL,
+    capability_frozen,
+    live_freeze,
+    standing_from_json,
+    standing_frozen,
+    standing_rows,
+)
 from .history import history_head, next_history
 from .lifecycle import check_lease
 
@@ -55,9 +63,14 @@ def fingerprint(tool: str, action: str, args: dict[str, Any]) -> str:
 class Declaration:
     effect: Effect
     decision: str  # authorized | replayed | denied
+    detail: str = ""  # a denial's sentence: for a freeze, which one, who set it and why
+    freeze: dict[str, Any] | None = None  # the freeze that denied it
 
     def as_dict(self) -> dict[str, Any]:
-        return effect_dict(self.effect) | {"decision": self.decision}
+        out = effect_dict(self.effect) | {"decision": self.decision}
+        if self.decision == "denied":
+            out |= {"detail": self.detail or self.effect.denial_reason, "freeze": self.freeze}
+        return out
 
 
 @dataclass
@@ -73,6 +86,7 @@ class Facts:
     policies: list[ApprovalPolicy]
     latest_approval: Approval | None
     freeze: tuple[str, str, str] | None  # a live capability freeze covering tool:action (freeze.py)
+    standing: list[tuple[Any, ...]]  # live standing freezes of tool:action that may cover the run
 
 
 def _facts_sql() -> str:
@@ -90,7 +104,8 @@ def _facts_sql() -> str:
         "         WHERE p.agent_id = %(agent)s AND p.tool = %(tool)s),"
         f"       (SELECT row_to_json(a) FROM {t['Approval']} a WHERE a.run_id = %(run)s"
         "         AND a.tool = %(tool)s AND a.action = %(action)s ORDER BY a.requested_at DESC LIMIT 1),"
-        f"       ({FREEZE_JSON_SQL})"
+        f"       ({FREEZE_JSON_SQL}),"
+        f"       ({STANDING_JSON_SQL})"
     )
 
 
@@ -114,6 +129,7 @@ def declaration_facts(
             select_rows(ApprovalPolicy, agent=run.agent_id, tool=tool),
             select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",)),
             live_freeze(run.pk, tool, action),
+            standing_rows(run.agent_id, tool, action),
         )
     if not _FACTS_SQL:
         _FACTS_SQL.append(_facts_sql())
@@ -129,7 +145,7 @@ def declaration_facts(
     }
     with hot_cursor(connection) as cursor:
         cursor.execute(_FACTS_SQL[0], params)
-        lease, existing, grants, policies, latest, freeze = cursor.fetchone()
+        lease, existing, grants, policies, latest, freeze, standing = cursor.fetchone()
     return Facts(
         from_json(ExecutionLease, lease),
         from_json(Effect, existing),
@@ -137,6 +153,7 @@ def declaration_facts(
         [p for p in (from_json(ApprovalPolicy, row) for row in policies or ()) if p is not None],
         from_json(Approval, latest),
         tuple(freeze) if freeze else None,
+        standing_from_json(standing),
     )
 
 
@@ -203,9 +220,14 @@ def declare_effect(
             return _replay(run, actor, facts.existing, fp)
         reason = None if run.state in EFFECT_STATES else denial_reason(run.state)
         reason = reason or _authority_denial(run, tool, action, now, facts.grants)
-        approval, detail = None, ""
+        approval, detail, frozen = None, "", None
         if reason is None:
             reason, detail = capability_frozen(run.pk, tool, action, facts.freeze)
+            if reason is not None and facts.freeze is not None:
+                scope, why, by = facts.freeze
+                frozen = {"kind": "run", "capability": scope, "frozen_by": by, "reason": why}
+        if reason is None:
+            reason, detail, frozen = standing_frozen(run, facts.standing)
         if reason is None:
             reason, approval, detail = approval_denial(
                 run,
@@ -229,6 +251,7 @@ def declare_effect(
                 fp,
                 args,
                 fencing_token,
+                frozen,
             )
         effect = Effect(
             run=run,
@@ -328,7 +351,7 @@ def _replay(run: Run, actor: Actor, existing: Effect, fp: str) -> Declaration:
 
 
 def _deny(
-    run, actor, reason, detail, step, tool, action, key, fp, args, fencing_token
+    run, actor, reason, detail, step, tool, action, key, fp, args, fencing_token, frozen=None
 ) -> Declaration:
     """Denied declarations are part of the ledger too (committed, not rolled back)."""
     effect = Effect(
@@ -344,6 +367,10 @@ def _deny(
         decision=Effect.DENIED,
         status=Effect.DENIED,
         denial_reason=reason,
+        # Why, in words (a freeze: which one, who set it and why): the run page shows it.
+        outcome_detail={"denied_because": detail, **({"freeze": frozen} if frozen else {})}
+        if detail
+        else {},
     )
     event = next_history(
         run,
@@ -354,6 +381,8 @@ def _deny(
             "action": action,
             "idempotency_key": key,
             "reason": reason,
+            "detail": detail,
+            **({"freeze": frozen} if frozen else {}),
         },
         attempt=run.current_attempt_id,
         actor=actor,
@@ -375,10 +404,11 @@ def _deny(
             "action": action,
             "idempotency_key": key,
             "fencing_token": fencing_token,
+            **({"freeze": frozen} if frozen else {}),
         },
     )
     write_rows([effect, event], [(Run, run.pk, history_head(run, event))], [appending(audit)])
-    return Declaration(effect, "denied")
+    return Declaration(effect, "denied", detail, frozen)
 
 
 def effect_run_id(effect_id: Any) -> Any:

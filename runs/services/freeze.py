@@ -1,12 +1,19 @@
-"""The declaration's freeze check: one indexed lookup, no ORM compiler (the protocol's hot path)."""
+"""The declaration's freeze checks: a per-run freeze (one indexed lookup) and the standing freezes
+over a scope of the fleet, both read inside the declaration's one facts statement (effects.py), no
+ORM compiler (the protocol's hot path)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import connection
+from django.db.models import Q
+from django.utils.dateparse import parse_datetime
 
-from runs.models.freeze import CapabilityFreeze
+from runs.freezes import capability_q, matches
+from runs.models import Agent, Run
+from runs.models.freeze import CapabilityFreeze, StandingFreeze
 
 FROZEN = "capability_frozen"
 # The partial unique index one_live_freeze_per_scope (run_id, scope) WHERE lifted_at IS NULL answers it.
@@ -39,3 +46,74 @@ def capability_frozen(
         return None, ""
     scope, reason, by = row
     return FROZEN, f"{scope} is frozen on this run by {by}: {reason}; restore lifts it"
+
+
+# --- standing freezes over a scope of the fleet (runs.models.StandingFreeze, runs/freezes.py) ------
+
+_STANDING_COLUMNS = (
+    "f.id, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at, a.name"
+)
+# The live standing freezes of this tool:action that may cover the run: every one over everything
+# or over its agent (decided here), and those over a filter (matched in Python, below: rare). One
+# more subquery of the declaration's facts statement (effects.py), walking one_live_standing_freeze.
+STANDING_JSON_SQL = (
+    f"SELECT json_agg(json_build_array({_STANDING_COLUMNS})"
+    "  ORDER BY f.over = 'filter', f.frozen_at)"
+    f" FROM {StandingFreeze._meta.db_table} f"
+    f" LEFT JOIN {Agent._meta.db_table} a ON a.id = f.agent_id"
+    " WHERE f.lifted_at IS NULL AND f.capability IN (%(scope)s, %(wildcard)s)"
+    " AND (f.agent_id IS NULL OR f.agent_id = %(agent)s)"
+)
+
+
+def standing_rows(agent_id: Any, tool: str, action: str) -> list[tuple[Any, ...]]:
+    """``STANDING_JSON_SQL``'s rows through the ORM (the SQLite demo's twin)."""
+    qs = (
+        StandingFreeze.objects.filter(capability_q(tool, action), lifted_at__isnull=True)
+        .filter(Q(agent__isnull=True) | Q(agent_id=agent_id))
+        .select_related("agent")
+        .order_by("frozen_at")
+    )
+    rows = [
+        (f.pk, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at)
+        + (f.agent.name if f.agent else None,)
+        for f in qs
+    ]
+    return sorted(rows, key=lambda r: r[1] == StandingFreeze.FILTER)
+
+
+def standing_from_json(rows: list[list[Any]] | None) -> list[tuple[Any, ...]]:
+    """``STANDING_JSON_SQL``'s JSON arrays as the twin's tuples (a UUID, a datetime)."""
+    return [(uuid.UUID(r[0]), *r[1:6], parse_datetime(r[6]), r[7]) for r in rows or ()]
+
+
+def standing_frozen(
+    run: Run, rows: list[tuple[Any, ...]]
+) -> tuple[str | None, str, dict[str, Any] | None]:
+    """(``capability_frozen``, why, the freeze) if a live standing freeze covers the run, else
+    (None, "", None). ``rows``: the candidates the facts statement read."""
+    for fid, over, capability, text, reason, by, frozen_at, agent in rows:
+        if over == StandingFreeze.FILTER and not matches(
+            {"over": over, "run_filter": text}, [run.pk]
+        ):
+            continue
+        scope = {"agent": f"agent {agent}", "filter": f"runs matching {text}"}.get(
+            over, "every run"
+        )
+        at = frozen_at.isoformat()
+        freeze = {
+            "kind": "standing",
+            "id": str(fid),
+            "capability": capability,
+            "over": over,
+            "scope": scope,
+            "frozen_by": by,
+            "frozen_at": at,
+            "reason": reason,
+        }
+        why = (
+            f"{capability} is frozen over {scope} by {by} since {at} (standing freeze {fid}): "
+            f"{reason}; restoring it lifts it for every run"
+        )
+        return FROZEN, why, freeze
+    return None, "", None

@@ -683,3 +683,57 @@ def test_scenario_9_redrive_a_cancelled_run_from_a_chosen_checkpoint(live):
         "world /admin/requests",
     )
     s9.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_10_two_cancels_never_force_terminate_stops_waiting(live):
+    s10 = scenario(10, "Two cancels at once; terminate stops waiting for a stuck worker")
+    worker, world = live["worker"], live["world"]
+    otto, olga, ian = (live["people"][n] for n in ("otto", "olga", "ian"))
+    live["start_workers"](1)
+    world.set_fault("payments", "slow", action="charge", count=1, delay_ms=15000)
+    rid = purchase(live)["id"]
+    charge = wait_effect(worker, rid, "payments", "charge", "in_flight")
+    seen = otto.preview(rid, "cancel", "customer withdrew")
+    first = otto.intervene(rid, "cancel", "customer withdrew", preview_digest=seen["digest"])
+    assert first.status_code == 202, first.text
+    s10.fact("the first cancel moves the run to cancelling", first.json()["receipt"], "receipt")
+    assert first.json()["receipt"]["state"] == "cancelling"
+    second = olga.intervene(rid, "cancel", "stop it", preview_digest=seen["digest"])
+    s10.fact("a second operator's cancel is refused, naming the first", second.json(), "409")
+    assert second.status_code == 409, second.text
+    assert second.json()["existing_cancel"]["intervention"] == first.json()["id"]
+    again = otto.intervene(rid, "cancel", "customer withdrew", preview_digest=seen["digest"])
+    s10.fact("the same operator's same request gets the original receipt", again.json(), "200")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    still = worker.run(rid)
+    assert still["state"] == "cancelling" and still["leases"][0]["status"] == "active"
+    s10.fact("still cancelling, the worker's lease live: nothing forced", still["leases"][0], "run")
+
+    shown = ian.preview(rid, "terminate", "the charge call hangs")
+    s10.fact("terminate's preview names what becomes unknown", shown["become_unknown"], "preview")
+    assert [e["id"] for e in shown["become_unknown"]] == [charge["id"]]
+    done = ian.intervene(rid, "terminate", "the charge call hangs", preview_digest=shown["digest"])
+    assert done.status_code == 202, done.text
+    receipt = done.json()["receipt"]
+    s10.fact("terminate's receipt: lease ended, effect to reconcile", receipt, "receipt")
+    assert receipt["state"] == "cancelled" and receipt["must_reconcile"] == [charge["id"]]
+    now = effect(worker, rid, "payments", "charge")
+    s10.fact("the in-flight charge is unknown, not assumed", now, "GET /runs/{id}/effects")
+    assert now["status"] in ("unknown", "committed")  # the worker may report it at once
+    late = wait_for(
+        "the worker's late outcome",
+        lambda: (e := effect(worker, rid, "payments", "charge")) and e["stale_lease"] and e,
+        40,
+        0.5,
+    )
+    s10.fact("the worker's late report is recorded, flagged stale", late, "GET /runs/{id}/effects")
+    assert worker.run(rid)["state"] == "cancelled"
+    denials = [
+        e
+        for e in ian.get("/audit", run_id=rid, action="intervention.cancel").json()["events"]
+        if e["outcome"] == "denied"
+    ]
+    s10.fact("the refused cancel is audited", denials, "GET /audit")
+    assert len(denials) == 1
+    s10.fact("no duplicated effect", assert_no_duplicates(worker, world, rid), "ledger vs world")
+    s10.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")

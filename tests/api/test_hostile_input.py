@@ -138,7 +138,13 @@ def world(worker, cast, as_user) -> dict:
         {"kind": "cancel", "filter": f"id={paused['id']}", "reason": "held", "hold": True},
     )
     assert held.status_code == 202, held.content
+    frozen = as_user("ada").post(  # a standing freeze: its routes reach it
+        "/fleet/freezes",
+        {"capability": "shipping:label", "over": "everything", "reason": "held"},
+    )
+    assert frozen.status_code == 201, frozen.content
     return {
+        "freeze_id": frozen.json()["freeze"]["id"],
         "operation_id": held.json()["id"],
         "run_id": running["id"],
         "lease_id": lease["lease"]["id"],

@@ -139,3 +139,26 @@ def test_the_progress_page_is_pushed_as_waves_are_decided(cast, worker):
         assert not (await lost.connect(timeout=5))[0]
 
     async_to_sync(scenario)()
+
+
+def test_standing_freezes_on_the_fleet_page_are_role_checked_and_name_the_field(cast, worker):
+    running_run(worker)
+    otto, ian = browser("otto"), browser("ian")
+    page = otto.get("/fleet/")
+    assert b"Standing freezes" in page.content and b'id="freeze-form"' not in page.content
+    body = {"capability": "payments:charge", "over": "agent", "agent": "purchasing"}
+    refused = otto.post("/fleet/freezes/preview/", body, HTTP_HX_REQUEST="true")
+    assert refused.status_code == 403 and b"may not set or restore" in refused.content
+    bad = ian.post("/fleet/freezes/preview/", {**body, "agent": "nobody"}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 422 and b"no agent named" in bad.content
+    shown = ian.post("/fleet/freezes/preview/", body, HTTP_HX_REQUEST="true")
+    html = shown.content.decode()
+    assert shown.status_code == 200 and 'data-testid="covers-now">1<' in html
+    digest = re.search(r'name="digest" value="([0-9a-f]+)"', html).group(1)
+    no_reason = ian.post("/fleet/freezes/", {**body, "digest": digest}, HTTP_HX_REQUEST="true")
+    assert no_reason.status_code == 422 and b"a reason is required" in no_reason.content
+    done = ian.post(
+        "/fleet/freezes/", {**body, "digest": digest, "reason": "flapping"}, HTTP_HX_REQUEST="true"
+    )
+    assert done.status_code == 200 and b"Frozen: <code>payments:charge</code>" in done.content
+    assert b'hx-swap-oob="true"' in done.content  # the list is refreshed with the receipt

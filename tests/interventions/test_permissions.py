@@ -27,6 +27,7 @@ NOT_INTERVENTIONS = {
     "audit_read_all",
     "fleet",
     "take_command",
+    "standing_freeze",
 }
 # Contracts over a scope of the fleet, not a run: their matrix is tests/interventions/test_intake.py's.
 KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS - set(FLEET_REGISTRY))
@@ -41,6 +42,7 @@ def test_the_matrix_covers_every_intervention_kind():
         "pause",
         "resume",
         "cancel",
+        "terminate",
         "retry",
         "compensate",
         "transfer",

@@ -2,7 +2,8 @@
 
 Over the transition table (runs/states.py) and the permission matrix (core/roles.py): from every
 state a run can reach -- by any mix of worker facts, job outcomes and interventions -- an incident
-commander may issue cancel or close, and by interventions alone (no worker, no job, no guard to
+commander may issue cancel, terminate (a cancelling run: stop waiting for the worker) or close, and
+by interventions alone (no worker, no job, no guard to
 satisfy) can drive the run to ``closed``. The last test issues that exit through the real service for
 a run put in each non-terminal state, so the contract modules agree with the table.
 """
@@ -20,7 +21,7 @@ from runs.states import TERMINAL_STATES, TRANSITIONS, Event, State, transition
 IC = frozenset({INCIDENT_COMMANDER})
 # The events an operator issues: those of a registered intervention contract.
 OPERATOR_EVENTS = frozenset(c.event for c in REGISTRY.values() if c.event is not None)
-EXITS = (Event.CANCEL, Event.CLOSE)
+EXITS = (Event.CANCEL, Event.TERMINATE, Event.CLOSE)
 NON_TERMINAL = sorted(set(State) - TERMINAL_STATES)
 
 
@@ -77,7 +78,7 @@ def test_wherever_a_run_goes_an_incident_commander_can_end_it(walk):
         return
     path = ic_path_to_closed(state)
     assert ic_exits(state) and path, f"trapped in {state} after {[e.value for e in taken]}"
-    assert path[0] in EXITS  # the first step out is a cancel or a close
+    assert path[0] in EXITS  # the first step out is a cancel, a terminate or a close
 
 
 def test_a_job_that_gives_up_leaves_the_run_where_an_operator_can_act():
@@ -116,7 +117,7 @@ def test_the_exit_is_honoured_by_the_services(state, worker, as_user):
 
 
 @pytest.mark.django_db
-def test_a_second_cancel_stops_waiting_for_the_worker_and_fences_it_out(worker, as_user):
+def test_a_second_cancel_is_refused_and_terminate_stops_waiting_for_the_worker(worker, as_user):
     from runs.models import ExecutionLease, Run
     from tests.conftest import claim, start_run
     from tests.interventions.helpers import intervene
@@ -124,15 +125,24 @@ def test_a_second_cancel_stops_waiting_for_the_worker_and_fences_it_out(worker, 
     run = start_run(worker)
     lease = claim(worker, run["id"])["lease"]
     ian = as_user("ian")
-    assert intervene(ian, run["id"], "cancel").status_code == 202
+    first = intervene(ian, run["id"], "cancel")
+    assert first.status_code == 202
     assert Run.objects.get(pk=run["id"]).state == State.CANCELLING  # waiting for the worker
     assert ExecutionLease.objects.get(run_id=run["id"]).status == "active"
 
+    # A second plain cancel never forces: 409, naming the cancel under way.
     resp = intervene(ian, run["id"], "cancel", reason="the worker does not answer")
+    assert resp.status_code == 409, resp.content
+    assert resp.json()["existing_cancel"]["intervention"] == first.json()["id"]
+    assert "terminate" in resp.json()["detail"]
+    assert Run.objects.get(pk=run["id"]).state == State.CANCELLING
+    assert ExecutionLease.objects.get(run_id=run["id"]).status == "active"
+
+    resp = intervene(ian, run["id"], "terminate", reason="the worker does not answer")
     assert resp.status_code == 202, resp.content
     assert Run.objects.get(pk=run["id"]).state == State.CANCELLED
     ended = ExecutionLease.objects.get(run_id=run["id"])
-    assert ended.status == "expired" and "cancel forced by" in ended.end_reason
+    assert ended.status == "expired" and "terminated by" in ended.end_reason
     # the worker's next heartbeat learns it no longer holds the run
     beat = worker.post(
         f"/leases/{lease['id']}/heartbeat", {"fencing_token": lease["fencing_token"]}

@@ -111,16 +111,23 @@ class EffectDenied(ApiError):
     """409 ``denied``: the effect declaration was refused; **nothing may be dispatched**.
 
     ``reason`` is one of ``run_paused``, ``run_cancelled``, ``not_running``, ``authority_missing``,
-    ``authority_suspended``, ``authority_revoked``, ``authority_expired``, ``lease_lost``
-    (docs/concepts/worker-protocol.md); the denial itself is recorded in the ledger by the server.
+    ``authority_suspended``, ``authority_revoked``, ``authority_expired``, ``capability_frozen``,
+    ``approval_required``, ``lease_lost`` (docs/concepts/worker-protocol.md); the denial itself is
+    recorded in the ledger by the server. ``why`` is the server's sentence; for
+    ``capability_frozen``, ``freeze`` names the freeze (``kind`` ``run`` or ``standing``, its
+    ``capability``, ``frozen_by``, ``reason``; a standing one its ``id`` and ``scope``).
     """
 
     def __init__(
         self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
     ):
         super().__init__(status, code, detail, payload)
-        self.reason: str = str((payload or {}).get("reason") or detail or "denied")
-        self.args = (f"effect denied: {self.reason}",)
+        p = payload or {}
+        self.reason: str = str(p.get("reason") or detail or "denied")
+        self.why: str = str(p.get("detail") or "")
+        self.freeze: dict[str, Any] | None = p.get("freeze") or None
+        said = f": {self.why}" if self.why and self.why != self.reason else ""
+        self.args = (f"effect denied: {self.reason}{said}",)
 
 
 class EffectUnresolved(ApiError):

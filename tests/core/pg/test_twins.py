@@ -19,7 +19,7 @@ from audit.models import AuditEvent
 from audit.services import record_audit, verify_chain
 from core import pg
 from core.actors import Actor, system_actor
-from runs.models import Effect, HistoryEvent, Run
+from runs.models import Effect, HistoryEvent, Run, StandingFreeze
 from runs.search import RunFilter, state_counts
 from runs.selectors import verify_history
 from runs.services.effects import declaration_facts
@@ -104,11 +104,25 @@ def test_a_declarations_facts_read_the_same_rows_on_both_paths(worker):
     token = claim(worker, run_id)["lease"]["fencing_token"]
     assert declare(worker, run_id, token, key="k-0").status_code == 201
     run = Run.objects.get(pk=run_id)
+    for over, agent, text in (
+        ("everything", None, ""),
+        ("agent", run.agent, ""),
+        ("filter", None, "q=x"),
+    ):
+        StandingFreeze.objects.create(
+            capability="payments:*",
+            over=over,
+            agent=agent,
+            run_filter=text,
+            reason="r",
+            frozen_by="t",
+        )
     for key, tool, action in (("k-0", "payments", "charge"), ("k-9", "shipping", "ship")):
         fast = declaration_facts(run, token, key, tool, action)
         with pg.portable():
             twin = declaration_facts(run, token, key, tool, action)
         assert _pks(fast) == _pks(twin), key
+        assert len(fast.standing) == (3 if tool == "payments" else 0)
 
 
 def test_a_claims_and_a_finishs_facts_read_the_same_rows_on_both_paths(worker):

@@ -1,0 +1,306 @@
+"""Standing capability freezes: a rule over a scope of the fleet, not a one-off selection.
+
+``freeze`` holds back one ``tool:action`` (or ``tool:*``: the whole tool) over everything, an agent's
+runs, or the runs a filter describes, until ``restore``: every run it covers, including those created,
+claimed, resumed, retried or delegated to after it was set, has its declarations of it denied
+``capability_frozen``, naming the freeze, who set it and why (runs/services/freeze.py reads it in the
+declaration's one facts statement). Restore lifts it for all of them at once. Each has a preview (a
+pure read, with a digest a confirm sends back), a receipt and an audit event; a refusal is audited
+too (runs.services.decisions.decision). Per-run freezes (interventions/freeze.py) are separate and
+unchanged by either. The right is ``standing_freeze`` (core.roles), plus ``fleet``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count
+from django.http import QueryDict
+from django.utils import timezone
+
+from audit.services import record_audit
+from core.actors import Actor
+from core.errors import Conflict, Forbidden, Invalid, NotFound, PreviewStale
+from core.roles import may
+from interventions.freeze import scope_of
+from runs.freezes import FILTER_KEYS, freeze_dict, live_standing, run_filter, runs_covered
+from runs.models import Agent, Effect, StandingFreeze
+from runs.search import BadFilter
+from runs.services.decisions import decision
+
+PREVIEW_ROWS = 25
+
+
+def authorize(actor: Actor) -> None:
+    if actor.is_worker:
+        raise Forbidden("a worker token can never freeze a capability")
+    if not (may(actor.roles, "fleet") and may(actor.roles, "standing_freeze")):
+        raise Forbidden(
+            f"role(s) {sorted(actor.roles) or ['none']} may not set or restore a standing freeze",
+            kind="standing_freeze",
+        )
+
+
+def scope(over: str, agent: str = "", filter_text: str = "") -> StandingFreeze:
+    """An unsaved freeze holding the checked scope (refusals name the field)."""
+    if over not in StandingFreeze.OVER:
+        raise Invalid(f"over must be one of {StandingFreeze.OVER}", field="over")
+    if over == StandingFreeze.AGENT:
+        found = Agent.objects.filter(name=agent).first() if agent else None
+        if found is None:
+            raise Invalid(f"no agent named {agent!r}", field="agent")
+        return StandingFreeze(over=over, agent=found)
+    if agent:
+        raise Invalid("agent is only for over=agent", field="agent")
+    if over == StandingFreeze.FILTER:
+        return StandingFreeze(over=over, run_filter=canonical_filter(filter_text))
+    if filter_text:
+        raise Invalid("filter is only for over=filter", field="filter")
+    return StandingFreeze(over=over)
+
+
+def canonical_filter(text: str) -> str:
+    query = QueryDict(text)
+    for key in query:
+        if key not in FILTER_KEYS:
+            raise Invalid(
+                f"a standing freeze covers runs by what they are, not by {key!r}: use "
+                f"{sorted(FILTER_KEYS)}",
+                field=f"filter.{key}",
+            )
+    try:
+        flt = run_filter(text)
+    except BadFilter as err:
+        raise Invalid(err.detail, field=f"filter.{err.field}") from None
+    if flt.is_empty:
+        raise Invalid(
+            "choose the runs: by agent, owner, goal text, id or tool touched", field="filter"
+        )
+    return flt.to_query()
+
+
+def _in_flight(runs: Any, capability: str) -> dict[str, Any]:
+    tool, _, action = capability.partition(":")
+    effects = Effect.objects.filter(
+        run__in=runs, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT, tool=tool
+    )
+    if action != "*":
+        effects = effects.filter(action=action)
+    rows = [
+        {
+            "id": str(e.pk),
+            "run_id": str(e.run_id),
+            "step": e.step,
+            "tool": e.tool,
+            "action": e.action,
+            "idempotency_key": e.idempotency_key,
+            "declared_at": e.declared_at.isoformat(),
+        }
+        for e in effects.order_by("declared_at")[:PREVIEW_ROWS]
+    ]
+    return {"count": effects.count(), "effects": rows}
+
+
+def _facts(freeze: StandingFreeze, restoring: bool) -> dict[str, Any]:
+    """What a freeze (or its restore) touches today: the runs it covers, by state, and what is in
+    flight under the capability across them."""
+    covered = runs_covered(freeze)
+    by_state = {
+        r["state"]: r["n"] for r in covered.values("state").annotate(n=Count("id")).order_by()
+    }
+    shown = [
+        {"id": str(r.pk), "agent": r.agent.name, "state": r.state}
+        for r in covered.select_related("agent").order_by("-created_at")[:PREVIEW_ROWS]
+    ]
+    cap = freeze.capability
+    return {
+        "capability": cap,
+        "over": freeze.over,
+        "scope": freeze.scope_label,
+        "covers_now": sum(by_state.values()),
+        "covers_by_state": by_state,
+        "runs": shown,
+        "covers_later": "runs created, claimed, resumed, retried or delegated to from now on, "
+        "while they are in its scope",
+        "new_declarations": (
+            f"declarations of {cap} by every covered run are decided by its grants again"
+            if restoring
+            else f"declarations of {cap} by every covered run are denied (capability_frozen) "
+            "from the commit on, naming this freeze, who set it and why"
+        ),
+        "per_run_freezes": "unchanged: a run's own freezes stand until restored on that run",
+        "in_flight": {} if restoring else _in_flight(covered.values("pk"), cap),
+        "cannot_recall": None
+        if restoring
+        else "in-flight effects below were dispatched already: they may still complete",
+    }
+
+
+def _digest(shown: dict[str, Any]) -> str:
+    body = json.dumps(
+        {k: v for k, v in shown.items() if k != "digest"}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def _check_digest(shown: dict[str, Any], seen: str) -> None:
+    if seen and seen != shown["digest"]:
+        raise PreviewStale(
+            f"the fleet changed since the preview you confirmed (now {shown['covers_now']} run(s) "
+            f"covered, {shown['in_flight'].get('count', 0)} effect(s) in flight): preview again",
+            field="digest",
+            digest=shown["digest"],
+            covers_now=shown["covers_now"],
+        )
+
+
+def _already(freeze: StandingFreeze) -> StandingFreeze | None:
+    return (
+        live_standing(freeze.capability)
+        .filter(over=freeze.over, agent=freeze.agent, run_filter=freeze.run_filter)
+        .first()
+    )
+
+
+def preview_freeze(
+    *, actor: Actor, capability: str, over: str, agent: str = "", filter_text: str = ""
+) -> dict[str, Any]:
+    """What setting the freeze would do. Changes nothing."""
+    authorize(actor)
+    freeze = scope(over, agent, filter_text)
+    freeze.capability = scope_of({"scope": capability})
+    live = _already(freeze)
+    shown = _facts(freeze, restoring=False) | {
+        "blocked_by": [f"already frozen over {freeze.scope_label} (freeze {live.pk})"]
+        if live
+        else []
+    }
+    return shown | {"digest": _digest(shown)}
+
+
+def set_freeze(
+    *,
+    actor: Actor,
+    capability: str,
+    over: str,
+    reason: str,
+    agent: str = "",
+    filter_text: str = "",
+    digest: str = "",
+) -> tuple[StandingFreeze, dict[str, Any]]:
+    """One transaction: the freeze row and its audit event. Returns the freeze and its receipt."""
+    freeze_id = uuid.uuid4()
+    with decision(actor, "capability.standing_freeze", "standing_freeze", freeze_id):
+        authorize(actor)
+        if not reason.strip():
+            raise Invalid("a reason is required for every freeze", field="reason")
+        shown = preview_freeze(
+            actor=actor, capability=capability, over=over, agent=agent, filter_text=filter_text
+        )
+        if shown["blocked_by"]:
+            raise Conflict(shown["blocked_by"][0], capability=shown["capability"])
+        _check_digest(shown, digest)
+        freeze = scope(over, agent, filter_text)
+        freeze.id, freeze.capability = freeze_id, shown["capability"]
+        freeze.reason, freeze.frozen_by, freeze.frozen_at = reason, actor.label, timezone.now()
+        try:
+            with transaction.atomic():  # a savepoint: a twin set at the same moment loses cleanly
+                freeze.save(force_insert=True)
+        except IntegrityError:
+            raise Conflict(
+                f"{freeze.capability} was frozen over {freeze.scope_label} meanwhile",
+                capability=freeze.capability,
+            ) from None
+        receipt = _recorded(freeze, shown, actor, "capability.standing_freeze", reason)
+    return freeze, receipt
+
+
+def _locked(freeze_id: Any) -> StandingFreeze:
+    freeze = (
+        StandingFreeze.objects.select_for_update(of=("self",))
+        .select_related("agent")
+        .filter(pk=freeze_id)
+        .first()
+    )
+    if freeze is None:
+        raise NotFound(f"standing freeze {freeze_id} does not exist", object="standing_freeze")
+    return freeze
+
+
+def get_freeze(freeze_id: Any) -> StandingFreeze:
+    freeze = StandingFreeze.objects.select_related("agent").filter(pk=freeze_id).first()
+    if freeze is None:
+        raise NotFound(f"standing freeze {freeze_id} does not exist", object="standing_freeze")
+    return freeze
+
+
+def preview_restore(*, actor: Actor, freeze_id: Any) -> dict[str, Any]:
+    authorize(actor)
+    freeze = get_freeze(freeze_id)
+    shown = _facts(freeze, restoring=True) | {
+        "freeze": freeze_dict(freeze),
+        "blocked_by": [] if freeze.live else [f"restored already by {freeze.lifted_by}"],
+    }
+    return shown | {"digest": _digest(shown)}
+
+
+def restore_freeze(
+    *, actor: Actor, freeze_id: Any, reason: str, digest: str = ""
+) -> tuple[StandingFreeze, dict[str, Any]]:
+    """Lift it for every run it covers, at once: one row, one audit event."""
+    with decision(actor, "capability.standing_restore", "standing_freeze", freeze_id):
+        authorize(actor)
+        if not reason.strip():
+            raise Invalid("a reason is required to restore a freeze", field="reason")
+        freeze = _locked(freeze_id)
+        if not freeze.live:
+            raise Conflict(
+                f"restored already by {freeze.lifted_by} at {freeze.lifted_at.isoformat()}"
+                if freeze.lifted_at
+                else "restored already",
+                freeze=str(freeze.pk),
+            )
+        shown = preview_restore(actor=actor, freeze_id=freeze.pk)
+        _check_digest(shown, digest)
+        freeze.lifted_at, freeze.lifted_by, freeze.lift_reason = timezone.now(), actor.label, reason
+        freeze.save(update_fields=["lifted_at", "lifted_by", "lift_reason"])
+        receipt = _recorded(freeze, shown, actor, "capability.standing_restore", reason)
+    return freeze, receipt
+
+
+def _recorded(
+    freeze: StandingFreeze, shown: dict[str, Any], actor: Actor, action: str, reason: str
+) -> dict[str, Any]:
+    """The receipt, audited with it (inside the decision's transaction)."""
+    receipt = {
+        "freeze": freeze_dict(freeze),
+        "by": actor.label,
+        "covers_now": shown["covers_now"],
+        "covers_by_state": shown["covers_by_state"],
+        "new_declarations": shown["new_declarations"],
+        "per_run_freezes": shown["per_run_freezes"],
+        "in_flight": shown["in_flight"],
+        "preview_digest": shown["digest"],
+    }
+    record_audit(
+        actor=actor,
+        action=action,
+        object_type="standing_freeze",
+        object_id=freeze.pk,
+        reason=reason,
+        context=receipt,
+    )
+    return receipt
+
+
+def freezes(*, live_only: bool = False) -> list[StandingFreeze]:
+    qs = StandingFreeze.objects.select_related("agent").order_by("-frozen_at")
+    return list(qs.filter(lifted_at__isnull=True) if live_only else qs[:100])
+
+
+def run_count(freeze: StandingFreeze) -> int:
+    return runs_covered(freeze).count()
