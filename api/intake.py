@@ -67,6 +67,38 @@ class IntakeOut(Out):
     released: list[HoldOut]
 
 
+class HoldPreviewOut(Out):
+    """What holding intake over a scope would do: the runs it would hold, and what it leaves alone."""
+
+    kind: str
+    scope: str
+    target: str
+    covers: str
+    new_runs: str
+    queued: JSON
+    started_runs: int
+    continues: str
+    blocked_by: list[str]
+    digest: str
+
+
+class ReleasePreviewOut(Out):
+    """What releasing a hold would make claimable, and what other holds still keep held."""
+
+    kind: str
+    hold: str
+    covers: str
+    held_by: str
+    held_at: str
+    held_reason: str
+    queued: JSON
+    becomes_claimable: str
+    still_held: list[str]
+    other_holds: list[str]
+    blocked_by: list[str]
+    digest: str
+
+
 def _viewer(request: HttpRequest) -> None:
     actor = caller(request)
     if actor.is_worker or not may(actor.roles, "view"):
@@ -79,7 +111,7 @@ def state(request: HttpRequest) -> Any:
     return intake_state()
 
 
-@router.post("/intake/holds/preview", response={200: JSON, **ERRORS_WRITE})
+@router.post("/intake/holds/preview", response={200: HoldPreviewOut, **ERRORS_WRITE})
 def preview_hold(request: HttpRequest, body: HoldScopeIn) -> Any:
     return hold_preview(actor=caller(request), scope=body.scope, target=body.target)
 
@@ -96,7 +128,9 @@ def hold(request: HttpRequest, body: HoldIn) -> Any:
     return Status(202, hold_dict(made))
 
 
-@router.post("/intake/holds/{hold_id}/release/preview", response={200: JSON, **ERRORS_WRITE})
+@router.post(
+    "/intake/holds/{hold_id}/release/preview", response={200: ReleasePreviewOut, **ERRORS_WRITE}
+)
 def preview_release(request: HttpRequest, hold_id: UUID) -> Any:
     return release_preview(actor=caller(request), hold_id=hold_id)
 
