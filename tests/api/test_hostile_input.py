@@ -143,7 +143,12 @@ def world(worker, cast, as_user) -> dict:
         {"capability": "shipping:label", "over": "everything", "reason": "held"},
     )
     assert frozen.status_code == 201, frozen.content
+    hold = as_user("ada").post(  # an intake hold: its routes (release, its preview) reach it
+        "/intake/holds", {"scope": "tool", "target": "notifications", "reason": "held"}
+    )
+    assert hold.status_code == 202, hold.content
     return {
+        "hold_id": hold.json()["id"],
         "freeze_id": frozen.json()["freeze"]["id"],
         "operation_id": held.json()["id"],
         "run_id": running["id"],
