@@ -19,8 +19,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from core.limits import MAX_INT, datetime_problem, json_problem
+from core.limits import MAX_INT, json_problem
 from core.names import name_problem, scope_problem
+from core.window import datetime_problem
 
 Name = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")
 # Fencing tokens are stored as PostgreSQL bigint: a larger number is bad input (422), not a 500 from

@@ -16,7 +16,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from core.errors import DomainError
-from core.limits import DATETIME_MAX, DATETIME_MIN, MAX_INT, bad_character
+from core.limits import MAX_INT, bad_character
+from core.window import DATETIME_MAX, DATETIME_MIN
 
 
 class BadFilter(DomainError):

@@ -31,7 +31,7 @@ from django.utils.dateparse import parse_datetime
 
 from core import pg
 from core.errors import Invalid
-from core.limits import DATETIME_MAX, DATETIME_MIN, datetime_problem
+from core.window import DATETIME_MAX, DATETIME_MIN, datetime_problem
 
 log = logging.getLogger("controlplane.times")
 

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SUBSET = [
     "tests/runs/test_protocol.py",
-    "tests/core/test_rows.py",
+    "tests/core/pg/test_rows.py",
     "tests/interventions/test_pause_resume.py",
     "tests/interventions/test_contracts.py",
 ]
