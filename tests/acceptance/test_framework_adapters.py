@@ -79,8 +79,15 @@ def test_a_pause_stops_the_agent_before_its_next_tool_call_and_a_new_process_res
     # The report names the boundary the run resumes from: the graph node that runs again from its
     # start, or the tool call the RunState holds (the reservation: replayed from the ledger, the
     # world is not called again).
-    step = "langgraph next: charge" if agent == "lg-purchasing" else "openai-agents next: reserve"
-    assert step in boundary, boundary
+    # LangGraph: the graph runs reserve -> approve -> charge, and the approve node calls no tool, so
+    # the pause (at the first boundary after the reservation) lands before or after it by timing:
+    # either node is a true boundary; what must hold is below (nothing after it ran twice).
+    steps = (
+        ("langgraph next: approve", "langgraph next: charge")
+        if agent == "lg-purchasing"
+        else ("openai-agents next: reserve",)
+    )
+    assert any(step in boundary for step in steps), boundary
     one_worker(live, agent)
     final = wait_state(worker, rid, {"succeeded", "failed"}, 90)
     assert final["state"] == "succeeded", final
