@@ -70,6 +70,10 @@ BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_
 bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY), live pages under protocol load (≤ 8 min; BENCH_QUICK=1 ~2 min); bench/results/console.json
 	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.console
 
+rolling-restart-test: venv  ## two API replicas behind HAProxy restarted in turn under 16 SDK workers (issue 22)
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_ROLLING_TEST=1; \
+	$(PY) -m pytest tests/deploy/test_rolling_restart.py $(PYTEST_ARGS)
+
 check-deploy: venv  ## Django's deployment checks against the production settings
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(PY) manage.py check --deploy --fail-level WARNING
