@@ -60,7 +60,11 @@ DEFAULT_KEY_PARTS = (
 # Keys whose value is a card: masked to its last four digits (the rest are hidden entirely).
 _CARD_KEYS = {"pan", "card", "cc", "ccnumber", "cardnumber", "creditcard", "cardno"}
 
-_CARD_RE = re.compile(r"(?<![0-9A-Za-z])[2-6]\d{3}(?:[ -]?\d){9,15}(?![0-9A-Za-z])")
+# Not the fraction of a decimal number ("40.3000000000000005" in a metrics scrape or a float in JSON):
+# a digit run right after "<digit>." or right before ".<digit>" is a number, never a card.
+_CARD_RE = re.compile(
+    r"(?<![0-9A-Za-z])(?<!\d\.)[2-6]\d{3}(?:[ -]?\d){9,15}(?![0-9A-Za-z])(?!\.\d)"
+)
 _SECRET_RES = [
     re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{8,}"),  # payment providers
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),  # cloud access key ids

@@ -195,3 +195,15 @@ def test_the_policy_is_case_and_separator_insensitive_and_detects_values(setting
         assert redact({"LoyaltyID": "abc-123-def"})["LoyaltyID"] == "••••"
     finally:
         reset_policy()
+
+
+def test_decimal_numbers_are_not_cards():
+    """A metrics scrape's float (``40.4111111111111111``: a Luhn-valid fraction) stays a number,
+    while a card at the end of a sentence is still masked (CI once saw a /metrics gauge masked into
+    ``40.••••0005``, which no Prometheus parser reads)."""
+    assert luhn_valid("4111111111111111")
+    line = "controlplane_job_oldest_age_seconds 40.4111111111111111"
+    assert redact_text(line) == line
+    assert redact_text("ratio 4111111111111111.25 of") == "ratio 4111111111111111.25 of"
+    assert redact_text(f"paid with {CARD}.") == "paid with ••••1111."
+    assert redact_text(f"paid with {CARD}, thanks") == "paid with ••••1111, thanks"
