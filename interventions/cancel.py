@@ -201,13 +201,7 @@ def cancel_card(p: Mapping[str, Any]) -> Answers:
             cards.in_flight_table(p.get("in_flight_effects") or []),
             empty="nothing in flight",
         ),
-        cards.answer(
-            "children",
-            "Children",
-            "",
-            cards.children_table(p.get("children") or []),
-            "no child runs",
-        ),
+        cards.children_answer(p, "children"),
     ]
 
 
@@ -230,13 +224,7 @@ def cancel_receipt(r: Mapping[str, Any]) -> Answers:
             cards.in_flight_table(r.get("in_flight_effects") or []),
             empty="nothing in flight",
         ),
-        cards.answer(
-            "children",
-            "Children",
-            "",
-            cards.children_table(r.get("children") or []),
-            "no child runs",
-        ),
+        cards.children_answer(r, "children"),
     ]
 
 

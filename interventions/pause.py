@@ -169,6 +169,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> P
 
 def pause_card(p: Mapping[str, Any]) -> Answers:
     in_flight = p.get("in_flight_effects") or []
+    n_in_flight = p.get("in_flight_effects_total") or len(in_flight)
     timers = p.get("timers") or []
     deadline = p.get("deadline")
     timer_rows = [
@@ -192,19 +193,17 @@ def pause_card(p: Mapping[str, Any]) -> Answers:
         cards.answer(
             "may_still_complete",
             "May still complete",
-            f"{len(in_flight)} effect{'s' if len(in_flight) != 1 else ''} already dispatched; "
+            f"{n_in_flight} effect{'s' if n_in_flight != 1 else ''} already dispatched; "
             "outcomes are recorded after the pause"
             if in_flight
             else "",
             cards.in_flight_table(in_flight),
             empty="nothing in flight: the pause completes at once",
         ),
-        cards.answer(
+        cards.children_answer(
+            p,
             "children",
-            "Children",
             "the pause reaches them" if p.get("scope") == "tree" else "this run only",
-            cards.children_table(p.get("children") or []),
-            empty="no child runs",
         ),
         cards.answer(
             "authority",
@@ -239,13 +238,7 @@ def pause_receipt(r: Mapping[str, Any]) -> Answers:
             cards.in_flight_table(r.get("in_flight_effects") or []),
             empty="nothing was in flight",
         ),
-        cards.answer(
-            "children",
-            "Children",
-            "",
-            cards.children_table(r.get("children_listed") or []),
-            empty="no child runs",
-        ),
+        cards.children_answer(r, "children_listed"),
         cards.answer(
             "authority",
             "Authority still active",

@@ -67,6 +67,18 @@ def live_receipt(i: Intervention) -> dict[str, Any]:
     return {**receipt, "cascade": progress(i)} if running else receipt
 
 
+def running_cascades(run: Any) -> list[dict[str, Any]]:
+    """The tree pauses and cancels of this run still reaching its children, with their progress."""
+    pending = Intervention.objects.filter(
+        run_id=run.pk, status=Intervention.PENDING, scope="tree", kind__in=("pause", "cancel")
+    ).order_by("created_at")
+    return [
+        {"id": str(i.pk), "kind": i.kind, "text": progress_text(progress(i))}
+        for i in pending
+        if (i.receipt or {}).get("cascade")
+    ]
+
+
 def receipt_dict(i: Intervention) -> dict[str, Any]:
     return {
         "id": str(i.pk),

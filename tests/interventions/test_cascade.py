@@ -202,3 +202,31 @@ def test_a_cascade_job_killed_halfway_resumes_and_reaches_no_child_twice(
     assert done.status == Intervention.COMPLETED and done.receipt["cascade"]["reached"] == CHILDREN
     print(f"killed at {at_kill} of {CHILDREN} reached; resumed to {CHILDREN}")
     assert json.dumps(done.receipt)  # stays JSON
+
+
+@pytest.mark.django_db
+def test_the_console_shows_a_cascade_in_progress_and_pages_its_children(
+    worker, as_user, cast, settings
+):
+    from django.test import Client
+
+    settings.CASCADE_INLINE_CHILDREN, settings.RECEIPT_PAGE_ITEMS = 3, 5
+    root = start_run(worker)
+    grow(root["id"], 12)
+    receipt = pause_tree(as_user("otto"), root["id"]).json()
+    vera = Client()
+    assert vera.login(username="vera", password="pw-vera")
+    card = vera.get(f"/receipts/{receipt['id']}/").content.decode()
+    assert "3 of 12 children reached (the rest in the background)" in card
+    assert "the first 5 of 12 children" in card
+    assert f'href="/receipts/{receipt["id"]}/children/?after=5"' in card
+    run_page = vera.get(f"/runs/{root['id']}/").content.decode()
+    assert 'data-testid="cascade-progress"' in run_page and "3 of 12 children" in run_page
+
+    run_cascade(receipt["id"])
+    rest = vera.get(f"/receipts/{receipt['id']}/children/?after=5").content.decode()
+    assert "children 6–12 of 12" in rest and rest.count('data-testid="child"') == 7
+    assert "12 of 12 children reached" in rest and "children-next" not in rest
+    done = vera.get(f"/receipts/{receipt['id']}/").content.decode()
+    assert "12 of 12 children reached" in done and "in the background" not in done
+    assert 'data-testid="cascade-progress"' not in vera.get(f"/runs/{root['id']}/").content.decode()
