@@ -172,3 +172,17 @@ def test_it_gives_every_fleet_kind_an_entry_on_the_contracts_page(cast):
         assert all(f"<code>{key}</code>" in entry for key in contract.receipt), kind
         page = client.get(contract.console.split("#")[0])
         assert page.status_code == 200, f"{kind}: its console page {contract.console} is not served"
+
+
+@pytest.mark.django_db
+def test_the_contracts_document_serves_every_fleet_kinds_pieces(as_user):
+    served = as_user("vera").get("/contracts").json()
+    for kind in FLEET_KINDS:
+        contract = FLEET_REGISTRY[kind]
+        entry = served["fleet_contracts"][kind]
+        assert (entry["audit"], entry["endpoints"], entry["console"]) == (
+            contract.audit,
+            list(contract.endpoints),
+            contract.console,
+        ), kind
+        assert served["permissions"][kind] == sorted(contract.may_issue), kind
