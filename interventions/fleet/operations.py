@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor
-from core.errors import Conflict, Forbidden, Invalid, NotFound
+from core.errors import Conflict, Forbidden, Invalid, NotFound, PreviewStale
 from core.live import announce_fleet
 from core.roles import may
 from interventions import jobs
@@ -208,7 +208,7 @@ def start_fleet_operation(
             )
         now_digest = selection_digest(kind, options, sel.targets)
         if digest and digest != now_digest:
-            raise Conflict(
+            raise PreviewStale(
                 f"the selection changed since the preview ({len(sel.targets)} run(s) now): preview again",
                 digest=now_digest,
             )
