@@ -180,42 +180,25 @@ def test_an_operator_halt_stops_the_waves_not_yet_run(worker, cast):
         halt_fleet_operation(actor=_actor(cast, "olga"), operation_id=op.pk, reason="again")
 
 
-def test_freeze_denies_the_declaration_on_every_run_and_restore_lifts_it(worker, cast):
+@pytest.mark.parametrize("kind", ["freeze_capability", "restore_capability"])
+def test_a_fleet_freeze_is_the_standing_freeze_not_a_one_off_selection(kind, worker, cast):
+    """One contract freezes the fleet (standing_freeze, interventions/fleet/freezes.py): the fleet
+    operation kinds that froze a selection run by run are refused by name, pointing at it."""
     ids = _runs(worker, 2)
-    done = _runs(worker, 1)[0]
-    place_run_in(done, "succeeded")  # not active: a freeze across the filter leaves it out
-    shown = preview_fleet_operation(
-        actor=_actor(cast, "ian"),
-        kind="freeze_capability",
-        run_filter=_ids_filter([*ids, done]),
-        params=FleetParams(options={"scope": "payments:charge"}),
-    )
-    assert (shown["will_act_on"], shown["excluded_runs"][0]["id"]) == (2, done)
-    op = _drive(_start(cast, "ian", "freeze_capability", ids, options={"scope": "payments:charge"}))
-    assert (op.state, op.succeeded) == ("completed", 2)
-    for run_id in ids:
-        denied = declare(worker, run_id, 1, key=f"{run_id}-charge")
-        assert denied.status_code == 409, denied.content
-        body = denied.json()
-        assert body["reason"] == "capability_frozen"
-        audited = AuditEvent.objects.get(object_id=body["id"], action="effect.declare")
-        assert audited.outcome == "denied"
-        assert audited.context["detail"].startswith(
-            "payments:charge is frozen on this run by user:ian"
+    with pytest.raises(Invalid, match="/fleet/freezes") as refused:
+        preview_fleet_operation(
+            actor=_actor(cast, "ian"),
+            kind=kind,
+            run_filter=_ids_filter(ids),
+            params=FleetParams(options={"scope": "payments:charge"}),
         )
-        other = declare(
-            worker, run_id, 1, key=f"{run_id}-reserve", tool="inventory", action="reserve"
-        )
-        assert other.status_code == 201, other.content
-        assert AuditEvent.objects.filter(action="capability.frozen", run_id=run_id).exists()
-    restored = _drive(
-        _start(cast, "ian", "restore_capability", ids, options={"scope": "payments:charge"})
-    )
-    assert (restored.state, restored.succeeded) == ("completed", 2)
+    assert refused.value.extra["field"] == "kind"
+    with pytest.raises(Invalid, match="/fleet/freezes"):
+        _start(cast, "ian", kind, ids, options={"scope": "payments:charge"})
+    assert not FleetOperation.objects.exists() and not CapabilityFreeze.objects.exists()
+    assert AuditEvent.objects.filter(action="fleet.start", outcome="denied").count() == 1
     for run_id in ids:
-        assert declare(worker, run_id, 1, key=f"{run_id}-charge-2").status_code == 201
-        assert AuditEvent.objects.filter(action="capability.restored", run_id=run_id).exists()
-    assert not CapabilityFreeze.objects.filter(lifted_at__isnull=True).exists()
+        assert declare(worker, run_id, 1, key=f"{run_id}-charge").status_code == 201
 
 
 def test_a_tool_wide_freeze_covers_every_action_of_the_tool(worker, as_user):
@@ -255,7 +238,7 @@ def test_take_command_transfers_decision_authority_on_each_run(worker, cast, as_
 
 def test_roles_decide_who_runs_which_fleet_operation(worker, cast):
     ids = _runs(worker, 1)
-    for name, kind in (("otto", "take_command"), ("otto", "freeze_capability"), ("vera", "pause")):
+    for name, kind in (("otto", "take_command"), ("april", "cancel"), ("vera", "pause")):
         with pytest.raises(Forbidden):
             _start(cast, name, kind, ids, options={"scope": "payments:charge"})
     assert AuditEvent.objects.filter(action="fleet.start", outcome="denied").count() == 3

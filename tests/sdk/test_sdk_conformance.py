@@ -1,5 +1,5 @@
 """The conformance kit against one minimal agent per way of writing one (the SDK, LangGraph), and
-against an agent that misbehaves, which it must fail; its CLI writes Markdown and JSON evidence."""
+against an agent that misbehaves, which it must fail; its CLI writes Markdown, JSON and HTML evidence."""
 
 from __future__ import annotations
 
@@ -47,3 +47,5 @@ def test_the_command_writes_markdown_and_json_evidence(tmp_path):
     assert evidence["passed"] == 7
     md = (tmp_path / "conformance.md").read_text()
     assert "## 4. Retry an ambiguous timeout: passed" in md and "not shown by this kit" in md
+    page = (tmp_path / "conformance.html").read_text()
+    assert "7 of 7 scenarios passed" in page and page.count("<h2>") == 7

@@ -9,7 +9,7 @@ against a local control plane (:class:`controlplane_sdk.testing.FakeControlPlane
 stand-in for your tools that remembers what it committed by idempotency key and injects faults: a
 call held in flight while an operator pauses, an ambiguous timeout (committed, then no answer), a
 worker killed after its call committed, a lease taken away mid-run. It writes
-``conformance.md`` and ``conformance.json``: per scenario, the facts shown from the ledger and the
+``conformance.md``, ``conformance.json`` and ``conformance.html``: per scenario, the facts shown from the ledger and the
 stand-in's record, and what this kit does not show (the control plane's own share of the test --
 timers, child runs, revalidation reports, audit chains -- is shown by the server's suite).
 
@@ -300,6 +300,34 @@ def markdown(evidence: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def html(evidence: dict[str, Any]) -> str:
+    """The same evidence as one self-contained HTML page (no scripts, no external assets)."""
+    from html import escape
+
+    colour = {"passed": "#1a7f37", "failed": "#cf222e", "error": "#9a6700"}
+    parts = [
+        "<!doctype html><meta charset=utf-8>",
+        f"<title>Run-control conformance: {escape(evidence['agent'])}</title>",
+        "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;"
+        "padding:0 1rem}h2{font-size:1.1rem;margin-top:1.5rem}.s{font-weight:600}"
+        "li.no{color:#57606a}</style>",
+        f"<h1>Run-control conformance: {escape(evidence['agent'])}</h1>",
+        f"<p>{evidence['passed']} of {evidence['total']} scenarios passed against "
+        f"{escape(str(evidence.get('control_plane', 'the in-memory control plane')))}. Baseline "
+        "calls: " + ", ".join(f"<code>{escape(t)}:{escape(a)}</code>"
+                              for t, a in evidence["baseline"]["calls"]) + "</p>",
+    ]  # fmt: skip
+    for s in evidence["scenarios"]:
+        c = colour.get(s["status"], "#57606a")
+        parts.append(f"<h2>{s['number']}. {escape(s['title'])}: "
+                     f"<span class=s style='color:{c}'>{escape(s['status'])}</span></h2><ul>")  # fmt: skip
+        parts += [f"<li>shown: {escape(fact)}</li>" for fact in s["shown"]]
+        parts += [f"<li><strong>{escape(s['error'])}</strong></li>"] if s["error"] else []
+        parts += [f"<li class=no>not shown by this kit: {escape(x)}</li>" for x in s["not_shown"]]
+        parts.append("</ul>")
+    return "\n".join(parts) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m controlplane_sdk.conformance")
     p.add_argument("agent", help="module:function -- build(tools) returning your run function")
@@ -311,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "conformance.json").write_text(json.dumps(evidence, indent=2))
     (args.out / "conformance.md").write_text(markdown(evidence))
+    (args.out / "conformance.html").write_text(html(evidence))
     print(f"{evidence['passed']}/{evidence['total']} passed; evidence in {args.out}")
     return 0 if evidence["passed"] == evidence["total"] else 1
 
