@@ -405,6 +405,8 @@ class AuditEventOut(Out):
 
 class AuditListOut(Out):
     events: list[AuditEventOut]
+    # "all": the whole log (audit_read_all); "runs": only events of runs (everyone else).
+    scope: str
 
 
 class VerifyOut(Out):
