@@ -213,7 +213,9 @@ def test_protocol_calls_are_timed_by_endpoint_pattern_not_path(client, worker):
     assert claims(after) - claims(before) == 2
     endpoints = {dict(k[1]).get("endpoint") for k in after if k[0] == name}
     assert not any(str(e).count("-") >= 4 for e in endpoints), endpoints  # no run id as a label
-    assert "unmatched" not in endpoints
+    # (404s of earlier requests in this process are counted under "unmatched": one label, not a
+    # label per path; the registry is the process's, so that label may or may not be here yet.)
+    assert all(e == "unmatched" or "/" in str(e) for e in endpoints), endpoints
 
 
 def test_the_broker_queue_depth_is_reported(client, db):
