@@ -15,12 +15,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_the_kit_passes_a_minimal_agent_against_the_live_control_plane(live, tmp_path):
+    from runs.models import Agent, ApiToken
+
+    scopes = [f"kit.{tool}:*" for tool in ("inventory", "shipping", "payments", "notifications")]
+    Agent.objects.create(name="kit-agent", allowed_scopes=scopes, description="conformance kit")
+    _, worker = ApiToken.issue(kind=ApiToken.WORKER, name="kit-worker", agents=["kit-agent"])
     operator = live["people"]["otto"].http.headers["Authorization"].split()[1]
-    env = dict(os.environ, CONTROLPLANE_TOKEN=live["worker_secret"],
-               CONTROLPLANE_OPERATOR_TOKEN=operator)  # fmt: skip
-    scopes = ["inventory:*", "shipping:*", "payments:charge", "notifications:*"]
-    cmd = [sys.executable, "-m", "controlplane_sdk.conformance", "tests.sdk.conformance_agents:sdk",
-           "--url", live["url"], "--agent-name", "purchasing", "--out", str(tmp_path),
+    env = dict(os.environ, CONTROLPLANE_TOKEN=worker, CONTROLPLANE_OPERATOR_TOKEN=operator)
+    cmd = [sys.executable, "-m", "controlplane_sdk.conformance",
+           "tests.sdk.conformance_agents:sdk_offworld",
+           "--url", live["url"], "--agent-name", "kit-agent", "--out", str(tmp_path),
            *[a for s in scopes for a in ("--scope", s)]]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     evidence = json.loads((tmp_path / "conformance.json").read_text())

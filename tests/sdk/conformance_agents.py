@@ -20,11 +20,11 @@ PLAN = [
 ]
 
 
-def sdk(tools: ToolStandIn):
+def sdk(tools: ToolStandIn, plan: list[Any] = PLAN):
     """A purchasing agent with the plain SDK: a step per call, a checkpoint after each."""
 
     def run(ctx: RunContext) -> None:
-        for step, tool, action, args, undo in PLAN:
+        for step, tool, action, args, undo in plan:
             if step in ctx.state:
                 continue
             with ctx.step(step):
@@ -38,6 +38,17 @@ def sdk(tools: ToolStandIn):
             ctx.checkpoint(step, {**ctx.state, step: fx.external_ref or "done"})
 
     return run
+
+
+#: the same plan with tools no live server knows (``kit.inventory``…): against a live control plane
+#: the server's own reconcilers (the demo world's) would otherwise ask the world about keys only the
+#: kit's stand-in has seen
+OFFWORLD = [(step, f"kit.{tool}", action, args, undo) for step, tool, action, args, undo in PLAN]
+
+
+def sdk_offworld(tools: ToolStandIn):
+    """:func:`sdk` on the :data:`OFFWORLD` tools (for ``--url``)."""
+    return sdk(tools, OFFWORLD)
 
 
 class Order(TypedDict):

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LeaseLost
+from .errors import ClaimRefused, LeaseLost
 from .loop import run_one
 from .runtime import RunContext, Worker
 from .testing import FakeControlPlane
@@ -126,8 +126,25 @@ def _new_run(cp: Any, build: Callable[[ToolStandIn], RunFn]) -> str:
 
 
 def _attempt(cp: Any, run: str, run_fn: RunFn) -> tuple[str, RunContext]:
-    ctx = Worker(cp.client(), "kit-worker", getattr(cp, "agent", AGENT)).claim(run, heartbeat=False)
+    worker = Worker(cp.client(), "kit-worker", getattr(cp, "agent", AGENT))
+    deadline = time.monotonic() + getattr(cp, "claim_wait_s", 0.0)
+    while True:  # a live server may hold a retried run back a moment (its retry backoff)
+        try:
+            ctx = worker.claim(run, heartbeat=False)
+            break
+        except ClaimRefused:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.25)
     return run_one(ctx, run_fn).outcome, ctx
+
+
+def _requeue(cp: Any, run: str, c: Check) -> None:
+    """A recovered run the control plane held back for an operator (a live server pauses a run
+    whose lost attempt left an effect in flight) is resumed, as the operator would."""
+    if cp.state(run) == "paused":
+        c.s.shown.append("recovery held the run paused for an operator (an effect was in flight)")
+        cp.resume(run, "conformance: the in-flight effect is accounted for")
 
 
 def _world_keys(cp: FakeControlPlane, run: str, tools: ToolStandIn) -> list[str]:
@@ -244,6 +261,7 @@ def _s6_transfer(
         zombie = True
     c.that(zombie, "a write with its old fencing token is refused")
     if cp.state(run) not in ("succeeded", "failed"):
+        _requeue(cp, run, c)
         outcome, _ = _attempt(cp, run, build(tools))
     else:
         outcome = cp.state(run)
@@ -266,10 +284,12 @@ def _s7_killed(
         killed = True
     c.that(killed, f"the worker died during call {target} ({tool}:{action}), after it committed")
     cp.expire_lease(run)
-    orphan = [e for e in cp.effects(run) if e["status"] == "unknown"]
-    c.that(len(orphan) == 1, "the orphaned effect has no known outcome")
+    orphan = [e for e in cp.effects(run) if e["status"] in ("unknown", "in_flight")]
+    seen = ", ".join(f"{e['action']}: {e['status']}" for e in cp.effects(run))
+    c.that(len(orphan) == 1, f"the orphaned effect has no known outcome ({seen})")
     key = orphan[0]["idempotency_key"]
     cp.reconcile(orphan[0]["id"], "committed", tools.results[key]["id"])
+    _requeue(cp, run, c)
     outcome, ctx = _attempt(cp, run, build(tools))
     start = ctx.start_checkpoint.step if ctx.start_checkpoint else "the start"
     c.that(outcome == "succeeded", f"a new attempt rebuilt from {start!r} and completed")
