@@ -64,6 +64,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "core.middleware.RequestIdsMiddleware",  # the request id on every log line and span
+    "core.metrics.ProtocolTimingMiddleware",  # protocol-call latency by endpoint (/metrics)
     # Right after it: masks card numbers and secrets in every page and export (core/redaction.py).
     "core.redaction.RedactResponsesMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -348,6 +349,12 @@ REDACTION_STORE_MASKED = env_bool("REDACTION_STORE_MASKED", False)
 # Run trees (runs/services/delegation.py): children per run and levels per tree.
 MAX_CHILDREN_PER_RUN = env_int("MAX_CHILDREN_PER_RUN", 200)
 MAX_TREE_DEPTH = env_int("MAX_TREE_DEPTH", 8)
+# A tree-scoped pause or cancel (interventions/cascade.py) reaches this many descendants in the
+# request's own transaction; the rest, each in its own transaction, in the background cascade job.
+CASCADE_INLINE_CHILDREN = env_int("CASCADE_INLINE_CHILDREN", 20)
+# Previews and receipts list at most this many children or effects of one kind, with the total and
+# where to read the rest (interventions/paging.py).
+RECEIPT_PAGE_ITEMS = env_int("RECEIPT_PAGE_ITEMS", 50)
 
 LOGGING = {
     "version": 1,
