@@ -65,7 +65,9 @@ def load(args: argparse.Namespace, out: Out, stopped) -> None:
                 return
             goal, at = f"{args.name}-{index}-{n}", "create"
             try:
-                run = sdk.create_run(args.agent, goal, authority=AUTHORITY)
+                run = sdk.create_run(
+                    args.agent, goal, authority=[{"scope": f"{args.tool}:charge", "ttl_s": 3600}]
+                )
                 out("run", goal=goal, run=run["id"])
                 at = "claim"
                 claim = sdk.claim(run["id"], args.name)
@@ -77,7 +79,7 @@ def load(args: argparse.Namespace, out: Out, stopped) -> None:
                     run["id"],
                     token,
                     step="charge",
-                    tool="payments",
+                    tool=args.tool,
                     action="charge",
                     idempotency_key=f"{goal}-charge",
                     args={"amount": 1},
@@ -202,6 +204,7 @@ def main() -> None:
     for flag in ("--base", "--token", "--name", "--out", "--stop", "--agent"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--partitioned", default="/nonexistent")
+    parser.add_argument("--tool", default="payments", help="the load's tool (bench/: bench)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-s", type=float, default=120)
     args = parser.parse_args()

@@ -29,7 +29,15 @@ from tests.deploy import netns
 from tests.deploy.hosts import start_redis
 from tests.live import ROOT, Procs, server_env, start_celery, test_database_url, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    # 50 s on a quiet 2-core machine, up to 100 s on a loaded one: more than the suite can spend
+    pytest.mark.skipif(
+        os.environ.get("CONTROLPLANE_FAULTS_TEST") != "1",
+        reason="the faults-across-hosts test runs under `make faults-test` (issue 22 item 5)",
+    ),
+]
 
 LEASE_TTL_S = 4
 LOAD_THREADS = 3  # per load host: a loaded 2-core machine, the bar is correctness not throughput
@@ -285,51 +293,27 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
                 logs=(tmp_path / f"{name}.log",),
             )
 
-        # --- the checks ---------------------------------------------------------------------------
+        # --- the checks: every one is evaluated and written down before any is asserted ------------
         acks = _acks(loads)
         errors = [e for p in loads for e in _lines(p) if e["event"] == "error"]
         runs = {e["run"]: e["goal"] for e in acks if e["event"] == "run"}
-        stored = dict(Run.objects.filter(agent__name="fault-load").values_list("id", "goal"))
-        stored = {str(k): v for k, v in stored.items()}
-        lost_runs = set(runs) - set(stored)
-        assert lost_runs == set(), f"acknowledged runs missing: {lost_runs}"
-        twice = [g for g, n in Counter(stored.values()).items() if n > 1]
-        assert twice == [], f"runs created twice: {twice}"
-
+        stored = {
+            str(k): v
+            for k, v in Run.objects.filter(agent__name="fault-load").values_list("id", "goal")
+        }
         effects = {e["effect"] for e in acks if e["event"] == "effect"}
         committed = {
             str(i)
             for i in Effect.objects.filter(status=Effect.COMMITTED).values_list("id", flat=True)
         }
-        assert effects - committed == set(), "acknowledged effects not committed"
-        dup_effects = list(
-            Effect.objects.values("run_id", "idempotency_key")
-            .annotate(n=Count("id"))
-            .filter(n__gt=1)
-        )
-        assert dup_effects == [], f"effects recorded twice: {dup_effects}"
         finished = {e["run"] for e in acks if e["event"] == "finished"}
-        assert Run.objects.filter(pk__in=finished, state="succeeded").count() == len(finished)
-
-        # the partitioned worker: fenced out, its run done once by the other worker
-        assert late["heartbeat"]["status"] == 409 and late["heartbeat"]["code"] == "lease_lost", (
-            late
+        not_succeeded = list(
+            Run.objects.filter(pk__in=finished)
+            .exclude(state="succeeded")
+            .values_list("id", "goal", "state")
         )
-        assert late["declare"]["status"] == 409, late
-        assert "lease_lost" in (late["declare"].get("reason"), late["declare"].get("code")), late
-        assert late["finish"]["status"] == 409 and late["finish"]["code"] == "lease_lost", late
-        assert recovered["decision"] == "replayed" and recovered["effect"] == held["effect"]
-        assert recovered["token"] > held["token"]
         victim_run = Run.objects.get(pk=held["run"])
-        assert victim_run.state == "succeeded"
         charges = Effect.objects.filter(run=victim_run)
-        assert [(e.idempotency_key, e.status) for e in charges if e.status == Effect.COMMITTED] == [
-            ("victim-held-charge", Effect.COMMITTED)
-        ]
-        assert not charges.filter(
-            idempotency_key="victim-held-late", status=Effect.COMMITTED
-        ).exists()
-
         audit = subprocess.run(
             [sys.executable, "manage.py", "audit_verify"],
             cwd=ROOT,
@@ -338,29 +322,73 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
             text=True,
             timeout=120,
         )
-        assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
-
+        not_committed = {
+            e: Effect.objects.filter(pk=e).values_list("status", "late", "stale_lease").first()
+            for e in effects - committed
+        }
+        checks = {
+            "acknowledged runs missing": sorted(set(runs) - set(stored)),
+            "runs created twice": [g for g, n in Counter(stored.values()).items() if n > 1],
+            "acknowledged effects not committed": [[k, v] for k, v in not_committed.items()],
+            "effects recorded twice": [
+                [str(d["run_id"]), d["idempotency_key"]]
+                # authorized declarations only: a refused one (lease_lost) is in the ledger too, as
+                # a refusal, and was never dispatched
+                for d in Effect.objects.filter(decision=Effect.AUTHORIZED)
+                .values("run_id", "idempotency_key")
+                .annotate(n=Count("id"))
+                .filter(n__gt=1)
+            ],
+            "acknowledged finishes not succeeded": [[str(i), g, st] for i, g, st in not_succeeded],
+            # the partitioned worker: fenced out, its run done once by the other worker
+            "late heartbeat not refused lease_lost": []
+            if (late["heartbeat"]["status"], late["heartbeat"]["code"]) == (409, "lease_lost")
+            else [late["heartbeat"]],
+            "late declaration not refused lease_lost": []
+            if late["declare"]["status"] == 409 and late["declare"].get("reason") == "lease_lost"
+            else [late["declare"]],
+            "late finish not refused lease_lost": []
+            if (late["finish"]["status"], late["finish"]["code"]) == (409, "lease_lost")
+            else [late["finish"]],
+            "recovered charge not replayed": []
+            if recovered["decision"] == "replayed" and recovered["effect"] == held["effect"]
+            else [recovered],
+            "recovering worker's token not higher": []
+            if recovered["token"] > held["token"]
+            else [recovered["token"], held["token"]],
+            "victim's run not succeeded": []
+            if victim_run.state == "succeeded"
+            else [victim_run.state],
+            "victim's committed effects other than its one charge": [
+                [e.idempotency_key, e.status]
+                for e in charges
+                if e.status == Effect.COMMITTED and e.idempotency_key != "victim-held-charge"
+            ],
+            "audit_verify failed": []
+            if audit.returncode == 0
+            else [audit.stdout[-1500:], audit.stderr[-1500:]],
+        }
+        failed = {k: v for k, v in checks.items() if v}
         figures.update(
             runs_acknowledged=len(runs),
             effects_acknowledged=len(effects),
             runs_finished_acknowledged=len(finished),
             indeterminate_calls=len(errors),
-            indeterminate_by_step=dict(Counter(e["at"] for e in errors)),
+            indeterminate=[[e["at"], e["kind"]] for e in errors],
             runs_in_db=len(stored),
             states=dict(
                 Counter(
                     Run.objects.filter(agent__name="fault-load").values_list("state", flat=True)
                 )
             ),
-            lost=0,
-            duplicate_runs=0,
-            duplicate_effects=0,
+            failed_checks=failed,
             audit_verify=audit.stdout.strip().splitlines()[-1:] or ["ok"],
             wall_s=round(time.monotonic() - started, 1),
         )
         print("faults:", json.dumps(figures, indent=1))
         if FIGURES:
             FIGURES.write_text(json.dumps(figures, indent=1))
+        assert failed == {}, json.dumps(failed, indent=1)
     except BaseException:
         print(procs.logs())
         raise
