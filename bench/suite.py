@@ -161,6 +161,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--fresh-db", action="store_true", help="DROP and recreate the benchmark database first"
     )
     parser.add_argument("--no-audit-append", action="store_true", help="skip bench/audit_append.py")
+    parser.add_argument("--no-multihost", action="store_true", help="skip bench/multihost.py")
     parser.add_argument(
         "--sizes",
         default=None,
@@ -595,9 +596,12 @@ def main(argv: list[str] | None = None) -> int:
         if audit is None:
             print("  bench/audit_append.py not present: skipped", flush=True)
     summary = build_summary(args, facts, raw, dbos, main_block, scale, asgi, audit)
-    print("multi-host (bench/multihost.py: 1 and 2 API hosts in network namespaces) …", flush=True)
-    with timed(timings, "multihost"):
-        summary["multihost"] = run_multihost(env, Path(args.out).parent)
+    if not args.no_multihost:
+        print(
+            "multi-host (bench/multihost.py: 1 and 2 API hosts in network namespaces) …", flush=True
+        )
+        with timed(timings, "multihost"):
+            summary["multihost"] = run_multihost(env, Path(args.out).parent)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
