@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor
-from core.errors import Conflict, Forbidden, Invalid, NotFound
+from core.errors import Conflict, Forbidden, Invalid, NotFound, PreviewStale
 from core.live import announce_fleet
 from core.roles import may
 from interventions import jobs
@@ -91,10 +91,12 @@ def check_kind(kind: str) -> str:
     return FLEET_KINDS[kind]
 
 
-def authorize_fleet(actor: Actor, kind: str) -> None:
+def authorize_fleet(actor: Actor, kind: str, *, recorded: bool = False) -> None:
     """Operators run fleet pause / resume / cancel; take command is the incident commander's
-    (core.roles: "fleet" plus the per-run right, or "take_command")."""
-    check_kind(kind)
+    (core.roles: "fleet" plus the per-run right, or "take_command"). ``recorded``: an operation
+    already recorded (to halt, confirm or cancel it), whose kind may be one retired since."""
+    if not (recorded and kind in RETIRED_KINDS):
+        check_kind(kind)
     if actor.is_worker:
         raise Forbidden("a worker token can never run a fleet operation")
     right = "take_command" if kind == "take_command" else kind
@@ -206,7 +208,7 @@ def start_fleet_operation(
             )
         now_digest = selection_digest(kind, options, sel.targets)
         if digest and digest != now_digest:
-            raise Conflict(
+            raise PreviewStale(
                 f"the selection changed since the preview ({len(sel.targets)} run(s) now): preview again",
                 digest=now_digest,
             )
@@ -261,6 +263,12 @@ def confirm_fleet_operation(*, actor: Actor, operation_id: Any) -> FleetOperatio
             raise Forbidden(f"only {op.created_by_label} may start what they recorded")
         if op.state != FleetOperation.PREVIEWED:
             raise Conflict(f"the operation is already {op.state}", state=op.state)
+        if op.kind in RETIRED_KINDS:  # held before the retirement: cancel it, set a standing one
+            raise Conflict(
+                f"a fleet {op.kind} is retired: cancel this held operation and use "
+                f"{RETIRED_KINDS[op.kind]}",
+                kind=op.kind,
+            )
         now = timezone.now()
         op.state, op.started_at, op.next_wave_at = FleetOperation.RUNNING, now, now
         op.save(update_fields=["state", "started_at", "next_wave_at"])
@@ -297,7 +305,7 @@ def _locked(actor: Actor, operation_id: Any) -> FleetOperation:
     if op is None:
         raise NotFound(f"fleet operation {operation_id} does not exist", object="fleet_operation")
     if op.created_by_id != actor.user_id:
-        authorize_fleet(actor, op.kind)
+        authorize_fleet(actor, op.kind, recorded=True)
     return op
 
 

@@ -37,6 +37,9 @@ RETIRED_KINDS = {
     "restore_capability": "POST /api/v1/fleet/freezes/{id}/restore for a standing freeze, or "
     "restore_capability on the run for a run's own freeze",
 }
+# The per-run contract each recorded operation's runs receive: one recorded before the retirement
+# (still running, or held) finishes as it started, and may still be followed and halted.
+RECORDED_KINDS = FLEET_KINDS | {kind: kind for kind in RETIRED_KINDS}
 MAX_TARGETS = 5000
 
 

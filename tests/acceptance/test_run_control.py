@@ -1,4 +1,4 @@
-"""The operator's run-control test (docs/operator/scenarios.md): nine scenarios against the live system --
+"""The operator's run-control test (docs/operator/scenarios.md): scenarios 1-11 against the live system --
 daphne, a Celery worker with beat, the demo world and real agent worker processes (demo_agents.worker),
 on PostgreSQL and Redis. Every fact is read back from recorded data and written to the report
 (reports/run-control.html and .json)."""

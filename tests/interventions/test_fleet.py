@@ -14,6 +14,8 @@ from core.auth import actor_for_user
 from core.errors import Conflict, Forbidden, Invalid
 from interventions.fleet.operations import (
     FleetParams,
+    cancel_fleet_operation,
+    confirm_fleet_operation,
     halt_fleet_operation,
     preview_fleet_operation,
     start_fleet_operation,
@@ -199,6 +201,33 @@ def test_a_fleet_freeze_is_the_standing_freeze_not_a_one_off_selection(kind, wor
     assert AuditEvent.objects.filter(action="fleet.start", outcome="denied").count() == 1
     for run_id in ids:
         assert declare(worker, run_id, 1, key=f"{run_id}-charge").status_code == 201
+
+
+def test_a_fleet_freeze_recorded_before_the_retirement_finishes_as_it_started_and_can_be_halted(
+    worker, cast
+):
+    """Records of the retired kinds stay workable: a running one's waves still freeze its runs, and
+    another incident commander may still halt one; a held one is not confirmed (cancel it)."""
+    ids = _runs(worker, 2)
+    running = _start(cast, "ian", "pause", ids[:1], wave_size=1)
+    FleetOperation.objects.filter(pk=running.pk).update(
+        kind="freeze_capability", options={"scope": "payments:charge"}
+    )
+    assert _drive(running).succeeded == 1
+    assert declare(worker, ids[0], 1, key="old-op").json()["reason"] == "capability_frozen"
+    held = start_fleet_operation(
+        actor=_actor(cast, "ian"), kind="pause", run_filter=_ids_filter(ids[1:]),
+        reason="held", params=FleetParams(), hold=True,
+    )  # fmt: skip
+    FleetOperation.objects.filter(pk=held.pk).update(
+        kind="freeze_capability", options={"scope": "payments:charge"}
+    )
+    with pytest.raises(Conflict, match="retired"):
+        confirm_fleet_operation(actor=_actor(cast, "ian"), operation_id=held.pk)
+    cancel_fleet_operation(
+        actor=_actor(cast, "sam"), operation_id=held.pk, reason="use a standing one"
+    )
+    assert FleetOperation.objects.get(pk=held.pk).state == "cancelled"
 
 
 def test_a_tool_wide_freeze_covers_every_action_of_the_tool(worker, as_user):

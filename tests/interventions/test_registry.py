@@ -172,3 +172,49 @@ def test_it_gives_every_fleet_kind_an_entry_on_the_contracts_page(cast):
         assert all(f"<code>{key}</code>" in entry for key in contract.receipt), kind
         page = client.get(contract.console.split("#")[0])
         assert page.status_code == 200, f"{kind}: its console page {contract.console} is not served"
+
+
+@pytest.mark.django_db
+def test_the_contracts_document_serves_every_fleet_kinds_pieces(as_user):
+    served = as_user("vera").get("/contracts").json()
+    for kind in FLEET_KINDS:
+        contract = FLEET_REGISTRY[kind]
+        entry = served["fleet_contracts"][kind]
+        assert (entry["audit"], entry["endpoints"], entry["console"]) == (
+            contract.audit,
+            list(contract.endpoints),
+            contract.console,
+        ), kind
+        assert served["permissions"][kind] == sorted(contract.may_issue), kind
+
+
+@pytest.mark.django_db
+def test_every_fleet_kinds_decision_records_the_receipt_and_the_audit_event_it_declares(
+    agent, cast
+):
+    """Issued for real: each decision's receipt holds the keys its contract declares, and its audit
+    event is the declared action."""
+    from audit.models import AuditEvent
+    from core.auth import actor_for_user
+    from interventions.fleet.freezes import restore_freeze, set_freeze
+    from interventions.intake import hold_intake, release_intake
+
+    ian = actor_for_user(cast["ian"][0])
+    hold = hold_intake(actor=ian, scope="agent", target="purchasing", reason="incident")
+    held = dict(hold.receipt)
+    released = release_intake(actor=ian, hold_id=hold.pk, reason="stable").receipt["release"]
+    freeze, frozen = set_freeze(
+        actor=ian, capability="payments:charge", over="everything", reason="processor flapping"
+    )
+    _, restored = restore_freeze(actor=ian, freeze_id=freeze.pk, reason="stable")
+    receipts = {
+        "hold_intake": held,
+        "release_intake": released,
+        "standing_freeze": frozen,
+        "standing_restore": restored,
+    }
+    assert set(receipts) == set(FLEET_KINDS)
+    for kind, receipt in receipts.items():
+        contract = FLEET_REGISTRY[kind]
+        assert set(contract.receipt) <= set(receipt), (kind, set(contract.receipt) - set(receipt))
+        assert AuditEvent.objects.filter(action=contract.audit, outcome="allowed").count() == 1

@@ -191,7 +191,11 @@ class McpGateway:
         async with self._lock:
             ctx = await self._holding()
             failure = None if outcome == "succeeded" else "error"
-            return await ctx.finish(outcome, failure, error)
+            answer = await ctx.finish(outcome, failure, error)
+            given = self._sync_ctx
+            if given is not None and given.attempt.id == ctx.attempt.id:
+                given.finished = True  # the attempt the caller's run loop holds is ended
+            return answer
 
     # -- the lease ---------------------------------------------------------------------------------
 
