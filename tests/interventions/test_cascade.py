@@ -94,7 +94,10 @@ def test_a_tree_pause_of_200_children_answers_bounded_and_the_job_reaches_the_re
     assert Run.objects.filter(parent_id=root["id"], state="paused").count() == 20
     print(f"tree pause of {CHILDREN}: {took:.2f}s, {len(resp.content)} bytes")
 
+    job = Job.objects.get(kind="cascade", target_id=body["id"])
     assert run_cascade(body["id"])["status"] == "done"
+    job.refresh_from_db()
+    assert job.status == Job.DONE and job.failures == 0
     assert set(Run.objects.filter(pk__in=kids).values_list("state", flat=True)) == {"paused"}
     reached_once(root["id"], "pause", body["id"])
     done = otto.get(f"/interventions/{body['id']}").json()
@@ -112,6 +115,28 @@ def test_a_tree_pause_of_200_children_answers_bounded_and_the_job_reaches_the_re
     # A second delivery of the finished job reaches nobody again.
     assert run_cascade(body["id"]) == {"skipped": "already concluded"}
     reached_once(root["id"], "pause", body["id"])
+
+
+@pytest.mark.django_db
+def test_a_progressing_cascade_is_not_taken_for_a_lost_one(worker, as_user, settings):
+    """Every 25 children the delivery moves its job's due time on: the sweep redelivers (and counts
+    a failure for) a cascade only when it stops progressing, however big the tree."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from interventions.jobs import still_working, sweep_jobs
+
+    settings.CASCADE_INLINE_CHILDREN = 0
+    root = start_run(worker)
+    grow(root["id"], 2)
+    intervention_id = pause_tree(as_user("otto"), root["id"]).json()["id"]
+    past = timezone.now() - timedelta(seconds=1)
+    Job.objects.filter(target_id=intervention_id).update(status=Job.RUNNING, due_at=past)
+    still_working("cascade", intervention_id)
+    job = Job.objects.get(target_id=intervention_id)
+    assert job.due_at > timezone.now() and sweep_jobs()["delivered"] == []
+    assert job.failures == 0
 
 
 @pytest.mark.django_db
