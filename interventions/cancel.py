@@ -246,7 +246,8 @@ CONTRACTS = (
                 "a recovery or compensation under way (a compensation step already called finishes)",
             ),
             continues=("in-flight effects' outcomes are recorded",),
-            cascade="scope 'run' or 'tree'",
+            cascade="scope 'run' or 'tree'; a big tree is reached in the background, child by "
+            "child, with progress on the receipt",
             authority="unchanged",
             claims=(
                 "committed_effects_listed_with_compensations",

@@ -142,6 +142,8 @@ def cascade(intervention_id: Any, *, passes: int = 4) -> dict[str, Any]:
                 reached += 1
                 if reached % 25 == 0:  # the run page's progress line, not one push per child
                     announce(intervention.run_id, "intervention", intervention.pk)
+                    # Progressing, not lost: a big tree may take longer than JOB_TIMEOUT_S.
+                    jobs.still_working("cascade", intervention.pk)
         # Children created before their parent was reached (a reached parent can no longer
         # delegate: runs.states.DELEGATING_STATES) are committed by now: list them, go on.
         if not list_tree(intervention, intervention.run):

@@ -163,6 +163,16 @@ def perform(
     return result
 
 
+def still_working(kind: str, target_id: Any) -> None:
+    """A long delivery's heartbeat (a cascade through thousands of runs): its job is due again one
+    timeout from now, so the sweep does not take a delivery that is progressing for a lost one."""
+    now = timezone.now()
+    for job in Job.objects.filter(kind=kind, target_id=str(target_id), status=Job.RUNNING):
+        Job.objects.filter(pk=job.pk, status=Job.RUNNING).update(
+            due_at=now + timedelta(seconds=job.timeout_s)
+        )
+
+
 def _begin(kind: str, target_id: str) -> Job | None | bool:
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(kind=kind, target_id=target_id).first()

@@ -292,7 +292,8 @@ CONTRACTS = (
                 "deadlines keep running",
                 "signals and operator messages are recorded",
             ),
-            cascade="operator's choice: scope 'run' or 'tree'; children are listed either way",
+            cascade="operator's choice: scope 'run' or 'tree'; children are listed either way; "
+            "a big tree is reached in the background, child by child, with progress on the receipt",
             authority="unchanged by default (receipt lists active grants and expiry); option suspend_authority",
             claims=(
                 "new_effects_denied_after_commit",
