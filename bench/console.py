@@ -53,9 +53,9 @@ GOALS: list[dict[str, Any]] = [
      "op": "<=", "target": FACT_TO_SCREEN_TARGET_MS, "unit": "ms"},
     {"key": "effects_per_s_drop_pct", "goal": "protocol effects/s drop with 10 open list pages",
      "op": "<=", "target": THROUGHPUT_DROP_TARGET_PCT, "unit": "%"},
-    # issue 18: an open dialog adds nothing per pushed fact (half a statement is the counting noise
-    # of a heartbeat frame landing in one phase and not the other; a real cost is one or more)
-    {"key": "dialog_statements_per_push_added", "goal": "SQL per pushed fact added by an open dialog",
+    # issue 18: an open dialog adds nothing per pushed fact. Half a statement is the noise of other
+    # server work landing in one phase and not the other; a real cost (a read per push) is one or more.
+    {"key": "dialog_statements_per_fact_added", "goal": "SQL per pushed fact added by an open dialog",
      "op": "<=", "target": 0.5, "unit": ""},
     {"key": "dialog_page_requests", "goal": "requests the page makes while its dialog is open",
      "op": "<=", "target": 0, "unit": ""},
@@ -415,8 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         "fact_to_screen_p50_ms": result.get("fact_to_screen", {}).get("fact_to_screen_p50_ms"),
         "fact_to_screen_p95_ms": result.get("fact_to_screen", {}).get("fact_to_screen_p95_ms"),
         "effects_per_s_drop_pct": result.get("throughput", {}).get("drop_pct"),
-        "dialog_statements_per_push_added": result.get("dialog_cost", {}).get(
-            "statements_per_push_added_by_dialog"
+        "dialog_statements_per_fact_added": result.get("dialog_cost", {}).get(
+            "statements_per_fact_added_by_dialog"
         ),
         "dialog_page_requests": result.get("dialog_cost", {}).get("page_requests_while_open"),
     }
