@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test walk lint docs venv browser migrate seed bench bench-console check-deploy clean
+.PHONY: run test walk lint docs venv browser migrate seed bench bench-console bench-multihost faults-test check-deploy clean
 
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -44,7 +44,9 @@ docs: venv  ## the documentation site (mkdocs, material theme) built strictly in
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test: venv browser lint docs  ## lint, then the whole suite on PostgreSQL + Redis (never silently on SQLite)
-	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1; \
+	@# DB_SYNCHRONOUS_COMMIT=off: commits skip the WAL flush (docs/operations/tests.md: ~25x cheaper commits)
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 \
+		DB_SYNCHRONOUS_COMMIT="$${DB_SYNCHRONOUS_COMMIT:-off}"; \
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
@@ -73,6 +75,13 @@ bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY), 
 rolling-restart-test: venv  ## two API replicas behind HAProxy restarted in turn under 16 SDK workers (issue 22)
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_ROLLING_TEST=1; \
 	$(PY) -m pytest tests/deploy/test_rolling_restart.py $(PYTEST_ARGS)
+
+bench-multihost: venv  ## issue 22 item 8: effects/s and CPU per effect with 1 and 2 API hosts (network namespaces, root) behind HAProxy (BENCH_QUICK=1 ~1 min); bench/results/multihost.json, also in make bench's summary
+	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.multihost
+
+faults-test: venv  ## faults across hosts in network namespaces (issue 22 item 5, 50-100 s, root): docs/operations/faults.md
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_FAULTS_TEST=1; \
+	$(PY) -m pytest -s -p no:randomly tests/deploy/test_faults.py $(PYTEST_ARGS)
 
 check-deploy: venv  ## Django's deployment checks against the production settings
 	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \

@@ -14,7 +14,9 @@ sibling ``<name>_dbos`` on the same server:
 3. scale-out: 1 and 4 API processes, the 16-worker phase each (the 2-process point is step 2's);
 4. optionally (``--asgi`` or BENCH_ASGI=1) the 16-worker phase on 2 uvicorn and 2 granian processes;
 5. raw PostgreSQL and DBOS again — *after* (ratios use the mean of before and after);
-6. bench/audit_append.py if it exists (64 concurrent audit writers over 1/2/4 processes).
+6. bench/audit_append.py if it exists (64 concurrent audit writers over 1/2/4 processes);
+7. the multi-host phase (bench/multihost.py): 1 and 2 API hosts in network namespaces behind
+   HAProxy, effects/s and CPU per effect (``multihost`` in the summary; skipped without ``ip netns``).
 
 Writes ``bench/results/summary.json`` (``goals``: each target of issue 11 with the measured value and
 ``met``); ``python -m bench.report`` turns it into the README's table. See bench/README.md.
@@ -159,6 +161,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--fresh-db", action="store_true", help="DROP and recreate the benchmark database first"
     )
     parser.add_argument("--no-audit-append", action="store_true", help="skip bench/audit_append.py")
+    parser.add_argument("--no-multihost", action="store_true", help="skip bench/multihost.py")
     parser.add_argument(
         "--sizes",
         default=None,
@@ -225,6 +228,22 @@ def run_audit_append(
     result = json.loads(out.read_text())
     result.pop("machine", None)
     return result
+
+
+def run_multihost(env: dict[str, str], out_dir: Path) -> dict[str, Any]:
+    """bench/multihost.py in its own process (it makes namespaces, needs root; says when skipped)."""
+    out = out_dir / "multihost.json"
+    proc = subprocess.run(
+        [harness.python_exe(), "-m", "bench.multihost", "--out", str(out)],
+        cwd=harness.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0 or not out.exists():
+        return {"error": f"bench.multihost exited {proc.returncode}: {proc.stderr[-1500:]}"}
+    return json.loads(out.read_text())
 
 
 def with_servers(
@@ -577,6 +596,12 @@ def main(argv: list[str] | None = None) -> int:
         if audit is None:
             print("  bench/audit_append.py not present: skipped", flush=True)
     summary = build_summary(args, facts, raw, dbos, main_block, scale, asgi, audit)
+    if not args.no_multihost:
+        print(
+            "multi-host (bench/multihost.py: 1 and 2 API hosts in network namespaces) …", flush=True
+        )
+        with timed(timings, "multihost"):
+            summary["multihost"] = run_multihost(env, Path(args.out).parent)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")

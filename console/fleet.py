@@ -36,7 +36,6 @@ FORM_KEYS = frozenset(
     {
         "kind",
         "filter",
-        "capability",
         "suspend_authority",
         "wave_size",
         "pause_s",
@@ -70,8 +69,6 @@ def _int(data: QueryDict, name: str, default: int | None) -> int | None:
 
 def params_from(data: QueryDict) -> FleetParams:
     options: dict[str, Any] = {}
-    if scope := data.get("capability", "").strip():
-        options["scope"] = scope
     if data.get("suspend_authority") in ("on", "1", "true"):
         options["suspend_authority"] = True
     pct = _int(data, "max_failure_pct", None)

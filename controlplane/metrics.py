@@ -1,9 +1,11 @@
 """``GET /metrics``: Prometheus text exposition (prometheus-client, no Django integration package).
 
-Counts and ages are read from the database at scrape time by :class:`DatabaseCollector` (a handful of
-GROUP BY queries), so every server process answers the same. The one in-process metric is the
-intervention issue latency (core/metrics.py), observed by the edges around ``interventions.base.issue``;
-like the process_* metrics it describes the process that answered the scrape.
+Counts and ages are read from the database at scrape time by :class:`DatabaseCollector`, so every
+server process answers the same. Runs, effects and lease expiries come from the tallies the database
+keeps (RunTally, LedgerTally): a scrape reads a few rows whatever the ledger's size (measured by
+``bench/metrics_scrape.py``). The broker's queue depths are asked of the broker. The in-process
+metrics (core/metrics.py: intervention issue latency, protocol-call latency by endpoint), like the
+process_* metrics, describe the process that answered the scrape.
 
 Access: a client address in ``METRICS_ALLOW_IPS`` (default: loopback) or an operator's bearer token
 whose user holds the admin role. Anyone else gets 403 (401 for a token that is not valid). A refused
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, F, Min, Sum
 from django.db.models.functions import Greatest
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -28,11 +31,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from api.auth import TokenAuth
+from core import pg
 from core.roles import ADMIN
 from interventions.models import Intervention
 from interventions.models_compensation import CompensationStep
 from interventions.models_jobs import Job
-from runs.models import Effect, Run
+from runs.models import Effect, ExecutionLease, LedgerTally, Run, RunTally
 from runs.states import State
 
 
@@ -47,12 +51,19 @@ class DatabaseCollector(Collector):
         now = timezone.now()
         yield from self._runs()
         yield from self._effects(now)
+        yield from self._leases()
         yield from self._interventions(now)
         yield from self._compensation(now)
+        yield from _broker()
 
     def _runs(self) -> Iterator[Metric]:
         runs = GaugeMetricFamily("controlplane_runs", "Runs by state.", labels=["state"])
-        counts = dict(Run.objects.values_list("state").annotate(n=Count("*")).order_by())
+        if pg.enabled(connection):
+            # the database's running tally (RunTally): a few rows whatever the number of runs
+            tally = RunTally.objects.values_list("state").annotate(n=Sum("n")).order_by()
+            counts = dict(tally)
+        else:
+            counts = dict(Run.objects.values_list("state").annotate(n=Count("*")).order_by())
         for state in State:  # every state, zeros included, so a dashboard's series never vanish
             runs.add_metric([state.value], counts.get(state.value, 0))
         yield runs
@@ -63,22 +74,54 @@ class DatabaseCollector(Collector):
             "Ledger effects by decision and status.",
             labels=["decision", "status"],
         )
-        rows = Effect.objects.values_list("decision", "status").annotate(n=Count("*")).order_by()
-        for decision, status, n in rows:
-            effects.add_metric([decision, status], n)
-        yield effects
-        unknown = Effect.objects.filter(status=Effect.UNKNOWN).aggregate(
-            n=Count("*"), oldest=Min("declared_at")
+        declared = CounterMetricFamily(
+            "controlplane_effects_declared",
+            "Effects declared, by decision (authorized or denied); only ever grows.",
+            labels=["decision"],
         )
+        by_status: dict[tuple[str, str], int] = {}
+        by_decision: dict[str, int] = {}
+        if pg.enabled(connection):
+            for series, key, n in _ledger_tally(("effects", "effects_declared")):
+                if series == "effects":
+                    decision, _, status = key.partition("/")
+                    by_status[(decision, status)] = n
+                else:
+                    by_decision[key] = n
+        else:
+            rows = Effect.objects.values_list("decision", "status").annotate(n=Count("*"))
+            for decision, status, n in rows.order_by():
+                by_status[(decision, status)] = n
+                by_decision[decision] = by_decision.get(decision, 0) + n
+        for (decision, status), n in sorted(by_status.items()):
+            if n:
+                effects.add_metric([decision, status], n)
+        for decision in (Effect.AUTHORIZED, Effect.DENIED):
+            declared.add_metric([decision], by_decision.get(decision, 0))
+        yield effects
+        yield declared
         yield GaugeMetricFamily(
             "controlplane_effects_unknown_outstanding",
             "Effects whose outcome is unknown (may have happened): they wait for reconciliation.",
-            value=unknown["n"],
+            value=by_status.get((Effect.AUTHORIZED, Effect.UNKNOWN), 0),
         )
+        # only the unknown effects are read (the partial index effect_look_at_run holds them)
+        oldest = Effect.objects.filter(status=Effect.UNKNOWN).aggregate(oldest=Min("declared_at"))
         yield GaugeMetricFamily(
             "controlplane_effects_unknown_oldest_age_seconds",
             "Age of the oldest effect still unknown (0 when there is none).",
-            value=_age_s(unknown["oldest"], now),
+            value=_age_s(oldest["oldest"], now),
+        )
+
+    def _leases(self) -> Iterator[Metric]:
+        if pg.enabled(connection):
+            expired = sum(n for _, _, n in _ledger_tally(("lease_expiries",)))
+        else:
+            expired = ExecutionLease.objects.filter(status=ExecutionLease.EXPIRED).count()
+        yield CounterMetricFamily(
+            "controlplane_lease_expiries",
+            "Execution leases that ended expired (their worker stopped heartbeating); only grows.",
+            value=expired,
         )
 
     def _interventions(self, now: datetime) -> Iterator[Metric]:
@@ -149,6 +192,39 @@ class DatabaseCollector(Collector):
             "Compensator calls beyond each step's first (steps are never deleted, so this only grows).",
             value=retries or 0,
         )
+
+
+def _ledger_tally(series: tuple[str, ...]) -> list[tuple[str, str, int]]:
+    """LedgerTally's sums for ``series`` (runs/models/ledger.py): a few rows per series."""
+    rows = LedgerTally.objects.filter(series__in=series).values_list("series", "key")
+    return [(a, b, int(n)) for a, b, n in rows.annotate(n=Sum("n")).order_by()]
+
+
+def _broker() -> Iterator[Metric]:
+    """Messages waiting in each Celery queue, asked of the broker (bounded: a broker that does not
+    answer within a second is reported down, and the scrape goes on)."""
+    from controlplane.celery import app
+
+    depth = GaugeMetricFamily(
+        "controlplane_broker_queue_depth",
+        "Celery messages waiting in each queue (not yet taken by a worker).",
+        labels=["queue"],
+    )
+    up = 1
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=1)
+            channel = conn.default_channel
+            for queue in sorted(app.amqp.queues) or [app.conf.task_default_queue]:
+                # kombu's virtual transports' own count (Redis: LLEN over the priority lists): a
+                # queue nobody has bound yet is 0, where a passive declare would raise
+                depth.add_metric([queue], channel._size(queue))
+    except Exception:  # a scrape reports the broker down rather than failing whole
+        up = 0
+    yield depth
+    yield GaugeMetricFamily(
+        "controlplane_broker_up", "Whether the broker answered this scrape (1) or not (0).", up
+    )
 
 
 DATABASE = CollectorRegistry()

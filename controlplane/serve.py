@@ -17,9 +17,12 @@ takes every option of the ``daphne`` command. What differs (docs/operations/drai
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import struct
 import sys
+import termios
 import threading
 import time
 import weakref
@@ -32,7 +35,6 @@ access_log = logging.getLogger("controlplane.access")
 log = logging.getLogger("controlplane.serve")
 PROBES = ("/healthz", "/readyz")
 WS_SERVICE_RESTART = 1012
-HARD_EXIT_AFTER_S = 2.0
 HARD_EXIT_AFTER_S = 2.0
 
 
@@ -108,35 +110,61 @@ class DrainingServer(Server):
 
         gate = _gate(self.application)
         started = time.monotonic()
+        bound = drain_timeout_s()
         log.info(
             "draining: no new connections, %s requests in flight", gate.in_flight if gate else "?"
         )
-        for port in self.ports:
-            port.stopListening()
+        # The flag first: whatever is read from now on is refused with a resendable 503.
         drain.begin()
+        for port in self.ports:
+            # Closing a listening socket resets every connection still in its accept queue, and a
+            # proxy has already sent a request on those: it sees the request cut off unanswered
+            # (HAProxy's SH, a 502), which nobody may resend. So take them all first; they are
+            # answered 503 "draining" like any request that comes now. The queue fills while the
+            # event loop is busy (a replica's cold start under load: issue 22's rolling restart).
+            _accept_queued(port)
+            port.stopListening()
         self.close_websockets()
-        finished = await gate.wait_idle(drain_timeout_s()) if gate else True
+        finished = await gate.wait_idle(bound) if gate else True
+        # Close the connections once each is quiet: no request on it being read or answered, and
+        # nothing unread in its socket (a request a proxy sent just before the drain began, which
+        # the loop reads next and answers 503; closing on unread bytes would reset it instead).
+        # A request a proxy sends on an idle keep-alive connection as it closes meets a closed
+        # connection, which the proxy retries elsewhere, not a half-written answer.
+        open_ = await self.close_quiet_connections(started + bound)
         log.info(
             "drained in %.1f s%s",
             time.monotonic() - started,
             ""
-            if finished
-            else f"; {gate.in_flight if gate else '?'} requests cut off at the bound",
+            if finished and not open_
+            else f"; {gate.in_flight if gate else '?'} requests cut off at the bound "
+            f"({open_} connections still busy)",
         )
         if not finished:
             # daphne cancels what is left, but a request blocked in a thread (waiting on a row
             # lock, say) cannot be cancelled, and the interpreter joins those threads at exit: the
             # bound would not hold. Its transaction rolls back when its connection closes.
             threading.Timer(HARD_EXIT_AFTER_S, _hard_exit).start()
-        # Close the keep-alive connections now, before daphne cancels what is left: a request that
-        # a proxy sends on one in the last moment then meets a closed connection (which the proxy
-        # retries elsewhere), not a half-written answer. Nothing is in flight on them any more.
-        for channel in list(self.channels):
-            # twisted's HTTP factory hands out a wrapper around the real channel
-            transport = getattr(getattr(channel, "_channel", channel), "transport", None)
-            if transport is not None:
-                transport.loseConnection()
         await asyncio.sleep(0.2)
+
+    async def close_quiet_connections(self, deadline: float) -> int:
+        """Close every HTTP connection as soon as it is quiet, until ``deadline``; how many were
+        still busy then (daphne cuts those)."""
+        while True:
+            busy = 0
+            for channel in list(self.channels):
+                # twisted's HTTP factory hands out a wrapper around the real channel
+                inner = getattr(channel, "_channel", channel)
+                transport = getattr(inner, "transport", None)
+                if transport is None or getattr(transport, "disconnected", True):
+                    continue
+                if getattr(inner, "requests", None) or _unread_bytes(transport):
+                    busy += 1
+                else:
+                    transport.loseConnection()
+            if not busy or time.monotonic() >= deadline:
+                return busy
+            await asyncio.sleep(0.05)
 
     def close_websockets(self) -> None:
         """1012, service restart: the console's socket (htmx ws) reconnects after it, through the
@@ -155,6 +183,24 @@ def _gate(application):
 
     app = getattr(application, "application", application)  # daphne wraps it in an ASGI3 adapter
     return app if isinstance(app, DrainGate) else None
+
+
+def _accept_queued(port) -> None:
+    """Accept every connection waiting in ``port``'s listen queue (twisted's accept loop, told to
+    go on until the queue is empty rather than stop at its adaptive batch size)."""
+    port.numberAccepts = max(getattr(port, "numberAccepts", 1), 100_000)
+    try:
+        port.doRead()
+    except Exception:  # the drain goes on; these connections are what it could not save
+        log.exception("accepting the queued connections failed")
+
+
+def _unread_bytes(transport) -> int:
+    """Bytes the kernel holds for this connection that nobody has read yet."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(transport.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 def _hard_exit() -> None:

@@ -2,7 +2,7 @@ from .agents import Agent, ApiToken, ApprovalPolicy
 from .freeze import CapabilityFreeze, StandingFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .intake import IntakeHold
-from .ledger import AuthorityGrant, Effect
+from .ledger import AuthorityGrant, Effect, LedgerTally
 from .run import Approval, Attempt, ExecutionLease, Run, RunTally
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "ExecutionLease",
     "HistoryEvent",
     "IntakeHold",
+    "LedgerTally",
     "Run",
     "RunTally",
     "StandingFreeze",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+import pgtrigger
 from django.db import models
 from django.utils import timezone
 
@@ -148,6 +149,50 @@ class Effect(models.Model):
                 name="effect_look_at_run",
             ),
         ]
+        # Effects by decision and status, and effects ever declared, kept by the database in
+        # LedgerTally (below) in the transaction that changes them: /metrics sums a few rows
+        # instead of counting the ledger (controlplane/metrics.py).
+        triggers = [
+            pgtrigger.Trigger(
+                name="effect_tally_insert",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert,
+                referencing=pgtrigger.Referencing(new="new_effects"),
+                func=(
+                    "INSERT INTO runs_ledgertally (series, key, n)"
+                    " SELECT 'effects', decision || '/' || status, COUNT(*) FROM new_effects"
+                    " GROUP BY decision, status"
+                    " UNION ALL SELECT 'effects_declared', decision, COUNT(*) FROM new_effects"
+                    " GROUP BY decision; RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="effect_tally_delete",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Delete,
+                referencing=pgtrigger.Referencing(old="old_effects"),
+                func=(
+                    "INSERT INTO runs_ledgertally (series, key, n)"
+                    " SELECT 'effects', decision || '/' || status, -COUNT(*) FROM old_effects"
+                    " GROUP BY decision, status; RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="effect_tally_update",
+                level=pgtrigger.Row,
+                when=pgtrigger.After,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
+                | pgtrigger.Q(old__decision__df=pgtrigger.F("new__decision")),
+                func=(
+                    "INSERT INTO runs_ledgertally (series, key, n) VALUES"
+                    " ('effects', OLD.decision || '/' || OLD.status, -1),"
+                    " ('effects', NEW.decision || '/' || NEW.status, 1); RETURN NULL;"
+                ),
+            ),
+        ]
 
     @property
     def unresolved(self) -> bool:
@@ -159,3 +204,18 @@ class Effect(models.Model):
         return models.Q(
             **{f"{prefix}decision": cls.AUTHORIZED, f"{prefix}status__in": list(cls.UNRESOLVED)}
         )
+
+
+class LedgerTally(models.Model):
+    """Signed counts the database writes (triggers on Effect and ExecutionLease), so that /metrics
+    reads a few rows whatever the ledger's size, as RunTally does for runs. ``series`` names what is
+    counted: ``effects`` (key ``decision/status``, a gauge), ``effects_declared`` (key the decision,
+    only ever +1: a counter) and ``lease_expiries`` (key empty, a counter). Rows pile up until
+    ``runs.services.tally.compact_tally`` folds them into one per (series, key). PostgreSQL only."""
+
+    series = models.CharField(max_length=40)
+    key = models.CharField(max_length=80, blank=True)
+    n = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.series}:{self.key} {self.n:+d}"

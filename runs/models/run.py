@@ -234,6 +234,22 @@ class ExecutionLease(models.Model):
                 name="lease_status_valid",
             ),
         ]
+        # Lease expiries, counted by the database in LedgerTally (runs/models/ledger.py) as each
+        # lease ends expired: a counter for /metrics that costs a few rows, not a count of leases.
+        triggers = [
+            pgtrigger.Trigger(
+                name="lease_expiry_tally",
+                level=pgtrigger.Row,
+                when=pgtrigger.After,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
+                & pgtrigger.Q(new__status="expired"),
+                func=(
+                    "INSERT INTO runs_ledgertally (series, key, n)"
+                    " VALUES ('lease_expiries', '', 1); RETURN NULL;"
+                ),
+            ),
+        ]
 
     def is_live(self, now=None) -> bool:
         return self.status == self.ACTIVE and self.expires_at > (now or timezone.now())

@@ -148,7 +148,15 @@ def test_tiny_suite_writes_the_summary_and_the_readme_table(tmp_path):
     env = {**os.environ, "DATABASE_URL": url}
     env.pop("BENCH_QUICK", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.suite", "--out", str(out), "--no-audit-append"]
+        [
+            sys.executable,
+            "-m",
+            "bench.suite",
+            "--out",
+            str(out),
+            "--no-audit-append",
+            "--no-multihost",
+        ]
         + ["--sizes", json.dumps(TINY)],
         cwd=ROOT,
         env=env,

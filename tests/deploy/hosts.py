@@ -158,8 +158,12 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 HAPROXY_CONFIG = """\
 global
     maxconn 2000
+    # one line per request in the proxy's own log (the test's tmp dir): which replica, how it ended
+    log stdout format raw local0
 defaults
     mode http
+    log global
+    option httplog
     timeout connect 2s
     timeout client 90s
     timeout server 90s
@@ -168,6 +172,11 @@ defaults
     retries 3
     option redispatch 1
     retry-on conn-failure empty-response 503
+    # One request per connection to a replica (the client's side stays keep-alive): a draining
+    # replica closes its idle connections, and a request HAProxy sent on one at that moment would be
+    # cut off unanswered, which HAProxy passes on by closing the client's connection, and a client
+    # may not resend a POST it cannot know was not done (issue 22's rolling restart failures).
+    option http-server-close
 frontend api
     bind 127.0.0.1:{port}
     default_backend replicas

@@ -21,11 +21,12 @@ from tests.live import Procs, free_port, server_env, wait_for
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    # Passed twice on its branch, failed once in the merged suite's last fresh-clone run (not yet
-    # diagnosed): run by `make rolling-restart-test` from .ci/run, reported, until it is (issue 22).
+    # 30-70 s, too long for the suite: run by `make rolling-restart-test` (.ci/run). Its two
+    # failures (a new replica's listen queue reset by the drain, and HAProxy reusing an idle
+    # connection the drain was closing) are described in docs/operations/drain.md.
     pytest.mark.skipif(
         os.environ.get("CONTROLPLANE_ROLLING_TEST") != "1",
-        reason="the rolling-restart test runs under `make rolling-restart-test` (issue 22, see there)",
+        reason="the rolling-restart test runs under `make rolling-restart-test` (30-70 s)",
     ),
 ]
 
@@ -100,7 +101,8 @@ def test_a_rolling_restart_under_load_loses_nothing_and_shows_no_error(
             drained_s = time.monotonic() - sigterm_at
             procs.procs = [t for t in procs.procs if t[0] != f"api{i}"]
             taken_back = lb_log.read_text().count(f"replicas/r{i} is UP")
-            start_api(procs, env, name=f"api{i}", port=port)
+            # a name of its own, so the first process's log (its drain) is kept for a post-mortem
+            start_api(procs, env, name=f"api{i}-restarted", port=port)
             wait_for(
                 f"the proxy to take api{i} back",
                 lambda i=i, n=taken_back: lb_log.read_text().count(f"replicas/r{i} is UP") > n,
