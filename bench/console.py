@@ -65,9 +65,11 @@ GOALS: list[dict[str, Any]] = [
 def live_sizes(quick: bool) -> dict[str, Any]:
     if quick:
         return {"servers": 2, "workers": 4, "pages": 10, "effects_per_run": 20,
-                "probe_effects": 3, "probe_load_s": 15.0, "phase_s": 8.0, "throughput_rounds": 2}  # fmt: skip
+                "probe_effects": 3, "probe_load_s": 15.0, "phase_s": 8.0, "throughput_rounds": 2,
+                "dialog_phases": 6, "dialog_facts": 24}  # fmt: skip
     return {"servers": 2, "workers": 8, "pages": 10, "effects_per_run": 20,
-            "probe_effects": 8, "probe_load_s": 40.0, "phase_s": 20.0, "throughput_rounds": 2}  # fmt: skip
+            "probe_effects": 8, "probe_load_s": 40.0, "phase_s": 20.0, "throughput_rounds": 2,
+            "dialog_phases": 8, "dialog_facts": 40}  # fmt: skip
 
 
 def goals_table(measured: dict[str, Any]) -> list[dict[str, Any]]:

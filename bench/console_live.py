@@ -364,7 +364,9 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
         from bench.console_dialog import measure_dialog
 
         try:
-            dialog_cost = measure_dialog(servers, secret)
+            dialog_cost = measure_dialog(
+                servers, secret, phases=size["dialog_phases"], facts=size["dialog_facts"]
+            )
         except Exception as exc:  # reported, not fatal: the issue-10 budgets above still stand
             dialog_cost = {"error": repr(exc)[:500]}
     finally:
