@@ -360,6 +360,15 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
                 }
                 | ({"list_pages": lists.result} if open_pages_n else {})
             )
+        # An open dialog on a busy run, in the same run of the servers (bench/console_dialog.py).
+        from bench.console_dialog import measure_dialog
+
+        try:
+            dialog_cost = measure_dialog(
+                servers, secret, phases=size["dialog_phases"], facts=size["dialog_facts"]
+            )
+        except Exception as exc:  # reported, not fatal: the issue-10 budgets above still stand
+            dialog_cost = {"error": repr(exc)[:500]}
     finally:
         servers.stop()
         harness.revoke_token(env, prefix)
@@ -386,6 +395,7 @@ def measure_live(database_url: str, size: dict[str, Any]) -> dict[str, Any]:
     )
     pages_cores = sum(c for c, _ in extra) / max(sum(p["wall_s"] for p in loaded_phases), 1e-9)
     return {
+        "dialog_cost": dialog_cost,
         "fact_to_screen": f2s,
         "throughput": {
             "workers": size["workers"],

@@ -25,6 +25,8 @@ TINY = {
     "probe_load_s": 2,
     "phase_s": 1,
     "throughput_rounds": 1,
+    "dialog_phases": 2,
+    "dialog_facts": 4,
 }
 
 
@@ -36,6 +38,9 @@ def test_every_budget_of_the_issue_is_a_goal():
         "run_page_p95_ms": ("<=", 300.0),
         "fact_to_screen_p95_ms": ("<=", 1000.0),
         "effects_per_s_drop_pct": ("<=", 10.0),
+        # issue 18: an open dialog costs nothing per pushed fact, and its page asks nothing
+        "dialog_statements_per_fact_added": ("<=", 0.5),
+        "dialog_page_requests": ("<=", 0),
     }
 
 

@@ -274,6 +274,9 @@ def test_operator_reconciles_an_unknown_effect_with_evidence(cast, worker):
         HTTP_HX_REQUEST="true",
     )
     assert again.status_code == 409 and b"already committed" in again.content
+    # The refusal answers into the form's error slot only: the dialog and its fields hold still.
+    assert again.headers["HX-Retarget"] == "#reconcile-error"
+    assert b"<form" not in again.content and b'role="alert"' in again.content
 
 
 def test_receipt_job_status_is_served_for_refresh(cast, worker):

@@ -57,6 +57,41 @@ def test_operator_previews_confirms_follows_and_halts(cast, worker):
     assert "every 1s" not in halted.content.decode()  # no more polling once over
 
 
+def test_a_moved_selection_is_said_in_place_and_a_stale_start_re_previews_it(cast, worker):
+    """Issue 18: the fleet preview holds still; the selection's move is said by a small check, and
+    Start on a stale selection answers the new summary, its basis and its button (not the reason)."""
+    running_run(worker)
+    otto = browser("otto")
+    form = {"kind": "pause", "filter": "state=running", "wave_size": "1"}
+    html = otto.post("/fleet/preview/", form, HTTP_HX_REQUEST="true").content.decode()
+    assert "Pause: 1 run in 1 wave" in html and 'id="fleet-moved"' in html
+    digest = re.search(r'name="digest" value="([0-9a-f]+)"', html).group(1)
+    basis = form | {"digest": digest, "previewed": "1", "check": "1"}
+    same = otto.post("/fleet/preview/", basis, HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="fleet-moved"' in same and " hidden" in same.split(">")[0]
+    running_run(worker)  # a second running run joins the selection
+    moved = otto.post("/fleet/preview/", basis, HTTP_HX_REQUEST="true").content.decode()
+    assert "2 runs now, 1 when previewed" in moved and " hidden" not in moved.split(">")[0]
+    stale = otto.post(
+        "/fleet/start/",
+        form | {"digest": digest, "previewed": "1", "reason": "incident 9"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert stale.status_code == 409 and stale.headers["HX-Retarget"] == "#fleet-summary"
+    text = stale.content.decode()
+    assert "2 runs now, 1 when previewed" in text and "Pause: 2 runs in 2 waves" in text
+    assert 'id="fleet-basis" hx-swap-oob="true"' in text and "Start: pause 2 runs" in text
+    assert "f-reason" not in text  # the reason box is not redrawn: what was typed stays
+    assert not FleetOperation.objects.exists()
+    fresh = re.search(r'name="digest" value="([0-9a-f]+)"', text).group(1)
+    started = otto.post(
+        "/fleet/start/",
+        form | {"digest": fresh, "previewed": "2", "reason": "incident 9"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert started.headers["HX-Redirect"] == f"/fleet/{FleetOperation.objects.get().pk}/"
+
+
 def test_bad_input_and_refusals_are_shown_with_their_status(cast, worker):
     ids = [running_run(worker)[0]["id"]]
     otto = browser("otto")

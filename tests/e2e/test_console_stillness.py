@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -533,6 +534,14 @@ def test_the_transfer_dialog_holds_still_and_confirm_re_previews_keeping_every_f
 
         kept()
         assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
+        # Behind the dialog, the actions redrawn by the pushes still name who may take the ones
+        # otto's role may not (issue 18, item 6), from the role table: disabled, not hidden.
+        needs = page.locator("#run-actions [data-needs]")
+        assert needs.count() >= 1
+        assert needs.first.locator("button").is_disabled()
+        assert re.search(r"needs .+ — currently: \w", needs.first.inner_text()), (
+            needs.first.inner_text()
+        )
         note = dialog.locator("[data-testid=run-moved]")
         expect(note).to_be_visible(timeout=5_000)
         assert "new effect" in note.inner_text(), note.inner_text()
@@ -665,6 +674,13 @@ def test_an_approval_dialog_on_the_inbox_says_its_run_moved_and_confirm_re_previ
         assert not load.errors, load.errors
         assert typed_for >= 9 and load.facts >= 25, (typed_for, load.facts)
         expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(2)
+        # Each row says why it is waiting, in words (issue 18, item 7).
+        assert (
+            "blocks the run for"
+            in page.locator(
+                f"#inbox tr:has(a[href*='{run_id}']) [data-testid=waiting]"
+            ).inner_text()
+        )
         assert _still(page, FIELDS[:3]) == [], _still(page, FIELDS[:3])
         assert dialog.locator("#d-reason").input_value() == TYPED
         assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
