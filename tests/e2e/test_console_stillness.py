@@ -427,47 +427,6 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
     )
 
 
-def test_an_approval_dialog_on_the_inbox_holds_still_while_approvals_arrive(
-    cast, worker_token, servers
-):
-    """The inbox is redrawn whole by every approval fact; the dialog opened from it is not."""
-    console = servers("redis")
-    server_password(cast["april"][0], "pw-april")
-    sdk, run_id, claim = _running(console, worker_token)
-
-    def ask(run: str, token: int) -> None:
-        sdk.request_approval(
-            run, token, tool="payments", action="charge", args={"amount": 40}, reason="over"
-        )
-
-    ask(run_id, claim.lease.fencing_token)
-    others = [_running(console, worker_token)[1:] for _ in range(6)]
-    with sync_playwright() as p:
-        browser, page = _login(p, console, "/approvals/", who="april")
-        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1)
-        page.locator("#inbox button", has_text="Approve").first.click()
-        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
-        _mark(page, FIELDS[:3])
-
-        def arrive() -> None:  # an approval a second on the other runs, while april types
-            for other_id, other_claim in others:
-                time.sleep(0.8)
-                ask(other_id, other_claim.lease.fencing_token)
-
-        with ThreadPoolExecutor(1) as pool:
-            arriving = pool.submit(arrive)
-            page.locator("#d-reason").press_sequentially("checked with finance", delay=300)
-            arriving.result(timeout=30)
-        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1 + len(others))
-        assert _still(page, FIELDS[:3]) == []
-        assert page.locator("#d-reason").input_value() == "checked with finance"
-        assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
-        page.locator("#dialog [data-testid=confirm-button]").click()
-        expect(page.locator("#dialog [data-testid=receipt-card]")).to_be_visible(timeout=20_000)
-        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(len(others))
-        browser.close()
-
-
 # --- the other forms under live load: transfer, reconcile, the approvals inbox, the fleet page -----
 #
 # Each: a person types for about 10 s while a worker commits about 3 facts a second; the facts are
