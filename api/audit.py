@@ -11,7 +11,7 @@ from api.responses import ERRORS_READ
 from api.schemas import AuditFilter
 from audit.integrity import verify_for_people
 from audit.models import AuditEvent
-from audit.selectors import audit_events, settled_seq
+from audit.selectors import audit_events, outside_runs, settled_seq
 from core.actors import Actor
 from core.roles import may, reads_whole_audit_log
 
@@ -41,6 +41,17 @@ def audit_dict(e: AuditEvent) -> dict:
 @router.get("/audit", response={200: out.AuditListOut, **ERRORS_READ})
 def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
     actor = _viewer(request)
+    whole = reads_whole_audit_log(actor.roles)  # core.roles "audit_read_all"
+    if not whole and (
+        asked := outside_runs(
+            action=filters.action or "",
+            object_type=filters.object_type or "",
+            component=filters.component or "",
+        )
+    ):
+        raise refuse(
+            request, f"{asked} names events of no run: the whole audit log needs audit_read_all"
+        )
     # Only settled events: one whose seq was taken by a transaction still in flight would otherwise
     # commit behind a poller's cursor (audit/selectors.py, "the settled horizon").
     horizon = settled_seq(floor=filters.after_seq)
@@ -53,9 +64,10 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
         run_id=filters.run_id or "",
         after_seq=filters.after_seq,
         before_seq=None if horizon is None else horizon + 1,
-        runs_only=not reads_whole_audit_log(actor.roles),  # core.roles "audit_read_all"
+        runs_only=not whole,
     )
-    return {"events": [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]}
+    events = [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]
+    return {"events": events, "scope": "all" if whole else "runs"}
 
 
 @router.get("/audit/verify", response={200: out.VerifyOut, **ERRORS_READ})

@@ -31,6 +31,8 @@ from interventions.models import FleetOperation
 
 router = Router(tags=["fleet operations"])
 
+# freeze_capability / restore_capability still parse, to be refused by name (422 on "kind", naming
+# the standing freeze: interventions/fleet/selection.py RETIRED_KINDS; docs/operator/fleet.md).
 FleetKind = Literal[
     "pause", "resume", "cancel", "freeze_capability", "restore_capability", "take_command"
 ]
@@ -42,7 +44,7 @@ class FleetOptions(StrictOptions):
         min_length=3,
         max_length=200,
         pattern=r"^[A-Za-z0-9_.\-]+:([A-Za-z0-9_.\-]+|\*)$",
-    )  # freeze_capability / restore_capability: "tool:action" or "tool:*"
+    )  # the retired freeze_capability / restore_capability kinds': still parsed, never used
     suspend_authority: StrictBool = False  # pause
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from uuid import UUID
 
 from django.http import HttpRequest
-from ninja import Router
+from ninja import Query, Router
 from ninja.responses import Status
 
 from api import responses as out
 from api.auth import caller
 from api.responses import ERRORS_READ, ERRORS_WRITE
-from api.schemas import InterventionIn, ReconcileIn
+from api.schemas import InterventionIn, PageIn, ReconcileIn
 from core.actors import Actor
 from core.errors import Forbidden, NotFound
 from core.metrics import observe_intervention
@@ -19,7 +19,7 @@ from interventions import base
 from interventions.contracts import contracts_document
 from interventions.models import Intervention
 from interventions.plugins import Request
-from interventions.selectors import receipt_dict
+from interventions.selectors import receipt_dict, tree_page
 from runs.selectors import get_visible_run
 
 router = Router(tags=["run control"])
@@ -77,6 +77,44 @@ def get_intervention(request: HttpRequest, intervention_id: UUID):
         raise NotFound(f"intervention {intervention_id} does not exist", object="intervention")
     get_visible_run(actor, intervention.run_id)
     return receipt_dict(intervention)
+
+
+def _next(path: str, page: PageIn, shown: int, total: int) -> str | None:
+    after = page.after + shown
+    return f"/api/v1{path}?after={after}&limit={page.limit}" if after < total else None
+
+
+@router.get(
+    "/interventions/{intervention_id}/children",
+    response={200: out.CascadePageOut, **ERRORS_READ},
+)
+def intervention_children(request: HttpRequest, intervention_id: UUID, page: Query[PageIn]):
+    """The children a pause or cancel listed, past the first page its receipt shows."""
+    from interventions.selectors import cascade_page
+
+    actor = _operator(request)
+    intervention = Intervention.objects.filter(pk=intervention_id).first()
+    if intervention is None:
+        raise NotFound(f"intervention {intervention_id} does not exist", object="intervention")
+    get_visible_run(actor, intervention.run_id)
+    listed = cascade_page(intervention, page.after, page.limit)
+    path = f"/interventions/{intervention_id}/children"
+    return listed | {"next": _next(path, page, len(listed["children"]), listed["total"])}
+
+
+@router.get("/runs/{run_id}/tree", response={200: out.TreePageOut, **ERRORS_READ})
+def run_tree(request: HttpRequest, run_id: UUID, page: Query[PageIn]):
+    """The run's descendants as they are now, breadth first, a page at a time (a preview names the
+    first page only)."""
+    actor = caller(request)
+    run = get_visible_run(actor, run_id)
+    rows, total = tree_page(run, page.after, page.limit)
+    return {
+        "run_id": str(run.pk),
+        "total": total,
+        "children": rows,
+        "next": _next(f"/runs/{run_id}/tree", page, len(rows), total),
+    }
 
 
 @router.get("/runs/{run_id}/interventions", response={200: out.ReceiptListOut, **ERRORS_READ})

@@ -316,6 +316,35 @@ class PreviewOut(Out):
     sections: dict[str, str]  # and these as preview_sections: a refusal then names what moved
 
 
+class TreeRowOut(Out):
+    position: int
+    id: str
+    agent: str
+    parent: str
+    state: str
+
+
+class TreePageOut(Out):
+    """Part of a run's delegation tree, breadth first: ``next`` links the following page."""
+
+    run_id: str
+    total: int
+    children: list[TreeRowOut]
+    next: str | None
+
+
+class CascadePageOut(Out):
+    """Part of the children a pause or cancel listed, with what it did to each: ``status`` pending,
+    changed or unchanged (``note`` says why); for scope ``run``, the run's children as they are now."""
+
+    intervention: str
+    scope: str
+    cascade: JSON | None
+    total: int
+    children: list[JSON]
+    next: str | None
+
+
 class ReceiptOut(Out):
     id: str
     run_id: str
@@ -376,6 +405,8 @@ class AuditEventOut(Out):
 
 class AuditListOut(Out):
     events: list[AuditEventOut]
+    # "all": the whole log (audit_read_all); "runs": only events of runs (everyone else).
+    scope: str
 
 
 class VerifyOut(Out):

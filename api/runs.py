@@ -24,6 +24,7 @@ from api.schemas import (
     EventsIn,
     FinishIn,
     HeartbeatIn,
+    LedgerFilter,
     OutcomeIn,
     ReleaseIn,
     RunIn,
@@ -142,9 +143,11 @@ def get_run(request: HttpRequest, run_id: UUID):
 
 
 @router.get("/runs/{run_id}/effects", response={200: out.EffectListOut, **ERRORS_READ})
-def list_effects(request: HttpRequest, run_id: UUID):
+def list_effects(request: HttpRequest, run_id: UUID, filters: Query[LedgerFilter]):
+    """The ledger, oldest first; ``status`` keeps one status (a receipt's link to the effects past
+    its first page)."""
     actor = caller(request)
-    rows = selectors.ledger(selectors.get_visible_run(actor, run_id))
+    rows = selectors.ledger(selectors.get_visible_run(actor, run_id), status=filters.status or "")
     if not actor.is_worker:
         # People read args through the adapters' redaction rules, as in the console; the worker
         # that declared them (it may act for the run's agent) reads them as declared.

@@ -298,6 +298,19 @@ class RunListQuery(Schema):
     limit: int = Field(default=50, ge=1, le=500)
 
 
+class PageIn(Schema):
+    """A page of a long list a preview or receipt names only the start of (interventions/paging.py)."""
+
+    after: int = Field(default=0, ge=0, le=1_000_000, description="rows to skip: the link's after")
+    limit: int = Field(default=100, ge=1, le=500)
+
+
+class LedgerFilter(Schema):
+    status: str | None = Field(
+        default=None, max_length=20, description="in_flight|committed|failed|unknown"
+    )
+
+
 class AuditFilter(Schema):
     """The console's audit filters (audit.selectors.audit_events), plus paging by seq."""
 

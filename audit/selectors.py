@@ -126,6 +126,24 @@ def settled_seq(
             time.sleep(_POLL_S)
 
 
+def outside_runs(*, action: str = "", object_type: str = "", component: str = "") -> str:
+    """For a caller who reads only the events of runs: the filter that names events of no run only
+    (``object_type=token``, ``action=login``, ``component=admin``), or "". Such a request asks for
+    the part of the log it may not read: refused (403) and audited, rather than answered empty as if
+    nothing had happened there. A filter matching nothing at all is no such ask."""
+    for name, value in (("action", action), ("object_type", object_type), ("component", component)):
+        if not value:
+            continue
+        named = audit_events(
+            action=value if name == "action" else "",
+            object_type=value if name == "object_type" else "",
+            component=value if name == "component" else "",
+        )
+        if not named.filter(run_id__isnull=False).exists() and named.exists():
+            return f"{name}={value}"
+    return ""
+
+
 def object_types() -> QuerySet:
     """Every object type the trail names, for the audit page's filter."""
     return AuditEvent.objects.order_by().values_list("object_type", flat=True).distinct()

@@ -23,9 +23,10 @@ from audit.selectors import (
     components,
     events_page,
     object_types,
+    outside_runs,
     settled_seq,
 )
-from audit.services import export_jsonl
+from audit.services import export_jsonl, record_audit
 from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
@@ -67,10 +68,39 @@ def audit_filters(request: HttpRequest) -> dict[str, str]:
 OUTCOMES = [AuditEvent.ALLOWED, AuditEvent.DENIED, AuditEvent.ERROR]
 
 
+def refuse(request: ConsoleRequest, detail: str) -> PermissionDenied:
+    """A read of the audit trail the caller's roles do not cover: audited, then a 403 page."""
+    record_audit(
+        actor=request.actor,
+        action="console.denied",
+        object_type="page",
+        object_id=request.path[:64],
+        outcome=AuditEvent.DENIED,
+        reason=f"forbidden: {detail}",
+        context={
+            "method": request.method,
+            "path": request.path,
+            "query": request.GET.urlencode()[:500],
+        },
+    )
+    return PermissionDenied(detail)
+
+
 def audit_context(request: ConsoleRequest) -> dict:
     """One page by keyset on seq: ``before`` walks to older events, ``after`` back to newer ones;
     either way two queries at most, whatever the depth."""
     filters = audit_filters(request)
+    whole = reads_whole_audit_log(request.roles)  # core.roles "audit_read_all"
+    if not whole and (
+        asked := outside_runs(
+            action=filters["action"],
+            object_type=filters["object_type"],
+            component=filters["component"],
+        )
+    ):
+        raise refuse(
+            request, f"{asked} names events of no run: the whole audit log needs audit_read_all"
+        )
     before, after = _seq_param(request, "before"), _seq_param(request, "after")
     if before is None:
         # The newest page and newer pages end at the settled horizon, so the "newer" link's cursor
@@ -92,7 +122,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         after_seq=after if newest else None,
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
-        runs_only=not reads_whole_audit_log(request.roles),  # core.roles "audit_read_all"
+        runs_only=not whole,
     )
     newer_first = not newest or after is None
     rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)
@@ -113,6 +143,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         "outcomes": OUTCOMES,
         "may_export": may(request.roles, "audit_export"),
         "may_verify": may(request.roles, "audit_verify"),
+        "whole_log": whole,
         "nav": "audit",
     }
 
@@ -134,7 +165,7 @@ def audit_verify(request: ConsoleRequest) -> HttpResponse:
     """Run every check ``audit_verify`` runs (audit chains, run histories, the ledger, anchors once
     written) now; the answer first, then the first break named with its event."""
     if not may(request.roles, "audit_verify"):
-        raise PermissionDenied("verifying the audit trail needs the audit_verify permission")
+        raise refuse(request, "verifying the audit trail needs the audit_verify permission")
     result = verify_for_people()
     chain = result["report"]["chain"]
     broken = (
@@ -161,7 +192,7 @@ def audit_export(request: ConsoleRequest) -> FileResponse:
     """JSON Lines, one event per line with its hashes (role audit_export). Spooled, so a long chain
     goes to a temporary file instead of memory."""
     if not may(request.roles, "audit_export"):
-        raise PermissionDenied("exporting the audit log needs the audit_export permission")
+        raise refuse(request, "exporting the audit log needs the audit_export permission")
     since = _seq_param(request, "since_seq") or 0
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024, mode="w+b")
     writer = _Utf8Writer(spool)

@@ -12,12 +12,12 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from console.common import ConsoleRequest, console_view, is_fragment, kind_label
 from console.freezes import freezes_context
 from console.interventions import error_dict
-from core.errors import DomainError, Invalid
+from core.errors import DomainError, Invalid, PreviewStale
 from core.roles import may
 from interventions.fleet.operations import (
     FleetParams,
@@ -36,7 +36,6 @@ FORM_KEYS = frozenset(
     {
         "kind",
         "filter",
-        "capability",
         "suspend_authority",
         "wave_size",
         "pause_s",
@@ -45,6 +44,8 @@ FORM_KEYS = frozenset(
         "override_reason",
         "reason",
         "digest",
+        "previewed",
+        "check",
         "csrfmiddlewaretoken",
     }
 )
@@ -68,8 +69,6 @@ def _int(data: QueryDict, name: str, default: int | None) -> int | None:
 
 def params_from(data: QueryDict) -> FleetParams:
     options: dict[str, Any] = {}
-    if scope := data.get("capability", "").strip():
-        options["scope"] = scope
     if data.get("suspend_authority") in ("on", "1", "true"):
         options["suspend_authority"] = True
     pct = _int(data, "max_failure_pct", None)
@@ -108,18 +107,43 @@ def fleet_page(request: ConsoleRequest) -> HttpResponse:
     return render(request, "console/fleet_operations.html", ctx)
 
 
+def selection_moved(before: str, now: int, same: bool) -> str:
+    """What moved in a fleet preview's selection, in the operator's words ("" if nothing did)."""
+    if same:
+        return ""
+    was = int(before) if before.isdigit() else None
+    if was is None or was == now:
+        return f"the same number of runs ({now}), not the same runs"
+    return f"{now} run{'' if now == 1 else 's'} now, {was} when previewed"
+
+
+def _preview(request: ConsoleRequest, data: QueryDict) -> dict[str, Any]:
+    return preview_fleet_operation(
+        actor=request.actor,
+        kind=data.get("kind", ""),
+        run_filter=_filter_of(data),
+        params=params_from(data),
+    )
+
+
 @console_view
 @require_POST
 def fleet_preview(request: ConsoleRequest) -> HttpResponse:
+    """The preview; with ``check``, only whether the previewed selection moved on (the note the
+    preview polls: one selection, no redraw of what the operator is reading or typing)."""
     data = request.POST
     ctx: dict[str, Any] = {"form": data, "filter": _filter_of(data), "kind": data.get("kind", "")}
+    if data.get("check"):
+        try:
+            now = _preview(request, data)
+            ctx["moved"] = selection_moved(
+                data.get("previewed", ""), now["will_act_on"], now["digest"] == data.get("digest")
+            )
+        except DomainError as err:
+            ctx["moved"] = error_dict(err)["sentence"]
+        return render(request, "console/fleet_operations.html#moved", ctx)
     try:
-        ctx["preview"] = preview_fleet_operation(
-            actor=request.actor,
-            kind=ctx["kind"],
-            run_filter=ctx["filter"],
-            params=params_from(data),
-        )
+        ctx["preview"] = _preview(request, data)
     except DomainError as err:
         ctx["error"] = error_dict(err)
         return render(request, "console/fleet_operations.html#preview", ctx, status=err.status)
@@ -130,6 +154,9 @@ def fleet_preview(request: ConsoleRequest) -> HttpResponse:
 @console_view
 @require_POST
 def fleet_start(request: ConsoleRequest) -> HttpResponse:
+    """Start; a refusal is shown inside the start form, which is not redrawn (the reason typed
+    stays, and the cursor); a stale selection comes back as the new preview in place (its summary,
+    its basis and its button), to be read and started again."""
     data = request.POST
     try:
         op = start_fleet_operation(
@@ -140,10 +167,34 @@ def fleet_start(request: ConsoleRequest) -> HttpResponse:
             params=params_from(data),
             digest=data.get("digest", ""),
         )
+    except PreviewStale as err:
+        try:
+            preview = _preview(request, data)
+        except DomainError as again:
+            return _start_refused(request, again)
+        ctx = {
+            "form": data,
+            "preview": preview,
+            "label": kind_label(data.get("kind", "")),
+            "changed": selection_moved(data.get("previewed", ""), preview["will_act_on"], False),
+        }
+        html = render_to_string("console/fleet_operations.html#summary", ctx, request=request)
+        html += render_to_string(
+            "console/fleet_operations.html#basis", ctx | {"oob": True}, request=request
+        ) + render_to_string(
+            "console/fleet_operations.html#start-button", ctx | {"oob": True}, request=request
+        )
+        response = HttpResponse(html, status=err.status)
+        return reswap(retarget(response, "#fleet-summary"), "outerHTML")
     except DomainError as err:
-        ctx = {"form": data, "filter": _filter_of(data), "error": error_dict(err)}
-        return render(request, "console/fleet_operations.html#preview", ctx, status=err.status)
+        return _start_refused(request, err)
     return HttpResponseClientRedirect(reverse("console:fleet-operation", args=[op.pk]))
+
+
+def _start_refused(request: ConsoleRequest, err: DomainError) -> HttpResponse:
+    ctx = {"error": error_dict(err)}
+    response = render(request, "console/fleet_operations.html#start-error", ctx, status=err.status)
+    return reswap(retarget(response, "#fleet-start-error"), "innerHTML")
 
 
 def _operation_or_404(operation_id: UUID) -> FleetOperation:

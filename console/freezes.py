@@ -27,6 +27,7 @@ def freezes_context(roles: frozenset[str]) -> dict[str, Any]:
     return {
         "standing_freezes": [freeze_dict(f) for f in rows],
         "may_freeze": may(roles, "fleet") and may(roles, "standing_freeze"),
+        "may_restore": may(roles, "fleet") and may(roles, "standing_restore"),
     }
 
 

@@ -480,8 +480,12 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
             override_reason=request.POST.get("override_reason", "").strip()[:2000],
         )
     except DomainError as err:
+        # Into the form's error slot only: the dialog and what the operator typed hold still.
         ctx["error"] = error_dict(err)
-        return render(request, "console/intervention_dialog.html#reconcile", ctx, status=err.status)
+        response = render(
+            request, "console/intervention_dialog.html#reconcile-error", ctx, status=err.status
+        )
+        return reswap(retarget(response, "#reconcile-error"), "innerHTML")
     ctx |= {"effect": effect_dict(settled), "done": present(settled.reconciliation)}
     html = render_to_string(
         "console/intervention_dialog.html#reconciled", ctx, request=request

@@ -18,10 +18,16 @@ from console.common import (
     visible_run_or_404,
 )
 from console.reports import report_for
-from interventions.cards import answer, card, cell, clock, row, state_now, table
+from interventions.cards import answer, card, cell, children_table, clock, row, state_now, table
 from interventions.models import Intervention
 from interventions.plugins import REGISTRY
-from interventions.selectors import intervention_by_id, receipt_now
+from interventions.selectors import (
+    cascade_page,
+    intervention_by_id,
+    live_receipt,
+    progress_text,
+    receipt_now,
+)
 from runs.models import Run
 
 
@@ -41,6 +47,8 @@ def headline(i: Intervention) -> dict[str, Any]:
     now = receipt_now(i)
     contract = REGISTRY.get(i.kind)
     text = (contract.console.now if contract else state_now)(i.receipt or {}, now)
+    if now.get("cascade"):  # a tree cascade: "... · 120 of 200 children reached"
+        text = f"{text} · {progress_text(now['cascade'])}"
     return {"text": text, "final": now["final"], "state": now["state"], "id": str(i.pk)}
 
 
@@ -74,7 +82,7 @@ NOT_REPEATED = {
 
 
 def receipt_card(i: Intervention) -> dict[str, Any]:
-    r = _Read(i.receipt or {})
+    r = _Read(live_receipt(i))
     contract = REGISTRY.get(i.kind)
     answers = contract.console.receipt(r) if contract else []
     who = answer(
@@ -137,4 +145,38 @@ def receipt_headline(request: ConsoleRequest, intervention_id: UUID) -> HttpResp
     intervention, _ = visible_intervention_or_404(request.actor, intervention_id)
     return render(
         request, "console/intervention_card.html#card", {"card": receipt_card(intervention)}
+    )
+
+
+CHILDREN_PAGE = 100
+
+
+@console_view
+@require_GET
+def receipt_children(request: ConsoleRequest, intervention_id: UUID) -> HttpResponse:
+    """The children a pause or cancel listed, a page at a time, with what it did to each: the
+    receipt card shows the first page only (interventions/paging.py)."""
+    intervention, run = visible_intervention_or_404(request.actor, intervention_id)
+    try:
+        after = max(int(request.GET.get("after", "0")), 0)
+    except ValueError:
+        after = 0
+    after = min(after, 10_000_000)
+    page = cascade_page(intervention, after, CHILDREN_PAGE)
+    rows = [c | {"will_change": c["status"] == "changed"} for c in page["children"]]
+    return render(
+        request,
+        "console/receipt_children.html",
+        {
+            "i": intervention,
+            "run": run,
+            "label": kind_label(intervention.kind),
+            "tbl": children_table(rows),
+            "page": page,
+            "first": after + 1 if rows else after,
+            "last": after + len(rows),
+            "prev_after": max(after - CHILDREN_PAGE, 0) if after else None,
+            "next_after": after + len(rows) if after + len(rows) < page["total"] else None,
+            "progress": progress_text(page["cascade"]) if page["cascade"] else "",
+        },
     )

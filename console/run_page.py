@@ -39,7 +39,7 @@ from interventions.base import descendants
 from interventions.cards import drained_text
 from interventions.jobs import attention
 from interventions.plugins import REGISTRY
-from interventions.selectors import receipt_dict, recent_interventions
+from interventions.selectors import receipt_dict, recent_interventions, running_cascades
 from interventions.transfer import holders
 from runs.freezes import covering, freeze_dict
 from runs.models import Effect, Run
@@ -246,12 +246,19 @@ def timeline_context(run: Run, params: QueryDict | None = None) -> dict[str, Any
     }
 
 
+# Child runs drawn in the tree section; the rest are a link away (a tree may hold thousands).
+TREE_SHOWN = 200
+
+
 def other_context(run: Run) -> dict[str, Any]:
     grants = run_grants(run)
     checkpoints = recent_checkpoints(run, CHECKPOINTS_SHOWN)
+    tree = _tree(run)
     return {
         "grants": [{"g": g, "status": g.effective_status()} for g in grants],
-        "tree": _tree(run),
+        "tree": tree[:TREE_SHOWN],
+        "tree_total": len(tree),
+        "cascades": running_cascades(run),
         "checkpoints": [{"c": c, "state": present(c.state)} for c in checkpoints],
         "checkpoints_total": run.checkpoint_seq,
     }
@@ -341,7 +348,7 @@ FACT_SECTIONS: dict[str, tuple[str, ...]] = {
     "child_created": ("tree",),  # announced on the parent (runs/services/lifecycle.py)
     "ownership_transferred": ("authority",),
     "authority_suspended": ("authority",),
-    "intervention": REPORTS,
+    "intervention": (*REPORTS, "tree"),  # the tree shows a cascade's progress
     "job": REPORTS,
     "job_failed": REPORTS,
     "revalidation": REPORTS,

@@ -42,6 +42,11 @@ urlpatterns = [
     ),
     path("receipts/<uuid:intervention_id>/", receipts.receipt_page, name="receipt"),
     path(
+        "receipts/<uuid:intervention_id>/children/",
+        receipts.receipt_children,
+        name="receipt-children",
+    ),
+    path(
         "receipts/<uuid:intervention_id>/now/",
         receipts.receipt_headline,
         name="receipt-now",

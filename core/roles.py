@@ -21,13 +21,11 @@ ROLES = [VIEWER, OPERATOR, APPROVER, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADM
 PERMISSIONS: dict[str, frozenset[str]] = {
     "view": frozenset(ROLES),
     # Fleet operations (interventions/fleet/operations.py): "fleet" to run one at all, plus the
-    # right to issue its per-run contract (pause, cancel, freeze_capability, ...); take_command is
-    # its own right.
+    # right to issue its per-run contract (pause, resume, cancel); take_command is its own right.
+    # A standing freeze over a scope of the fleet is its own contract (standing_freeze and
+    # standing_restore, declared by interventions/fleet/freezes.py), also with "fleet".
     "fleet": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     "take_command": frozenset({INCIDENT_COMMANDER, ADMIN}),
-    # A standing capability freeze over a scope of the fleet, and its restore
-    # (interventions/fleet/freezes.py); with "fleet".
-    "standing_freeze": frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     "override": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),

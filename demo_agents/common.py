@@ -41,7 +41,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from controlplane_sdk import EffectAlreadyFailed, EffectScope, EffectUnresolved, RunContext
+from controlplane_sdk import (
+    EffectAlreadyFailed,
+    EffectCompensated,
+    EffectScope,
+    EffectUnresolved,
+    RunContext,
+)
 from world.client import WorldClient, WorldError, WorldTimeout, WorldUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,10 +201,12 @@ def world_effect(
     retried attempt re-declares the *same* key: the control plane answers ``replayed`` for a committed
     effect (``fx.already_done``: don't call the world again) and refuses an unresolved one.
 
-    One exception: if that key is recorded ``failed`` (e.g. a declined card, then an operator retries),
-    trying again needs a fresh key -- the world stores business refusals under their key too. The ledger
-    is consulted first, so an attempt never opens a second key while an earlier one committed or is
-    still unresolved; the fresh key is ``{base}:try-{attempt number}``.
+    Two exceptions need a fresh key: that key is recorded ``failed`` (e.g. a declined card, then an
+    operator retries -- the world stores business refusals under their key too), or its effect was
+    compensated (a redrive undid it first: the control plane refuses the key, ``EffectCompensated``,
+    and doing it again is a new effect). The ledger is consulted first, so an attempt never opens a
+    second key while an earlier one committed (and stands) or is still unresolved; the fresh key is
+    ``{base}:try-{attempt number}``.
     """
     step = step or ctx.current_step
     if not step:
@@ -215,7 +223,7 @@ def world_effect(
         try:
             try:
                 fx = stack.enter_context(ctx.effect(tool, action, key=base, **kw))
-            except EffectAlreadyFailed:
+            except (EffectAlreadyFailed, EffectCompensated):
                 fx = stack.enter_context(ctx.effect(tool, action, key=_next_key(ctx, base), **kw))
         except EffectUnresolved as exc:
             raise AgentFailure(
@@ -236,9 +244,9 @@ def _next_key(ctx: RunContext, base: str) -> str:
             or str(e.get("idempotency_key", "")).startswith(base + ":try-")
         )
     ]
-    for (
-        e
-    ) in same:  # committed (replay it) or unresolved (the declaration will refuse): reuse that key
+    for e in same:  # committed (replay it) or unresolved (the declaration will refuse): reuse it
+        if e.get("compensation_status") == "compensated":
+            continue  # undone: its key is refused, and it must happen again under a new one
         if e.get("status") in ("committed", "in_flight", "unknown"):
             return str(e["idempotency_key"])
     return f"{base}:try-{ctx.attempt.number}"

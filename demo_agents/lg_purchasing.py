@@ -64,7 +64,10 @@ def purchase(ctx: RunContext) -> None:
         def charge(amount: float, card: str, order: str) -> str:
             return str(world.charge(amount, key(), card=card, order=order).get("id"))
 
-        @governed_tool(ctx, "notifications", "enqueue", irreversible=True)
+        # A timeout may have queued the message: unknown (reconciled), never failed (sent again).
+        @governed_tool(
+            ctx, "notifications", "enqueue", irreversible=True, unknown_on=(WorldTimeout,)
+        )
         def notify(to: str, message: str) -> str:
             return str(world.enqueue_notification(to, message, key()).get("id"))
 

@@ -85,7 +85,9 @@ def purchase(ctx: RunContext) -> None:
                         compensate={"tool": "payments", "action": "refund"},
                         needs_approval=amount > env_float("APPROVAL_THRESHOLD", 200.0),
                         unknown_on=(WorldTimeout,)),
-            govern_tool(ctx, notify, tool="notifications", action="enqueue", irreversible=True),
+            # a timeout may have queued the message: unknown (reconciled), never failed (sent again)
+            govern_tool(ctx, notify, tool="notifications", action="enqueue", irreversible=True,
+                        unknown_on=(WorldTimeout,)),
         ]  # fmt: skip
         agent = Agent(
             name="buyer",

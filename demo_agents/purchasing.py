@@ -287,6 +287,8 @@ def _charge_committed(ctx: RunContext) -> bool:
         e.get("tool") == "payments"
         and e.get("action") == "charge"
         and e.get("status") == "committed"
+        # refunded first by a redrive: undone, so the charge happens again (and asks again)
+        and e.get("compensation_status") != "compensated"
         for e in ctx.client.list_effects(ctx.run_id)
     )
 

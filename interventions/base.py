@@ -26,23 +26,9 @@ from core.roles import may
 from interventions.models import Intervention
 from interventions.plugins import Contract, Request, get_contract, owner_bound
 from runs.models import Approval, Run
-from runs.selectors import run_snapshot
+from runs.selectors import descendants, run_snapshot
 from runs.services.decisions import decision, lock_run
 from runs.states import Event, transition
-
-
-def descendants(run: Run) -> list[Run]:
-    """The delegation tree below ``run``, breadth first."""
-    out, frontier = [], [run.pk]
-    while frontier:
-        children = list(
-            Run.objects.filter(parent_id__in=frontier)
-            .select_related("agent")
-            .order_by("created_at")
-        )
-        out.extend(children)
-        frontier = [c.pk for c in children]
-    return out
 
 
 def children_in_scope(run: Run, req: Request, event: Event | None) -> list[dict[str, Any]]:

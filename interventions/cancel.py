@@ -10,19 +10,20 @@ request. Stopping waiting for the worker is its own contract, terminate (interve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from django.utils import timezone
 
 from core.actors import Actor
 from core.errors import Conflict
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR
-from interventions import cards, facts
-from interventions.base import children_in_scope, descendants
+from interventions import cards, cascade, facts
+from interventions.base import children_in_scope
 from interventions.models import Intervention
+from interventions.paging import children_link, ledger_link, paged, receipt_children_link
 from interventions.plugins import Answers, Console, Contract, Request, Rows, Spec
 from runs.models import Run
-from runs.services.decisions import apply_transition, lock_run
+from runs.services.decisions import apply_transition
 from runs.states import Event, State, transition
 
 # A cascade stops children's work; it does not force a child's cooperative cancel nor interrupt a
@@ -44,8 +45,12 @@ def _children(run: Run, req: Request) -> list[dict[str, Any]]:
 class CancelPreview(TypedDict):
     stops: str
     committed_effects: Rows
+    committed_effects_total: int
     in_flight_effects: Rows
+    in_flight_effects_total: int
     children: Rows
+    children_total: int
+    children_more: str | None
     note: str
 
 
@@ -55,23 +60,53 @@ class CancelReceipt(TypedDict):
     new_effects: str
     waiting_for: str | None
     committed_effects: Rows
+    committed_effects_total: int
     in_flight_effects: Rows
+    in_flight_effects_total: int
     children: Rows
+    children_total: int
+    children_more: str | None
+    cascade: cascade.CascadeProgress | None
 
 
 def preview(run: Run, req: Request, actor: Actor) -> CancelPreview:
-    return {
+    shown: dict[str, Any] = {
         "stops": "all future work: no new effect is authorised; the worker is told to cancel at its next boundary, "
         "and is forced out when its lease expires",
-        "committed_effects": facts.committed_effects(run),
-        "in_flight_effects": facts.in_flight_effects(run),
-        "children": _children(run, req),
+        **_effects(run),
+        **paged("children", _children(run, req), children_link(run.pk)),
         "note": "committed effects remain committed; use compensate to repair them",
+    }
+    return cast(CancelPreview, shown)
+
+
+def _effects(run: Run) -> dict[str, Any]:
+    return {
+        **paged(
+            "committed_effects", facts.committed_effects(run), ledger_link(run.pk, "committed")
+        ),
+        **paged(
+            "in_flight_effects", facts.in_flight_effects(run), ledger_link(run.pk, "in_flight")
+        ),
     }
 
 
-def _cancel_one(run: Run, req: Request, actor: Actor) -> None:
-    apply_transition(run, Event.CANCEL, actor=actor, reason=req.reason, data={"scope": req.scope})
+def _cancel_one(run: Run, req: Request, actor: Actor, via: dict[str, Any] | None = None) -> None:
+    data = {"scope": req.scope, **(via or {})}
+    apply_transition(run, Event.CANCEL, actor=actor, reason=req.reason, data=data)
+
+
+def _cancel_child(child: Run, req: Request, actor: Actor, via: dict[str, Any]) -> str | None:
+    """The cascade's step (interventions/cascade.py): the child is locked."""
+    if child.state in NOT_CASCADED:
+        return f"a {child.state} child is not cancelled by the cascade; cancel it itself"
+    if transition(child.state, Event.CANCEL) is None:
+        return f"cancel does not apply to a {child.state} run"
+    _cancel_one(child, req, actor, via)
+    return None
+
+
+cascade.register_step("cancel", _cancel_child)
 
 
 def under_way(run: Run) -> Intervention | None:
@@ -130,25 +165,20 @@ def repeat(run: Run, req: Request, actor: Actor) -> Intervention | None:
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> CancelReceipt:
     listed = _children(run, req)  # as they stood at the decision, before the cascade changed them
     _cancel_one(run, req, actor)
-    if req.scope == "tree":
-        for child in descendants(run):
-            locked = lock_run(child.pk)
-            if (
-                transition(locked.state, Event.CANCEL) is not None
-                and locked.state not in NOT_CASCADED
-            ):
-                _cancel_one(locked, req, actor)
-    return {
+    # A tree's children are reached by the cascade: the first few here, the rest in its job.
+    progress = cascade.start(run, req, actor, intervention) if req.scope == "tree" else None
+    shown: dict[str, Any] = {
         "state": run.state,
         "cancelled_at": timezone.now().isoformat(),
         "new_effects": "denied from this commit on",
         "waiting_for": "the worker to stop (or its lease to expire)"
         if run.state == State.CANCELLING
         else None,
-        "committed_effects": facts.committed_effects(run),
-        "in_flight_effects": facts.in_flight_effects(run),
-        "children": listed,
+        **_effects(run),
+        **paged("children", listed, receipt_children_link(intervention.pk)),
+        "cascade": progress,
     }
+    return cast(CancelReceipt, shown)
 
 
 # --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
@@ -171,13 +201,7 @@ def cancel_card(p: Mapping[str, Any]) -> Answers:
             cards.in_flight_table(p.get("in_flight_effects") or []),
             empty="nothing in flight",
         ),
-        cards.answer(
-            "children",
-            "Children",
-            "",
-            cards.children_table(p.get("children") or []),
-            "no child runs",
-        ),
+        cards.children_answer(p, "children"),
     ]
 
 
@@ -200,13 +224,7 @@ def cancel_receipt(r: Mapping[str, Any]) -> Answers:
             cards.in_flight_table(r.get("in_flight_effects") or []),
             empty="nothing in flight",
         ),
-        cards.answer(
-            "children",
-            "Children",
-            "",
-            cards.children_table(r.get("children") or []),
-            "no child runs",
-        ),
+        cards.children_answer(r, "children"),
     ]
 
 

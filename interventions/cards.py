@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from interventions.selectors import progress_text
+
 
 def cell(t: str, v: Any, **extra: Any) -> dict[str, Any]:
     """One table cell: t is text | code | id | time | status | value | flag | yesno."""
@@ -41,9 +43,10 @@ def answer(
     items: list[str] | None = None,
     tone: str = "",
     at: Any = None,
+    link: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """One answer line. ``empty`` is said when there is neither text, table rows nor items; ``at``
-    is a time drawn after the text (relative, absolute on hover)."""
+    is a time drawn after the text (relative, absolute on hover); ``link`` (href, words) follows."""
     has = bool(text or items or at or (tbl and tbl["rows"]))
     return {
         "key": key,
@@ -54,6 +57,7 @@ def answer(
         "empty": "" if has else empty,
         "tone": tone,
         "at": at,
+        "link": {"href": link[0], "text": link[1]} if link else None,
     }
 
 
@@ -280,3 +284,45 @@ def stopped_now(now: Any, noun: str, moving: str, stopped: str) -> str:
     if state == stopped:
         return f"{stopped.capitalize()} at once: nothing was executing"
     return state_now({}, now)
+
+
+def paged_text(r: Any, name: str, noun: str) -> str:
+    """ "the first 50 of 1,500 children" when a preview or receipt shows only the start of a list
+    (interventions/paging.py); empty when it shows all of it."""
+    total, shown = r.get(f"{name}_total"), len(r.get(name) or [])
+    if not isinstance(total, int) or total <= shown:
+        return ""
+    return f"the first {shown} of {total:,} {noun}"
+
+
+def more_link(r: Any, name: str) -> tuple[str, str] | None:
+    """Where the console shows the rest of a paged list: a receipt's children page, or the run page's
+    tree and ledger (the API links are the receipt's own ``<name>_more``)."""
+    api = r.get(f"{name}_more")
+    if not isinstance(api, str) or not api.startswith("/api/v1/"):
+        return None
+    path, _, query = api.removeprefix("/api/v1/").partition("?")
+    parts = path.split("/")
+    if parts[0] == "interventions" and len(parts) == 3:
+        return f"/receipts/{parts[1]}/children/?{query}", "all of them"
+    if parts[0] == "runs" and len(parts) == 3:
+        anchor = "run-tree" if parts[2] == "tree" else "run-ledger"
+        return f"/runs/{parts[1]}/#{anchor}", "all of them, on the run page"
+    return None
+
+
+def children_answer(r: Any, name: str, text: str = "") -> dict[str, Any]:
+    """The children answer of a pause or cancel card: the first page (``r[name]``), how many in all
+    (``children_total``), the cascade's progress, and the link to the rest."""
+    counted = {**r, "children": r.get(name)}
+    said = [t for t in (text, paged_text(counted, "children", "children")) if t]
+    if r.get("cascade"):
+        said.append(progress_text(r["cascade"]))
+    return answer(
+        "children",
+        "Children",
+        " · ".join(said),
+        children_table(r.get(name) or []),
+        empty="no child runs",
+        link=more_link(r, "children"),
+    )

@@ -36,16 +36,20 @@ def contract_for(kind: str) -> dict[str, Any]:
 
 def fleet_contract_for(kind: str) -> dict[str, Any]:
     contract = FLEET_REGISTRY[kind]
-    return contract.spec.as_dict() | {
-        "kind": kind,
-        "event": None,
-        "may_issue": sorted(PERMISSIONS.get(kind, frozenset())),
-        "honours_decision_authority": False,
-        "override_roles": [],
-        "from_states": "no run: a standing rule over a scope of the fleet",
-        "transitions": [],
-        "reason_required": True,
-    }
+    return (
+        contract.spec.as_dict()
+        | contract.as_dict()
+        | {
+            "kind": kind,
+            "event": None,
+            "may_issue": sorted(PERMISSIONS.get(kind, frozenset())),
+            "honours_decision_authority": False,
+            "override_roles": [],
+            "from_states": "no run: a standing rule over a scope of the fleet",
+            "transitions": [],
+            "reason_required": True,
+        }
+    )
 
 
 def contracts_document() -> dict[str, Any]:

@@ -162,9 +162,13 @@ def hold_intake(
         now = timezone.now()
         try:
             hold = IntakeHold.objects.create(
-                scope=scope, target=target, reason=reason, held_by=actor.name, role=actor.role,
+                scope=scope,
+                target=target,
+                reason=reason,
+                held_by=actor.name,
+                role=actor.role,
                 held_at=now,
-            )  # fmt: skip
+            )
         except IntegrityError as err:  # one_live_intake_hold: a concurrent hold of the scope won
             raise Conflict(f"intake is already held for {scope_label(scope, target)}") from err
         hold.receipt = {
@@ -330,7 +334,24 @@ FLEET_CONTRACTS = (
             claims=("no_claim_after_hold",),
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, ADMIN}),
-        order=10,
+        order=30,
+        preview=hold_preview,
+        issue=hold_intake,
+        audit="intervention.hold_intake",
+        receipt=(
+            "hold",
+            "issued_by",
+            "role",
+            "reason",
+            "covers",
+            "at",
+            "new_runs",
+            "queued_at_hold",
+            "continues",
+            "preview_digest",
+        ),
+        endpoints=("POST /api/v1/intake/holds/preview", "POST /api/v1/intake/holds"),
+        console="/intake/",
     ),
     FleetContract(
         kind="release_intake",
@@ -342,6 +363,24 @@ FLEET_CONTRACTS = (
             authority="unchanged",
         ),
         may_issue=frozenset({INCIDENT_COMMANDER, ADMIN}),
-        order=20,
+        order=40,
+        preview=release_preview,
+        issue=release_intake,
+        audit="intervention.release_intake",
+        receipt=(
+            "issued_by",
+            "role",
+            "reason",
+            "at",
+            "released_runs",
+            "still_held",
+            "held_for_s",
+            "preview_digest",
+        ),
+        endpoints=(
+            "POST /api/v1/intake/holds/{hold_id}/release/preview",
+            "POST /api/v1/intake/holds/{hold_id}/release",
+        ),
+        console="/intake/",
     ),
 )

@@ -43,6 +43,7 @@ class Intervention(models.Model):
         ]
 
 
+from interventions.models_cascade import *  # noqa: E402, F403  (CascadeTarget: a tree cascade's rows)
 from interventions.models_compensation import *  # noqa: E402, F403  (CompensationPlan, CompensationStep)
 from interventions.models_fleet import *  # noqa: E402, F403  (FleetOperation, FleetTarget)
 from interventions.models_jobs import *  # noqa: E402, F403  (Job: the follow-up job outbox)

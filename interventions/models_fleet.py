@@ -28,7 +28,8 @@ class FleetOperation(models.Model):
     FINISHED = (HALTED, COMPLETED, CANCELLED)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # pause | resume | cancel | freeze_capability | restore_capability | take_command
+    # pause | resume | cancel | take_command; freeze_capability | restore_capability only on records
+    # made before those kinds were retired (a fleet freeze is a standing freeze now)
     kind = models.CharField(max_length=30)
     run_filter = models.TextField()  # the query string the runs were selected by
     reason = models.TextField()

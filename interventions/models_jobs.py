@@ -19,7 +19,7 @@ class Job(models.Model):
     PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
     STATUSES = [PENDING, RUNNING, DONE, FAILED]
     OPEN = (PENDING, RUNNING)
-    KINDS = ["revalidation", "reconcile", "compensation", "recovery", "fleet_wave"]
+    KINDS = ["revalidation", "reconcile", "compensation", "recovery", "fleet_wave", "cascade"]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(max_length=20)

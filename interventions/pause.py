@@ -6,18 +6,25 @@ active unless the operator also suspends it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from django.utils import timezone
 
 from core.actors import Actor
 from core.roles import ADMIN, INCIDENT_COMMANDER, OPERATOR, SECURITY_RESPONDER
-from interventions import cards, facts
-from interventions.base import children_in_scope, descendants
+from interventions import cards, cascade, facts
+from interventions.base import children_in_scope
 from interventions.models import Intervention
+from interventions.paging import (
+    children_link,
+    ledger_link,
+    page_size,
+    paged,
+    receipt_children_link,
+)
 from interventions.plugins import Answers, Console, Contract, Request, Row, Rows, Spec
 from runs.models import AuthorityGrant, Effect, ExecutionLease, Run
-from runs.services.decisions import apply_transition, lock_run
+from runs.services.decisions import apply_transition
 from runs.services.history import append_history
 from runs.services.lifecycle import end_lease
 from runs.states import Event, State, transition
@@ -28,10 +35,13 @@ class PausePreview(TypedDict):
 
     stops: str
     in_flight_effects: Rows
+    in_flight_effects_total: int
     continues: list[str]
     timers: Rows
     deadline: Row | None
     children: Rows
+    children_total: int
+    children_more: str | None
     authority: Rows
     authority_change: str
     resume_from: Row | None
@@ -44,8 +54,12 @@ class PauseReceipt(TypedDict):
     paused_at: str
     new_effects: str
     in_flight_effects: Rows
+    in_flight_effects_total: int
     children: Rows
     children_listed: Rows
+    children_total: int
+    children_more: str | None
+    cascade: cascade.CascadeProgress | None
     authority: Rows
     authority_suspended: list[str]
     timers: Rows
@@ -55,9 +69,11 @@ class PauseReceipt(TypedDict):
 
 def preview(run: Run, req: Request, actor: Actor) -> PausePreview:
     suspend = bool(req.options.get("suspend_authority"))
-    return {
+    shown: dict[str, Any] = {
         "stops": "no new effect is authorised and no new step should start, from the moment the pause commits",
-        "in_flight_effects": facts.in_flight_effects(run),
+        **paged(
+            "in_flight_effects", facts.in_flight_effects(run), ledger_link(run.pk, "in_flight")
+        ),
         "continues": [
             "in-flight effects may complete; their outcomes are recorded",
             "timers and deadlines keep running",
@@ -65,20 +81,24 @@ def preview(run: Run, req: Request, actor: Actor) -> PausePreview:
         ],
         "timers": facts.timers(run),
         "deadline": facts.deadline(run),
-        "children": children_in_scope(run, req, Event.PAUSE),
+        **paged("children", children_in_scope(run, req, Event.PAUSE), children_link(run.pk)),
         "authority": facts.active_grants(run),
         "authority_change": "grants will be suspended"
         if suspend
         else "none: grants stay active until they expire",
         "resume_from": facts.resume_point(run),
     }
+    return cast(PausePreview, shown)
 
 
-def _pause_one(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
+def _pause_one(
+    run: Run, req: Request, actor: Actor, via: dict[str, Any] | None = None
+) -> dict[str, Any]:
     in_flight = Effect.objects.filter(
         run=run, decision=Effect.AUTHORIZED, status=Effect.IN_FLIGHT
     ).exists()
-    apply_transition(run, Event.PAUSE, actor=actor, reason=req.reason, data={"scope": req.scope})
+    data = {"scope": req.scope, **(via or {})}
+    apply_transition(run, Event.PAUSE, actor=actor, reason=req.reason, data=data)
     if run.state == State.PAUSING and not in_flight:
         # Nothing dispatched: there is no boundary to wait for, so the pause completes now and the
         # lease is released; the worker's next heartbeat reads directive "pause".
@@ -105,25 +125,34 @@ def _pause_one(run: Run, req: Request, actor: Actor) -> dict[str, Any]:
     return {"run_id": str(run.pk), "state": run.state, "suspended": suspended}
 
 
+def _pause_child(child: Run, req: Request, actor: Actor, via: dict[str, Any]) -> str | None:
+    """The cascade's step (interventions/cascade.py): the child is locked."""
+    if transition(child.state, Event.PAUSE) is None:
+        return f"pause does not apply to a {child.state} run"
+    _pause_one(child, req, actor, via)
+    return None
+
+
+cascade.register_step("pause", _pause_child)
+
+
 def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> PauseReceipt:
     in_flight = facts.in_flight_effects(run)
     # Listed as they stood at the decision: after the cascade every child in scope reads "paused",
     # and "pause does not apply to a paused run" would hide that this pause reached it.
     listed = children_in_scope(run, req, Event.PAUSE)
     result = _pause_one(run, req, actor)
-    cascaded = []
-    if req.scope == "tree":
-        for child in descendants(run):
-            locked = lock_run(child.pk)
-            if transition(locked.state, Event.PAUSE) is not None:
-                cascaded.append(_pause_one(locked, req, actor))
-    return {
+    # A tree's children are reached by the cascade: the first few here, the rest in its job.
+    progress = cascade.start(run, req, actor, intervention) if req.scope == "tree" else None
+    more = receipt_children_link(intervention.pk)
+    shown: dict[str, Any] = {
         "state": run.state,
         "paused_at": timezone.now().isoformat(),
         "new_effects": "denied from this commit on",
-        "in_flight_effects": in_flight,
-        "children": children_in_scope(run, req, None) if req.scope == "run" else cascaded,
-        "children_listed": listed,
+        **paged("in_flight_effects", in_flight, ledger_link(run.pk, "in_flight")),
+        **paged("children", listed, more),
+        "children_listed": listed[: page_size()],
+        "cascade": progress,
         "authority": facts.active_grants(run),
         "authority_suspended": result["suspended"],
         "timers": facts.timers(run),
@@ -132,6 +161,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> P
         if run.state == State.PAUSING
         else None,
     }
+    return cast(PauseReceipt, shown)
 
 
 # --- on the console: its preview card and receipt, drawn by console/cards.py and console/receipts.py
@@ -139,6 +169,7 @@ def apply(run: Run, req: Request, actor: Actor, intervention: Intervention) -> P
 
 def pause_card(p: Mapping[str, Any]) -> Answers:
     in_flight = p.get("in_flight_effects") or []
+    n_in_flight = p.get("in_flight_effects_total") or len(in_flight)
     timers = p.get("timers") or []
     deadline = p.get("deadline")
     timer_rows = [
@@ -162,19 +193,17 @@ def pause_card(p: Mapping[str, Any]) -> Answers:
         cards.answer(
             "may_still_complete",
             "May still complete",
-            f"{len(in_flight)} effect{'s' if len(in_flight) != 1 else ''} already dispatched; "
+            f"{n_in_flight} effect{'s' if n_in_flight != 1 else ''} already dispatched; "
             "outcomes are recorded after the pause"
             if in_flight
             else "",
             cards.in_flight_table(in_flight),
             empty="nothing in flight: the pause completes at once",
         ),
-        cards.answer(
+        cards.children_answer(
+            p,
             "children",
-            "Children",
             "the pause reaches them" if p.get("scope") == "tree" else "this run only",
-            cards.children_table(p.get("children") or []),
-            empty="no child runs",
         ),
         cards.answer(
             "authority",
@@ -209,13 +238,7 @@ def pause_receipt(r: Mapping[str, Any]) -> Answers:
             cards.in_flight_table(r.get("in_flight_effects") or []),
             empty="nothing was in flight",
         ),
-        cards.answer(
-            "children",
-            "Children",
-            "",
-            cards.children_table(r.get("children_listed") or []),
-            empty="no child runs",
-        ),
+        cards.children_answer(r, "children_listed"),
         cards.answer(
             "authority",
             "Authority still active",

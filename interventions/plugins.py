@@ -150,14 +150,35 @@ class Contract:
 
 @dataclass(frozen=True)
 class FleetContract:
-    """A contract over a scope of the fleet rather than one run (hold_intake, release_intake): it has
-    its own preview, issue and receipt services (its module's), a spec and a permission row, and an
-    entry on the contracts page under "Fleet contracts". Declared as ``FLEET_CONTRACTS``."""
+    """A contract over a scope of the fleet rather than one run (hold_intake, release_intake,
+    standing_freeze, standing_restore): no state edge of a run, but every other piece a run's
+    contract has, declared here so the contracts page and tests/interventions/test_registry.py read
+    them from one place. Declared as ``FLEET_CONTRACTS`` by the module that implements it.
+
+    ``preview``: its preview service (a pure read with a digest the decision checks); ``issue``: its
+    decision service (one transaction with its audit event, answering its receipt); ``audit``: the
+    audit action that decision records (a refusal is recorded under it too, outcome ``denied``);
+    ``receipt``: the keys its receipt records; ``endpoints``: its API, preview first; ``console``:
+    the console page an operator issues it from."""
 
     kind: str
     spec: Spec
     may_issue: frozenset[str]
     order: int
+    preview: Callable[..., Mapping[str, Any]]
+    issue: Callable[..., Any]
+    audit: str
+    receipt: tuple[str, ...]
+    endpoints: tuple[str, ...]
+    console: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "audit": self.audit,
+            "receipt": list(self.receipt),
+            "endpoints": list(self.endpoints),
+            "console": self.console,
+        }
 
 
 REGISTRY: dict[str, Contract] = {}
@@ -191,6 +212,9 @@ def discover() -> None:
     ordered = sorted(REGISTRY.values(), key=lambda c: (c.order, c.kind))
     REGISTRY.clear()
     REGISTRY.update((c.kind, c) for c in ordered)
+    fleet_ordered = sorted(FLEET_REGISTRY.values(), key=lambda c: (c.order, c.kind))
+    FLEET_REGISTRY.clear()
+    FLEET_REGISTRY.update((c.kind, c) for c in fleet_ordered)
 
 
 def get_contract(kind: str) -> Contract:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Prefetch, QuerySet
 
 from audit.models import AuditEvent
 from interventions.facts import in_flight_effects
 from interventions.models import (
+    CascadeTarget,
     CompensationPlan,
     CompensationStep,
     FleetOperation,
@@ -17,7 +18,65 @@ from interventions.models import (
     Job,
 )
 from runs.models import ExecutionLease, HistoryEvent, Run
-from runs.selectors import drain_after
+from runs.selectors import descendants, drain_after
+
+
+class CascadeProgress(TypedDict):
+    """Where a tree cascade (interventions/cascade.py) stands, counted from its rows."""
+
+    children: int  # listed in the cascade
+    reached: int  # decided so far: changed, or found not to apply
+    changed: int
+    unchanged: int
+    status: str  # "running" | "done"
+    job: str | None
+
+
+def progress(intervention: Intervention, job_id: Any = None) -> CascadeProgress:
+    counts = dict(
+        CascadeTarget.objects.filter(intervention=intervention)
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    total = sum(counts.values())
+    pending = counts.get(CascadeTarget.PENDING, 0)
+    if job_id is None:
+        job_id = ((intervention.receipt or {}).get("cascade") or {}).get("job")
+    return {
+        "children": total,
+        "reached": total - pending,
+        "changed": counts.get(CascadeTarget.CHANGED, 0),
+        "unchanged": counts.get(CascadeTarget.UNCHANGED, 0),
+        "status": "running" if pending else "done",
+        "job": str(job_id) if job_id else None,
+    }
+
+
+def progress_text(p: Any) -> str:
+    """ "120 of 200 children reached (the rest in the background)"."""
+    n, m = p.get("reached", 0), p.get("children", 0)
+    tail = " (the rest in the background)" if p.get("status") == "running" else ""
+    return f"{n} of {m} {'child' if m == 1 else 'children'} reached{tail}"
+
+
+def live_receipt(i: Intervention) -> dict[str, Any]:
+    """The stored receipt, with a cascade still running counted as it stands now."""
+    receipt = i.receipt or {}
+    running = (receipt.get("cascade") or {}).get("status") == "running"
+    return {**receipt, "cascade": progress(i)} if running else receipt
+
+
+def running_cascades(run: Any) -> list[dict[str, Any]]:
+    """The tree pauses and cancels of this run still reaching its children, with their progress."""
+    pending = Intervention.objects.filter(
+        run_id=run.pk, status=Intervention.PENDING, scope="tree", kind__in=("pause", "cancel")
+    ).order_by("created_at")
+    return [
+        {"id": str(i.pk), "kind": i.kind, "text": progress_text(progress(i))}
+        for i in pending
+        if (i.receipt or {}).get("cascade")
+    ]
 
 
 def receipt_dict(i: Intervention) -> dict[str, Any]:
@@ -34,7 +93,7 @@ def receipt_dict(i: Intervention) -> dict[str, Any]:
         "override": i.override,
         "override_reason": i.override_reason,
         "preview": i.preview,
-        "receipt": i.receipt,
+        "receipt": live_receipt(i),
         "created_at": i.created_at.isoformat(),
         "completed_at": i.completed_at.isoformat() if i.completed_at else None,
     }
@@ -68,6 +127,7 @@ def receipt_now(i: Intervention) -> dict[str, Any]:
         "job": (i.receipt or {}).get("job") or {},
         "drained": drain_after(run, i.created_at),
         "in_flight": in_flight_effects(run) if run.state in ("pausing", "cancelling") else [],
+        "cascade": live_receipt(i).get("cascade"),
     }
     now["final"] = i.status != Intervention.PENDING and run.state not in MOVING
     return now
@@ -158,3 +218,62 @@ def latest_intervention(run: Any, kind: str) -> Intervention | None:
             return first
         current = Run.objects.filter(pk=current.parent_id).first() if current.parent_id else None
     return None
+
+
+# -- long lists a preview or receipt shows the start of (interventions/paging.py) -----------------
+
+
+def _tree_row(position: int, run: Run) -> dict[str, Any]:
+    return {
+        "position": position,
+        "id": str(run.pk),
+        "agent": run.agent.name,
+        "parent": str(run.parent_id),
+        "state": run.state,
+    }
+
+
+def tree_page(run: Run, after: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+    """``limit`` of the run's descendants from position ``after``, breadth first, and how many."""
+    tree = descendants(run)
+    return [_tree_row(after + i, r) for i, r in enumerate(tree[after : after + limit])], len(tree)
+
+
+def target_row(t: CascadeTarget) -> dict[str, Any]:
+    return {
+        "position": t.position,
+        "id": str(t.run_id),
+        "agent": t.run.agent.name,
+        "parent": str(t.run.parent_id),
+        "in_scope": True,
+        "state_before": t.state_before,
+        "status": t.status,
+        "state": t.state_after or t.state_before,
+        "note": t.note,
+        "reached_at": t.reached_at.isoformat() if t.reached_at else None,
+    }
+
+
+def cascade_page(i: Intervention, after: int, limit: int) -> dict[str, Any]:
+    """The children a pause or cancel listed, with what it did to each, from ``after``. A scope-run
+    intervention listed them without reaching them: its page is the run's children as they are now."""
+    targets = CascadeTarget.objects.filter(intervention=i)
+    if i.scope != "tree":
+        run = Run.objects.get(pk=i.run_id)
+        rows, total = tree_page(run, after, limit)
+        children = [r | {"in_scope": False, "status": "not in scope", "note": ""} for r in rows]
+        return {
+            "intervention": str(i.pk),
+            "scope": i.scope,
+            "cascade": None,
+            "total": total,
+            "children": children,
+        }
+    page = targets.select_related("run__agent").filter(position__gte=after).order_by("position")
+    return {
+        "intervention": str(i.pk),
+        "scope": i.scope,
+        "cascade": progress(i),
+        "total": targets.count(),
+        "children": [target_row(t) for t in page[:limit]],
+    }

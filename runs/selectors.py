@@ -143,8 +143,24 @@ def _new_run_detail(run: Run, grants: list) -> dict[str, Any]:
     }
 
 
-def ledger(run: Run) -> list[dict]:
-    return [effect_dict(e) for e in run.effects.order_by("declared_at")]
+def descendants(run: Run) -> list[Run]:
+    """The delegation tree below ``run``, breadth first (parents before their children), in the
+    order runs were created: the order a tree cascade lists and reaches them in."""
+    out, frontier = [], [run.pk]
+    while frontier:
+        children = list(
+            Run.objects.filter(parent_id__in=frontier)
+            .select_related("agent")
+            .order_by("created_at", "pk")
+        )
+        out.extend(children)
+        frontier = [c.pk for c in children]
+    return out
+
+
+def ledger(run: Run, status: str = "") -> list[dict]:
+    effects = run.effects.filter(status=status) if status else run.effects.all()
+    return [effect_dict(e) for e in effects.order_by("declared_at")]
 
 
 def woken_directive(*, run_id: Any, lease_id: Any, fencing_token: int) -> dict[str, Any] | None:

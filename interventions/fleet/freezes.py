@@ -7,7 +7,13 @@ claimed, resumed, retried or delegated to after it was set, has its declarations
 declaration's one facts statement). Restore lifts it for all of them at once. Each has a preview (a
 pure read, with a digest a confirm sends back), a receipt and an audit event; a refusal is audited
 too (runs.services.decisions.decision). Per-run freezes (interventions/freeze.py) are separate and
-unchanged by either. The right is ``standing_freeze`` (core.roles), plus ``fleet``.
+unchanged by either.
+
+Both are fleet contracts (``FLEET_CONTRACTS`` below, interventions/plugins.py): ``standing_freeze``
+and ``standing_restore``, each with its permission row (plus ``fleet``), its entry on the contracts
+page, its API (api/freezes.py) and its console form (the fleet page). They are the only freeze over a
+scope of the fleet: the fleet operation kinds that once froze a one-off selection run by run are
+retired (interventions/fleet/selection.py; docs/operator/fleet.md#standing-freezes).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Conflict, Forbidden, Invalid, NotFound, PreviewStale
-from core.roles import may
+from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER, may
 from interventions.freeze import scope_of
+from interventions.plugins import FleetContract, Spec
 from runs.freezes import FILTER_KEYS, freeze_dict, live_standing, run_filter, runs_covered
 from runs.models import Agent, Effect, StandingFreeze
 from runs.search import BadFilter
@@ -35,13 +42,15 @@ from runs.services.decisions import decision
 PREVIEW_ROWS = 25
 
 
-def authorize(actor: Actor) -> None:
+def authorize(actor: Actor, kind: str = "standing_freeze") -> None:
+    """``kind``: standing_freeze (set one) or standing_restore (lift one); each with ``fleet``."""
     if actor.is_worker:
         raise Forbidden("a worker token can never freeze a capability")
-    if not (may(actor.roles, "fleet") and may(actor.roles, "standing_freeze")):
+    if not (may(actor.roles, "fleet") and may(actor.roles, kind)):
+        what = "restore" if kind == "standing_restore" else "set"
         raise Forbidden(
-            f"role(s) {sorted(actor.roles) or ['none']} may not set or restore a standing freeze",
-            kind="standing_freeze",
+            f"role(s) {sorted(actor.roles) or ['none']} may not {what} a standing freeze",
+            kind=kind,
         )
 
 
@@ -239,7 +248,7 @@ def get_freeze(freeze_id: Any) -> StandingFreeze:
 
 
 def preview_restore(*, actor: Actor, freeze_id: Any) -> dict[str, Any]:
-    authorize(actor)
+    authorize(actor, "standing_restore")
     freeze = get_freeze(freeze_id)
     shown = _facts(freeze, restoring=True) | {
         "freeze": freeze_dict(freeze),
@@ -253,7 +262,7 @@ def restore_freeze(
 ) -> tuple[StandingFreeze, dict[str, Any]]:
     """Lift it for every run it covers, at once: one row, one audit event."""
     with decision(actor, "capability.standing_restore", "standing_freeze", freeze_id):
-        authorize(actor)
+        authorize(actor, "standing_restore")
         if not reason.strip():
             raise Invalid("a reason is required to restore a freeze", field="reason")
         freeze = _locked(freeze_id)
@@ -304,3 +313,71 @@ def freezes(*, live_only: bool = False) -> list[StandingFreeze]:
 
 def run_count(freeze: StandingFreeze) -> int:
     return runs_covered(freeze).count()
+
+
+RECEIPT = (
+    "freeze",
+    "by",
+    "covers_now",
+    "covers_by_state",
+    "new_declarations",
+    "per_run_freezes",
+    "in_flight",
+    "preview_digest",
+)
+WHO = frozenset({INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN})
+
+FLEET_CONTRACTS = (
+    FleetContract(
+        kind="standing_freeze",
+        spec=Spec(
+            summary="freeze a capability over everything, an agent or a filter of runs, until restored",
+            stops=(
+                "declarations of the capability (tool:action, or tool:* for the whole tool) by every "
+                "run in scope: denied capability_frozen, naming the freeze, who set it and why",
+            ),
+            continues=(
+                "runs in scope keep running; other capabilities are decided by their grants",
+                "effects already in flight under the capability (the preview lists them: they may "
+                "still complete)",
+                "per-run freezes (their own contract), untouched",
+            ),
+            cascade="every run in scope, present and future: created, claimed, resumed, retried or "
+            "delegated to after it",
+            authority="grants unchanged: the freeze is checked at each declaration",
+            claims=("standing_freeze_covers_later_runs",),
+        ),
+        may_issue=WHO,
+        order=10,
+        preview=preview_freeze,
+        issue=set_freeze,
+        audit="capability.standing_freeze",
+        receipt=RECEIPT,
+        endpoints=("POST /api/v1/fleet/freezes/preview", "POST /api/v1/fleet/freezes"),
+        console="/fleet/#standing-freezes-panel",
+    ),
+    FleetContract(
+        kind="standing_restore",
+        spec=Spec(
+            summary="lift a standing freeze for every run it covers, at once",
+            stops=(),
+            continues=(
+                "declarations of the capability by every covered run: decided by their grants again",
+                "per-run freezes, and other standing freezes of the capability, stand",
+            ),
+            cascade="every run the freeze covered, at once",
+            authority="unchanged",
+        ),
+        may_issue=WHO,
+        order=20,
+        preview=preview_restore,
+        issue=restore_freeze,
+        audit="capability.standing_restore",
+        receipt=RECEIPT,
+        endpoints=(
+            "POST /api/v1/fleet/freezes/{freeze_id}/restore/preview",
+            "POST /api/v1/fleet/freezes/{freeze_id}/restore",
+        ),
+        console="/fleet/#standing-freezes-panel",
+    ),
+)

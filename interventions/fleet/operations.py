@@ -7,8 +7,10 @@ and what is in flight across them. Start records the parent :class:`FleetOperati
 ``base.issue`` -- every run's decision is its own transaction, receipt and audit -- counts failures,
 and halts the whole operation once they exceed the budget. An operator may halt it at any time.
 
-Kinds: pause, resume, cancel, freeze_capability, restore_capability (interventions/freeze.py) and
-take_command (a transfer of decision authority to the incident commander on every run).
+Kinds: pause, resume, cancel and take_command (a transfer of decision authority to the incident
+commander on every run). A freeze over the fleet is not one of them: it is a standing rule, its own
+contract (interventions/fleet/freezes.py); freeze_capability and restore_capability are refused here
+naming it (selection.RETIRED_KINDS).
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor
-from core.errors import Conflict, Forbidden, Invalid, NotFound
+from core.errors import Conflict, Forbidden, Invalid, NotFound, PreviewStale
 from core.live import announce_fleet
 from core.roles import may
 from interventions import jobs
 from interventions.base import user_for
 from interventions.fleet.selection import (
     FLEET_KINDS,
+    RETIRED_KINDS,
     select,
     selection_digest,
 )
-from interventions.freeze import scope_of
 from interventions.models import FleetOperation, FleetTarget
 from interventions.plugins import Request, get_contract
 from runs.models import Effect, Run
@@ -75,6 +77,13 @@ class FleetParams:
 
 
 def check_kind(kind: str) -> str:
+    if kind in RETIRED_KINDS:
+        raise Invalid(
+            f"a fleet {kind} is retired: a freeze over the fleet stands until restored and covers "
+            f"runs started later too; use {RETIRED_KINDS[kind]}",
+            field="kind",
+            use=RETIRED_KINDS[kind],
+        )
     if kind not in FLEET_KINDS:
         raise Invalid(
             f"unknown fleet operation kind {kind!r}; one of {sorted(FLEET_KINDS)}", field="kind"
@@ -82,10 +91,12 @@ def check_kind(kind: str) -> str:
     return FLEET_KINDS[kind]
 
 
-def authorize_fleet(actor: Actor, kind: str) -> None:
-    """Operators run fleet pause / resume / cancel; freezes and take command are the incident
-    commander's (core.roles: "fleet" plus the per-run right, or "take_command")."""
-    check_kind(kind)
+def authorize_fleet(actor: Actor, kind: str, *, recorded: bool = False) -> None:
+    """Operators run fleet pause / resume / cancel; take command is the incident commander's
+    (core.roles: "fleet" plus the per-run right, or "take_command"). ``recorded``: an operation
+    already recorded (to halt, confirm or cancel it), whose kind may be one retired since."""
+    if not (recorded and kind in RETIRED_KINDS):
+        check_kind(kind)
     if actor.is_worker:
         raise Forbidden("a worker token can never run a fleet operation")
     right = "take_command" if kind == "take_command" else kind
@@ -98,8 +109,6 @@ def authorize_fleet(actor: Actor, kind: str) -> None:
 def contract_options(kind: str, actor: Actor, options: dict[str, Any]) -> dict[str, Any]:
     if kind == "take_command":
         return {"facets": ["decision_authority"], "to": actor.name}
-    if kind in ("freeze_capability", "restore_capability"):
-        return {"scope": scope_of(options)}
     return dict(options)
 
 
@@ -199,7 +208,7 @@ def start_fleet_operation(
             )
         now_digest = selection_digest(kind, options, sel.targets)
         if digest and digest != now_digest:
-            raise Conflict(
+            raise PreviewStale(
                 f"the selection changed since the preview ({len(sel.targets)} run(s) now): preview again",
                 digest=now_digest,
             )
@@ -254,6 +263,12 @@ def confirm_fleet_operation(*, actor: Actor, operation_id: Any) -> FleetOperatio
             raise Forbidden(f"only {op.created_by_label} may start what they recorded")
         if op.state != FleetOperation.PREVIEWED:
             raise Conflict(f"the operation is already {op.state}", state=op.state)
+        if op.kind in RETIRED_KINDS:  # held before the retirement: cancel it, set a standing one
+            raise Conflict(
+                f"a fleet {op.kind} is retired: cancel this held operation and use "
+                f"{RETIRED_KINDS[op.kind]}",
+                kind=op.kind,
+            )
         now = timezone.now()
         op.state, op.started_at, op.next_wave_at = FleetOperation.RUNNING, now, now
         op.save(update_fields=["state", "started_at", "next_wave_at"])
@@ -290,7 +305,7 @@ def _locked(actor: Actor, operation_id: Any) -> FleetOperation:
     if op is None:
         raise NotFound(f"fleet operation {operation_id} does not exist", object="fleet_operation")
     if op.created_by_id != actor.user_id:
-        authorize_fleet(actor, op.kind)
+        authorize_fleet(actor, op.kind, recorded=True)
     return op
 
 

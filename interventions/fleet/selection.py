@@ -1,6 +1,6 @@
 """Which runs a fleet operation acts on: the filter parsed (runs/search.py), the runs it matches,
-and for each whether its per-run contract applies today -- from the state table, the decision
-authority and the run's freezes, without running the contract's own preview."""
+and for each whether its per-run contract applies today -- from the state table and the decision
+authority, without running the contract's own preview."""
 
 from __future__ import annotations
 
@@ -16,19 +16,30 @@ from django.http import QueryDict
 from core.actors import Actor
 from core.errors import Invalid
 from interventions.plugins import get_contract
-from runs.models import CapabilityFreeze, Run
+from runs.models import Run
 from runs.search import BadFilter, RunFilter
-from runs.states import FINISHED_STATES, State, transition
+from runs.states import State, transition
 
 # fleet kind -> the per-run contract each run receives
 FLEET_KINDS = {
     "pause": "pause",
     "resume": "resume",
     "cancel": "cancel",
-    "freeze_capability": "freeze_capability",
-    "restore_capability": "restore_capability",
     "take_command": "transfer",
 }
+# Retired: a freeze over a scope of the fleet is a standing rule, not run-by-run freezes of a one-off
+# selection (which left a run started afterwards unfrozen while the operation said "completed").
+# One contract freezes the fleet: standing_freeze (interventions/fleet/freezes.py). Asked for by
+# name, these are refused saying so; a run's own freeze is still its per-run contract.
+RETIRED_KINDS = {
+    "freeze_capability": "POST /api/v1/fleet/freezes (a standing freeze; restore it with "
+    "POST /api/v1/fleet/freezes/{id}/restore)",
+    "restore_capability": "POST /api/v1/fleet/freezes/{id}/restore for a standing freeze, or "
+    "restore_capability on the run for a run's own freeze",
+}
+# The per-run contract each recorded operation's runs receive: one recorded before the retirement
+# (still running, or held) finishes as it started, and may still be followed and halted.
+RECORDED_KINDS = FLEET_KINDS | {kind: kind for kind in RETIRED_KINDS}
 MAX_TARGETS = 5000
 
 
@@ -108,16 +119,9 @@ def select(actor: Actor, kind: str, run_filter: str, options: dict[str, Any]) ->
     )
     if len(runs) > MAX_TARGETS:
         raise Invalid(f"the filter matches more than {MAX_TARGETS} runs: narrow it", field="filter")
-    frozen: set[uuid.UUID] = set()
-    if kind in ("freeze_capability", "restore_capability"):
-        frozen = set(
-            CapabilityFreeze.objects.filter(
-                run__in=[r.pk for r in runs], scope=options["scope"], lifted_at__isnull=True
-            ).values_list("run_id", flat=True)
-        )
     targets, excluded = [], []
     for run in runs:
-        why = refusal(run, kind, actor, frozen)
+        why = refusal(run, kind, actor)
         if why:
             excluded.append((run, why))
         else:
@@ -125,9 +129,9 @@ def select(actor: Actor, kind: str, run_filter: str, options: dict[str, Any]) ->
     return Selection(len(runs), targets, excluded)
 
 
-def refusal(run: Run, kind: str, actor: Actor, frozen: set) -> str:
-    """Why the per-run contract would be refused today ("" if it applies) -- from the state table,
-    the decision authority and the run's freezes, without running the contract's own preview."""
+def refusal(run: Run, kind: str, actor: Actor) -> str:
+    """Why the per-run contract would be refused today ("" if it applies) -- from the state table
+    and the decision authority, without running the contract's own preview."""
     contract = get_contract(FLEET_KINDS[kind])
     if contract.event is not None and transition(run.state, contract.event) is None:
         return f"{contract.kind} is not allowed while the run is {run.state}"
@@ -138,12 +142,6 @@ def refusal(run: Run, kind: str, actor: Actor, frozen: set) -> str:
         return "you already hold decision authority" if owner and owner.pk == actor.user_id else ""
     if contract.owner_bound and owner is not None and owner.pk != actor.user_id:
         return f"{owner.username} holds decision authority over this run"
-    if kind == "freeze_capability" and run.state in FINISHED_STATES:
-        return f"the run is {run.state}: it can take no new effect, so there is nothing to freeze"
-    if kind == "freeze_capability" and run.pk in frozen:
-        return "already frozen"
-    if kind == "restore_capability" and run.pk not in frozen:
-        return "not frozen"
     return ""
 
 

@@ -33,7 +33,7 @@ from core.live import announce_fleet
 from interventions import jobs
 from interventions.base import issue
 from interventions.fleet.operations import halt, operation_facts, wave_key, wave_timeout_s
-from interventions.fleet.selection import FLEET_KINDS
+from interventions.fleet.selection import RECORDED_KINDS
 from interventions.models import FleetOperation, FleetTarget, Intervention, Job
 from interventions.plugins import Request
 
@@ -115,7 +115,7 @@ def _decide(op: FleetOperation, target: FleetTarget, actor: Actor) -> str:
         f"incident command: {op.reason}" if op.kind == "take_command" else ""
     )
     req = Request(
-        kind=FLEET_KINDS[op.kind],
+        kind=RECORDED_KINDS[op.kind],
         reason=op.reason,
         options={**op.options, "fleet_operation": str(op.pk)},
         override_reason=override if owned_by_another else "",

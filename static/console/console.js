@@ -132,9 +132,22 @@
     if (now.state !== before.state) parts.push("state " + before.state + " \u2192 " + now.state);
     return parts.length ? parts : [n(now.head - before.head, "new event")];
   }
+  // The reconcile dialog's basis is its effect's status: when the ledger row a push redrew shows
+  // another one, the dialog says so in place (the record is re-checked by the service anyway).
+  function reconcileMoved() {
+    var form = document.querySelector("#dialog form[data-effect]"), note = document.getElementById("reconcile-note");
+    if (!form || !note) return;
+    var row = document.getElementById("effect-" + form.dataset.effect);
+    var status = row && row.querySelector(".st");
+    var now = status && status.textContent.trim();
+    if (!now || now === form.dataset.status) return;
+    note.querySelector("[data-moved]").textContent = now;
+    note.hidden = false;
+  }
   document.addEventListener("htmx:wsAfterMessage", function () {
     var header = document.getElementById("run-header"), preview = document.getElementById("preview");
     var note = document.getElementById("preview-note");
+    reconcileMoved();
     if (!header || !preview || !note) return;
     var parts = runMoved(parse(preview.dataset.basis), parse(header.dataset.basis));
     if (!parts.length) return;

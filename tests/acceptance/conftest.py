@@ -211,6 +211,6 @@ def live(system, transactional_db):
         print(procs.logs())
         raise
     finally:
-        procs.stop(set(started) & {n for n, _, _ in procs.procs})
+        procs.kill(set(started) & {n for n, _, _ in procs.procs})
         world.clear_faults()
         world.close()

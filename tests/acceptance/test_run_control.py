@@ -1,4 +1,4 @@
-"""The operator's run-control test (docs/operator/scenarios.md): nine scenarios against the live system --
+"""The operator's run-control test (docs/operator/scenarios.md): scenarios 1-11 against the live system --
 daphne, a Celery worker with beat, the demo world and real agent worker processes (demo_agents.worker),
 on PostgreSQL and Redis. Every fact is read back from recorded data and written to the report
 (reports/run-control.html and .json)."""
@@ -737,3 +737,70 @@ def test_scenario_10_two_cancels_never_force_terminate_stops_waiting(live):
     assert len(denials) == 1
     s10.fact("no duplicated effect", assert_no_duplicates(worker, world, rid), "ledger vs world")
     s10.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")
+
+
+def test_scenario_11_redrive_compensating_first_then_doing_it_again_under_a_new_key(live):
+    s11 = scenario(11, "Redrive a failed run from a checkpoint, compensating an effect first")
+    worker, world, otto = live["worker"], live["world"], live["people"]["otto"]
+    live["start_workers"](1)
+    world.set_fault("payments", "reject", action="charge", count=1, status=402)
+    rid = purchase(live)["id"]
+    failed = wait_state(worker, rid, {"failed", "succeeded"}, 90)
+    assert failed["state"] == "failed", failed["state"]
+    label = effect(worker, rid, "shipping", "create_label", "committed")
+    assert label is not None and effect(worker, rid, "payments", "charge", "failed")
+    s11.fact("the run failed at the declined charge, the label committed", label, "GET effects")
+    first = otto.preview(rid, "redrive")
+    cp = next(c for c in first["checkpoints"] if c["step"] == "reserve")
+    shown = otto.preview(
+        rid, "redrive", options={"checkpoint_seq": cp["seq"], "compensate_first": [label["id"]]}
+    )
+    chosen = {r["id"]: r for r in shown["committed_after"]}[label["id"]]
+    s11.fact("the preview: the label is compensated first, then done again", chosen, "preview")
+    assert chosen["choice"] == "compensate_first" and chosen["reversible"] is True
+    assert "new key" in chosen["re_execution"] and not shown["blocked_by"]
+    resp = otto.intervene(
+        rid,
+        "redrive",
+        "wrong label address; the card is fixed",
+        options={"checkpoint_seq": cp["seq"], "compensate_first": [label["id"]]},
+        preview_digest=shown["digest"],
+    )
+    assert resp.status_code == 202, resp.text
+    receipt = resp.json()["receipt"]
+    s11.fact("the receipt: compensating before anything starts", receipt, "POST interventions")
+    assert receipt["state"] == "compensating" and receipt["compensate_first"] == [
+        label["idempotency_key"]
+    ]
+    final = wait_state(worker, rid, {"succeeded", "failed", "compensation_failed"}, 120)
+    assert final["state"] == "succeeded", final["state"]
+    events = worker.history(rid)["events"]
+    settled = next(i for i, e in enumerate(events) if e["kind"] == "compensation_finished")
+    assert events[settled]["data"]["status"] == "completed", events[settled]
+    started = [i for i, e in enumerate(events) if e["kind"] == "attempt_started"]
+    assert started[-1] > settled, "the new attempt started before the compensation settled"
+    assert events[started[-1]]["data"]["checkpoint"] == cp["seq"]
+    s11.fact("the new attempt starts from the checkpoint", events[started[-1]]["data"], "history")
+    labels = [
+        e
+        for e in worker.effects(rid)
+        if e["tool"] == "shipping"
+        and e["action"] == "create_label"
+        and e["decision"] == "authorized"
+    ]
+    old = next(e for e in labels if e["id"] == label["id"])
+    new = [e for e in labels if e["id"] != label["id"]]
+    s11.fact("the old label compensated, a new one under a fresh key", labels, "GET effects")
+    assert old["compensation_status"] == "compensated"
+    assert len(new) == 1 and new[0]["status"] == "committed"
+    assert new[0]["idempotency_key"] != label["idempotency_key"]
+    assert world_commits(world, "shipping", new[0]["idempotency_key"]) == 1
+    voided = [
+        r
+        for r in world.requests(system="shipping", action="void_label")
+        if r["committed"] and not r["replayed"]
+    ]
+    s11.fact("the world voided the old label once", voided, "world /admin/requests")
+    assert len(voided) == 1
+    s11.fact("no duplicated effect", assert_no_duplicates(worker, world, rid), "ledger vs world")
+    s11.fact("audit chain verifies", audit_verifies(live), "GET /audit/verify")

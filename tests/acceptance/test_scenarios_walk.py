@@ -149,12 +149,29 @@ def see_state(run: RunPage, scenario: int, *states: str, timeout: float = 60) ->
 
 def test_walk_1_and_2_pause_in_flight_then_resume_after_the_world_changes(live, console):
     worker, world = live["worker"], live["world"]
-    # The charge takes the world 20 s: long enough to pause around it on a loaded machine.
+    # The charge takes the world 20 s (from the moment it reaches the world): long enough to pause
+    # around it on a loaded machine.
     live["start_workers"](1, AGENT_WORLD_TIMEOUT_S="40")
     world.set_fault("payments", "slow", action="charge", count=1, delay_ms=20_000)
     rid = purchase(live)["id"]
     # The operator is watching the run page before the charge is dispatched.
     otto = open_run(console, "otto", rid)
+    # Before the charge comes the address-check child (claimed by the same worker process): on a
+    # loaded machine that can take longer than the page's own live wait, so the ledger is read
+    # first, naming the child's state if the charge never comes (CI once timed out here, blind).
+    seen: dict = {}
+
+    def charge_in_flight():
+        run = worker.run(rid)
+        seen.update(
+            state=run["state"], children=[(c["agent"], c["state"]) for c in run["children"]]
+        )
+        return effect(worker, rid, "payments", "charge", "in_flight")
+
+    try:
+        wait_for("the charge to be in flight", charge_in_flight, 120, 0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrun and children: {seen}\n{live['procs'].logs()}") from None
     see_effect(otto, 1, "payments", "charge", "in_flight")
     charge = effect(worker, rid, "payments", "charge")
     assert charge is not None

@@ -66,7 +66,8 @@ def test_it_previews_starts_follows_and_halts_an_operation(worker, as_user):
         ({"filter": "limit=5"}, "filter"),  # paging only: no runs chosen
         ({"filter": "state=running&colour=red"}, "filter.colour"),  # never silently widened
         ({"kind": "freeze_capability", "options": {"scope": "payments"}}, "options.scope"),
-        ({"kind": "freeze_capability"}, "options.scope"),
+        ({"kind": "freeze_capability"}, "kind"),  # retired: the standing freeze (/fleet/freezes)
+        ({"kind": "restore_capability", "options": {"scope": "payments:*"}}, "kind"),
         ({"options": {"surprise": 1}}, "options.surprise"),
     ],
 )
@@ -89,10 +90,10 @@ def test_a_start_needs_a_reason(worker, as_user):
         ("vera", "pause", 403),
         ("april", "cancel", 403),
         ("otto", "take_command", 403),
-        ("otto", "freeze_capability", 403),
+        ("april", "take_command", 403),
         ("otto", "cancel", 202),
         ("ian", "take_command", 202),
-        ("sam", "freeze_capability", 202),
+        ("sam", "freeze_capability", 422),  # retired: a standing freeze (/fleet/freezes)
     ],
 )
 def test_roles_are_checked(user, kind, status, worker, as_user):

@@ -204,3 +204,20 @@ def test_over_long_urls_and_headers_are_a_400_naming_which():
     assert call(long_url)[0]["status"] == 400 and b'"url"' in sent[1]["body"]
     big = ok | {"headers": [(b"x-big", b"a" * 17000)]}
     assert call(big)[0]["status"] == 400 and b'"headers"' in sent[1]["body"]
+
+
+def test_a_negative_amount_declared_needs_the_approval(worker):
+    """End to end: a charge of -500 against ``amount>200`` is not authorised without the approval
+    (a negative is a refund dressed as a charge), while a charge of 100 is."""
+    from core.actors import system_actor
+    from runs.services.agents import set_approval_policies
+
+    set_approval_policies(
+        actor=system_actor("test"), agent="purchasing", approvals=["payments:charge amount>200"]
+    )
+    run = start_run(worker)
+    claim(worker, run["id"])
+    negative = declare(worker, run["id"], 1, key="neg", args={"amount": -500}).json()
+    assert negative["decision"] == "denied" and negative["reason"] == "approval_required"
+    small = declare(worker, run["id"], 1, key="small", args={"amount": 100}).json()
+    assert small["decision"] == "authorized"

@@ -28,7 +28,7 @@ from runs.services import effects, lifecycle
 from tests.conftest import PURCHASING_SCOPES
 
 WORKER = Actor(kind="worker", name="fuzz-worker", role="worker")
-EXAMPLES_PER_OPERATION = 10
+EXAMPLES_PER_OPERATION = 6  # derandomized: the same cases each run; 10 cost the suite ~20 s more
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 
 

@@ -67,19 +67,21 @@ def servers(tmp_path_factory, e2e_redis):  # noqa: F811 (the imported fixture)
     process, the lease scan's, reach it too)."""
     import tests.live
 
-    started: dict[str, str] = {}
+    started: dict[tuple[str, str], str] = {}
     procs = Procs(tmp_path_factory.mktemp("stillness"))
 
-    def start(layer: str) -> str:
-        if layer not in started:
+    def start(layer: str, role: str = "console") -> str:
+        """``role="api"``: a second daphne on the same layer (the same bus file, the same Redis),
+        the process the workers call: its facts reach the console's pages across processes."""
+        if (layer, role) not in started:
             redis_url = e2e_redis if layer == "redis" else ""
             env = server_env(procs.tmp, LEASE_TTL_S="300", REDIS_URL=redis_url)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(tests.live, "free_port", _port_in_range)
-                started[layer] = start_daphne(
-                    procs, env, ready_path="/accounts/login/", name=f"daphne-{layer}"
+                started[layer, role] = start_daphne(
+                    procs, env, ready_path="/accounts/login/", name=f"daphne-{layer}-{role}"
                 )
-        return started[layer]
+        return started[layer, role]
 
     try:
         yield start
@@ -462,4 +464,289 @@ def test_an_approval_dialog_on_the_inbox_holds_still_while_approvals_arrive(
         page.locator("#dialog [data-testid=confirm-button]").click()
         expect(page.locator("#dialog [data-testid=receipt-card]")).to_be_visible(timeout=20_000)
         expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(len(others))
+        browser.close()
+
+
+# --- the other forms under live load: transfer, reconcile, the approvals inbox, the fleet page -----
+#
+# Each: a person types for about 10 s while a worker commits about 3 facts a second; the facts are
+# written through a second daphne (the API process the workers call), so they reach the console's
+# pages across processes, on the embedded live bus and on Redis alike. The form's nodes are marked:
+# a live update that replaced one is caught; the change of basis must be said in place; Confirm on a
+# stale basis must come back re-previewed (or refused in place) with every typed field kept.
+
+
+def _type(locator, text: str = TYPED) -> float:
+    started = time.monotonic()
+    locator.press_sequentially(text, delay=TYPE_DELAY_MS)
+    return time.monotonic() - started
+
+
+def _checked(page: Page, selector: str) -> list[str]:
+    return page.evaluate(
+        "(s) => [...document.querySelectorAll(s)].filter((x) => x.checked).map((x) => x.value)",
+        selector,
+    )
+
+
+TRANSFER_FIELDS = ("#dialog", "#intervention-form", "#d-reason", "#d-to", "#d-worker")
+
+
+@pytest.mark.parametrize("layer", ["embedded", "redis"])
+def test_the_transfer_dialog_holds_still_and_confirm_re_previews_keeping_every_field(
+    cast, worker_token, servers, layer
+):
+    console, api = servers(layer), servers(layer, "api")
+    server_password(cast["otto"][0], "pw-otto")
+    sdk, run_id, claim = _running(api, worker_token)
+    with sync_playwright() as p:
+        browser, page = _login(p, console, f"/runs/{run_id}/")
+        page.locator("#run-actions button[data-kind=transfer]").click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        dialog = page.locator("#dialog")
+        # No raw status before any input (issue 18, item 8): a prompt, not "HTTP 422".
+        assert "422" not in dialog.inner_text()
+        # The person's facets (pre-ticked); the lease cannot move while its worker holds it, but the
+        # worker box is filled too: a typed field the re-preview must keep all the same.
+        assert _checked(page, "#dialog input[name=facets]") == ["assignment", "decision_authority"]
+        dialog.locator("#d-to").select_option("olga")
+        page.wait_for_load_state("networkidle")
+        dialog.locator("#d-worker").fill("worker-9")
+        dialog.locator("#d-worker").dispatch_event("change")
+        page.wait_for_load_state("networkidle")
+        expect(dialog.locator("#preview [data-testid=confirm-button]")).to_be_enabled()
+        _mark(page, TRANSFER_FIELDS)
+        with Load(sdk, run_id, claim.lease.fencing_token) as load:
+            typed_for = _type(dialog.locator("#d-reason"))
+        assert not load.errors, load.errors
+        assert typed_for >= 9 and load.facts >= 25, (typed_for, load.facts)
+
+        def kept() -> None:
+            assert _still(page, TRANSFER_FIELDS) == [], _still(page, TRANSFER_FIELDS)
+            assert dialog.locator("#d-reason").input_value() == TYPED
+            assert dialog.locator("#d-to").input_value() == "olga"
+            assert dialog.locator("#d-worker").input_value() == "worker-9"
+            assert _checked(page, "#dialog input[name=facets]") == [
+                "assignment",
+                "decision_authority",
+            ]
+
+        kept()
+        assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
+        note = dialog.locator("[data-testid=run-moved]")
+        expect(note).to_be_visible(timeout=5_000)
+        assert "new effect" in note.inner_text(), note.inner_text()
+        dialog.locator("[data-testid=confirm-button]").click()
+        expect(dialog.locator("[data-testid=preview-changed]")).to_be_visible(timeout=20_000)
+        kept()
+        dialog.locator("[data-testid=confirm-button]").click()
+        expect(dialog.locator("[data-testid=receipt-card]")).to_be_visible(timeout=20_000)
+        assert TYPED in dialog.inner_text()
+        browser.close()
+
+
+RECONCILE_FIELDS = ("#dialog", "#dialog form[data-effect]", "#r-evidence", "#r-reason", "#r-ref")
+
+
+@pytest.mark.parametrize("layer", ["embedded", "redis"])
+def test_the_reconcile_dialog_holds_still_and_says_in_place_that_its_effect_settled(
+    cast, worker_token, servers, layer
+):
+    console, api = servers(layer), servers(layer, "api")
+    server_password(cast["otto"][0], "pw-otto")
+    sdk, run_id, claim = _running(api, worker_token)
+    token = claim.lease.fencing_token
+    asked = sdk.declare_effect(
+        run_id,
+        token,
+        step="pay-supplier",
+        tool="payments",
+        action="charge",
+        idempotency_key="supplier-1",
+        args={"amount": 12},
+    )
+    with sync_playwright() as p:
+        browser, page = _login(p, console, f"/runs/{run_id}/")
+        page.locator(f"#effect-{asked.id}").get_by_role("button", name="Reconcile").click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-effect]')")
+        dialog = page.locator("#dialog")
+        dialog.get_by_role("radio", name="failed").check()
+        dialog.locator("#r-ref").fill("bk-77")
+        _mark(page, RECONCILE_FIELDS)
+        effects_before = page.locator("#effects-body tr[id^=effect-]").count()
+        with Load(sdk, run_id, token) as load:
+            typed_for = _type(dialog.locator("#r-evidence"))
+        assert not load.errors, load.errors
+        assert typed_for >= 9 and load.facts >= 25, (typed_for, load.facts)
+        expect(page.locator("#effects-body tr[id^=effect-]")).to_have_count(
+            effects_before + len(load.declared), timeout=10_000
+        )
+        note = dialog.locator("#reconcile-note")
+        assert note.is_hidden()  # other effects moved; this one did not
+        # The worker reports this very effect while the operator is still in the dialog.
+        sdk.record_outcome(asked.id, token, "committed")
+        expect(note).to_be_visible(timeout=5_000)
+        assert "committed" in note.inner_text()
+        dialog.locator("#r-reason").fill("the carrier's portal")
+        dialog.get_by_role("button", name="Record reconciliation").click()
+        refusal = dialog.locator("#reconcile-error [role=alert]")
+        expect(refusal).to_be_visible(timeout=20_000)
+        assert "already committed" in refusal.inner_text(), refusal.inner_text()
+        assert _still(page, RECONCILE_FIELDS) == [], _still(page, RECONCILE_FIELDS)
+        assert dialog.locator("#r-evidence").input_value() == TYPED
+        assert dialog.locator("#r-reason").input_value() == "the carrier's portal"
+        assert dialog.locator("#r-ref").input_value() == "bk-77"
+        assert dialog.get_by_role("radio", name="failed").is_checked()
+        browser.close()
+
+
+class WaitingLoad(Load):
+    """The same rate on a run that waits for an approval: checkpoints, and the outcomes of the
+    effects it declared before asking (no new effect may be declared while it waits)."""
+
+    def __init__(self, *args: Any, pending: list[str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.pending = pending
+
+    def step(self, i: int) -> None:
+        if i % 4 == 3 and self.pending:
+            self.sdk.record_outcome(self.pending.pop(), self.token, "committed")
+        else:
+            self.sdk.checkpoint(self.run_id, self.token, f"wait-{i}", {"i": i})
+        self.facts += 1
+
+
+@pytest.mark.parametrize("layer", ["embedded", "redis"])
+def test_an_approval_dialog_on_the_inbox_says_its_run_moved_and_confirm_re_previews(
+    cast, worker_token, servers, layer
+):
+    """The inbox has no run header: the dialog asks whether its run moved (every 5 s) and says so in
+    place; meanwhile approvals for other runs arrive and redraw the inbox behind it."""
+    console, api = servers(layer), servers(layer, "api")
+    server_password(cast["april"][0], "pw-april")
+    sdk, run_id, claim = _running(api, worker_token)
+    token = claim.lease.fencing_token
+    pending = [
+        sdk.declare_effect(
+            run_id,
+            token,
+            step=f"hold-{i}",
+            tool="payments",
+            action="charge",
+            idempotency_key=f"hold-{i}",
+            args={"i": i},
+        ).id
+        for i in range(3)
+    ]
+    sdk.request_approval(
+        run_id, token, tool="payments", action="charge", args={"amount": 40}, reason="over"
+    )
+    other_sdk, other_id, other_claim = _running(api, worker_token)
+    with sync_playwright() as p:
+        browser, page = _login(p, console, "/approvals/", who="april")
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1)
+        page.locator("#inbox button", has_text="Approve").first.click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        dialog = page.locator("#dialog")
+        _mark(page, FIELDS[:3])
+        with WaitingLoad(sdk, run_id, token, pending=pending) as load:
+            started = time.monotonic()
+            dialog.locator("#d-reason").press_sequentially(TYPED[:33], delay=TYPE_DELAY_MS)
+            other_sdk.request_approval(  # the inbox is redrawn behind the dialog
+                other_id,
+                other_claim.lease.fencing_token,
+                tool="payments",
+                action="charge",
+                args={"amount": 41},
+                reason="over",
+            )
+            dialog.locator("#d-reason").press_sequentially(TYPED[33:], delay=TYPE_DELAY_MS)
+            typed_for = time.monotonic() - started
+        assert not load.errors, load.errors
+        assert typed_for >= 9 and load.facts >= 25, (typed_for, load.facts)
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(2)
+        assert _still(page, FIELDS[:3]) == [], _still(page, FIELDS[:3])
+        assert dialog.locator("#d-reason").input_value() == TYPED
+        assert page.evaluate("document.activeElement && document.activeElement.id") == "d-reason"
+        note = dialog.locator("[data-testid=run-moved]")
+        expect(note).to_be_visible(timeout=15_000)  # asked every 5 s
+        assert "checkpoint" in note.inner_text(), note.inner_text()
+        # The approval itself has not changed (its preview is the same): Confirm would decide it.
+        # Now another operator pauses the run while april still reads: that changes the decision.
+        paused = httpx.post(
+            f"{api}/api/v1/runs/{run_id}/interventions",
+            headers={"Authorization": f"Bearer {cast['otto'][1]}"},
+            json={"kind": "pause", "reason": "hold everything"},
+            timeout=20,
+        )
+        assert paused.status_code in (200, 202), paused.text
+        expect(note).to_contain_text("state awaiting_approval → paus", timeout=15_000)
+        dialog.locator("[data-testid=confirm-button]").click()
+        refused = dialog.locator("#preview [role=alert], #preview [data-testid=preview-changed]")
+        expect(refused.first).to_be_visible(timeout=20_000)
+        assert _still(page, FIELDS[:3]) == [], _still(page, FIELDS[:3])
+        assert dialog.locator("#d-reason").input_value() == TYPED
+        assert not dialog.locator("[data-testid=receipt-card]").count()
+        # Nothing was decided; behind the dialog the inbox, redrawn, waits on the other run only.
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1)
+        assert run_id[:8] not in page.locator("#inbox tr[id^=approval-]").inner_text()
+        expect(page.locator("#inbox tr[id^=approval-]")).to_have_count(1)
+        browser.close()
+
+
+FLEET_FIELDS = ("#f-kind", "#f-filter", "#f-wave", "#fleet-start", "#f-reason")
+
+
+@pytest.mark.parametrize("layer", ["embedded", "redis"])
+def test_the_fleet_form_holds_still_says_the_selection_moved_and_start_re_previews(
+    cast, worker_token, servers, layer
+):
+    """The fleet page: a previewed pause of every running run; one of them busy, and a new run
+    joins the selection while the operator types the reason. The page says so in place; Start on the
+    stale selection comes back as the new preview, the reason and the form untouched."""
+    console, api = servers(layer), servers(layer, "api")
+    server_password(cast["otto"][0], "pw-otto")
+    sdk, run_id, claim = _running(api, worker_token)
+    _running(api, worker_token)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page.goto(f"{console}/fleet/?state=running&agent=purchasing")
+        page.fill("#id_username", "otto")
+        page.fill("#id_password", "pw-otto")
+        page.click("button[type=submit]")
+        page.locator("#f-wave").fill("1")
+        page.get_by_role("button", name="Preview").click()
+        expect(page.locator("#fleet-summary h3")).to_contain_text("2 runs")
+        _mark(page, FLEET_FIELDS)
+        with Load(sdk, run_id, claim.lease.fencing_token) as load:
+            started = time.monotonic()
+            page.locator("#f-reason").press_sequentially(TYPED[:33], delay=TYPE_DELAY_MS)
+            _running(api, worker_token)  # a third running run: the selection moved on
+            page.locator("#f-reason").press_sequentially(TYPED[33:], delay=TYPE_DELAY_MS)
+            typed_for = time.monotonic() - started
+        assert not load.errors, load.errors
+        assert typed_for >= 9 and load.facts >= 25, (typed_for, load.facts)
+        note = page.locator("#fleet-moved")
+        expect(note).to_be_visible(timeout=15_000)  # asked every 5 s
+        assert "3 runs now, 2 when previewed" in note.inner_text(), note.inner_text()
+
+        def kept() -> None:
+            assert _still(page, FLEET_FIELDS) == [], _still(page, FLEET_FIELDS)
+            assert page.locator("#f-reason").input_value() == TYPED
+            assert page.locator("#f-filter").input_value() == "state=running&agent=purchasing"
+            assert page.locator("#f-wave").input_value() == "1"
+
+        kept()
+        assert page.evaluate("document.activeElement && document.activeElement.id") == "f-reason"
+        page.locator("#fleet-start-button").click()
+        expect(page.locator("#fleet-summary [data-testid=preview-changed]")).to_be_visible(
+            timeout=20_000
+        )
+        expect(page.locator("#fleet-summary h3")).to_contain_text("3 runs")
+        expect(page.locator("#fleet-start-button")).to_contain_text("3 runs")
+        kept()
+        page.locator("#fleet-start-button").click()
+        page.wait_for_url("**/fleet/*-*/", timeout=20_000)
+        expect(page.locator("#fleet-progress")).to_contain_text(TYPED)
         browser.close()

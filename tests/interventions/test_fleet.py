@@ -14,6 +14,8 @@ from core.auth import actor_for_user
 from core.errors import Conflict, Forbidden, Invalid
 from interventions.fleet.operations import (
     FleetParams,
+    cancel_fleet_operation,
+    confirm_fleet_operation,
     halt_fleet_operation,
     preview_fleet_operation,
     start_fleet_operation,
@@ -180,42 +182,52 @@ def test_an_operator_halt_stops_the_waves_not_yet_run(worker, cast):
         halt_fleet_operation(actor=_actor(cast, "olga"), operation_id=op.pk, reason="again")
 
 
-def test_freeze_denies_the_declaration_on_every_run_and_restore_lifts_it(worker, cast):
+@pytest.mark.parametrize("kind", ["freeze_capability", "restore_capability"])
+def test_a_fleet_freeze_is_the_standing_freeze_not_a_one_off_selection(kind, worker, cast):
+    """One contract freezes the fleet (standing_freeze, interventions/fleet/freezes.py): the fleet
+    operation kinds that froze a selection run by run are refused by name, pointing at it."""
     ids = _runs(worker, 2)
-    done = _runs(worker, 1)[0]
-    place_run_in(done, "succeeded")  # not active: a freeze across the filter leaves it out
-    shown = preview_fleet_operation(
-        actor=_actor(cast, "ian"),
-        kind="freeze_capability",
-        run_filter=_ids_filter([*ids, done]),
-        params=FleetParams(options={"scope": "payments:charge"}),
-    )
-    assert (shown["will_act_on"], shown["excluded_runs"][0]["id"]) == (2, done)
-    op = _drive(_start(cast, "ian", "freeze_capability", ids, options={"scope": "payments:charge"}))
-    assert (op.state, op.succeeded) == ("completed", 2)
-    for run_id in ids:
-        denied = declare(worker, run_id, 1, key=f"{run_id}-charge")
-        assert denied.status_code == 409, denied.content
-        body = denied.json()
-        assert body["reason"] == "capability_frozen"
-        audited = AuditEvent.objects.get(object_id=body["id"], action="effect.declare")
-        assert audited.outcome == "denied"
-        assert audited.context["detail"].startswith(
-            "payments:charge is frozen on this run by user:ian"
+    with pytest.raises(Invalid, match="/fleet/freezes") as refused:
+        preview_fleet_operation(
+            actor=_actor(cast, "ian"),
+            kind=kind,
+            run_filter=_ids_filter(ids),
+            params=FleetParams(options={"scope": "payments:charge"}),
         )
-        other = declare(
-            worker, run_id, 1, key=f"{run_id}-reserve", tool="inventory", action="reserve"
-        )
-        assert other.status_code == 201, other.content
-        assert AuditEvent.objects.filter(action="capability.frozen", run_id=run_id).exists()
-    restored = _drive(
-        _start(cast, "ian", "restore_capability", ids, options={"scope": "payments:charge"})
-    )
-    assert (restored.state, restored.succeeded) == ("completed", 2)
+    assert refused.value.extra["field"] == "kind"
+    with pytest.raises(Invalid, match="/fleet/freezes"):
+        _start(cast, "ian", kind, ids, options={"scope": "payments:charge"})
+    assert not FleetOperation.objects.exists() and not CapabilityFreeze.objects.exists()
+    assert AuditEvent.objects.filter(action="fleet.start", outcome="denied").count() == 1
     for run_id in ids:
-        assert declare(worker, run_id, 1, key=f"{run_id}-charge-2").status_code == 201
-        assert AuditEvent.objects.filter(action="capability.restored", run_id=run_id).exists()
-    assert not CapabilityFreeze.objects.filter(lifted_at__isnull=True).exists()
+        assert declare(worker, run_id, 1, key=f"{run_id}-charge").status_code == 201
+
+
+def test_a_fleet_freeze_recorded_before_the_retirement_finishes_as_it_started_and_can_be_halted(
+    worker, cast
+):
+    """Records of the retired kinds stay workable: a running one's waves still freeze its runs, and
+    another incident commander may still halt one; a held one is not confirmed (cancel it)."""
+    ids = _runs(worker, 2)
+    running = _start(cast, "ian", "pause", ids[:1], wave_size=1)
+    FleetOperation.objects.filter(pk=running.pk).update(
+        kind="freeze_capability", options={"scope": "payments:charge"}
+    )
+    assert _drive(running).succeeded == 1
+    assert declare(worker, ids[0], 1, key="old-op").json()["reason"] == "capability_frozen"
+    held = start_fleet_operation(
+        actor=_actor(cast, "ian"), kind="pause", run_filter=_ids_filter(ids[1:]),
+        reason="held", params=FleetParams(), hold=True,
+    )  # fmt: skip
+    FleetOperation.objects.filter(pk=held.pk).update(
+        kind="freeze_capability", options={"scope": "payments:charge"}
+    )
+    with pytest.raises(Conflict, match="retired"):
+        confirm_fleet_operation(actor=_actor(cast, "ian"), operation_id=held.pk)
+    cancel_fleet_operation(
+        actor=_actor(cast, "sam"), operation_id=held.pk, reason="use a standing one"
+    )
+    assert FleetOperation.objects.get(pk=held.pk).state == "cancelled"
 
 
 def test_a_tool_wide_freeze_covers_every_action_of_the_tool(worker, as_user):
@@ -255,7 +267,7 @@ def test_take_command_transfers_decision_authority_on_each_run(worker, cast, as_
 
 def test_roles_decide_who_runs_which_fleet_operation(worker, cast):
     ids = _runs(worker, 1)
-    for name, kind in (("otto", "take_command"), ("otto", "freeze_capability"), ("vera", "pause")):
+    for name, kind in (("otto", "take_command"), ("april", "cancel"), ("vera", "pause")):
         with pytest.raises(Forbidden):
             _start(cast, name, kind, ids, options={"scope": "payments:charge"})
     assert AuditEvent.objects.filter(action="fleet.start", outcome="denied").count() == 3

@@ -120,3 +120,44 @@ def test_a_claim_holding_its_run_lock_commits_before_the_hold(agent, cast, postg
     a.join(15)
     b.join(15)
     assert seen["hold_commit"] > seen["claim_commit"]
+
+
+def test_three_holds_of_one_scope_at_once_one_holds_and_two_releases_at_once_one_releases(
+    agent, cast, postgres_only
+):
+    """Incident commanders pressing Hold (then Release) at the same moment: exactly one decision
+    each time; the others are refused 409 naming the hold, and audited as refused."""
+    from audit.models import AuditEvent
+    from interventions.intake import release_intake
+    from runs.models import IntakeHold
+    from tests.interventions.test_races import _run_in_threads
+
+    _queued(3)
+    people = [actor_for_user(cast[n][0]) for n in ("ian", "ada", "ian")]
+    held = _run_in_threads(
+        [
+            lambda a=a: hold_intake(actor=a, scope="agent", target="purchasing", reason="incident")
+            for a in people
+        ]
+    )
+    assert sorted(r[0] for r in held) == ["conflict", "conflict", "ok"], held
+    assert all("already held" in r[1]["detail"] for r in held if r[0] == "conflict"), held
+    (hold,) = IntakeHold.objects.filter(released_at__isnull=True)
+    assert IntakeHold.objects.count() == 1
+    audit = AuditEvent.objects.filter(action="intervention.hold_intake")
+    assert sorted(audit.values_list("outcome", flat=True)) == ["allowed", "denied", "denied"]
+
+    released = _run_in_threads(
+        [
+            lambda a=a: release_intake(actor=a, hold_id=hold.pk, reason="stable again")
+            for a in people[:2]
+        ]
+    )
+    assert sorted(r[0] for r in released) == ["conflict", "ok"], released
+    refused = next(r[1] for r in released if r[0] == "conflict")
+    assert "released already" in refused["detail"], refused
+    hold.refresh_from_db()
+    assert hold.released_at is not None and "release" in hold.receipt
+    audit = AuditEvent.objects.filter(action="intervention.release_intake")
+    assert sorted(audit.values_list("outcome", flat=True)) == ["allowed", "denied"]
+    assert Run.objects.filter(state="queued").count() == 3  # claimable again, none started

@@ -27,7 +27,6 @@ NOT_INTERVENTIONS = {
     "audit_read_all",
     "fleet",
     "take_command",
-    "standing_freeze",
 }
 # Contracts over a scope of the fleet, not a run: their matrix is tests/interventions/test_intake.py's.
 KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS - set(FLEET_REGISTRY))
@@ -58,7 +57,12 @@ def test_the_matrix_covers_every_intervention_kind():
         "restore_capability",
         "redrive",
     }
-    assert set(FLEET_REGISTRY) == {"hold_intake", "release_intake"}
+    assert set(FLEET_REGISTRY) == {
+        "hold_intake",
+        "release_intake",
+        "standing_freeze",
+        "standing_restore",
+    }
     assert set(USER_OF_ROLE) == set(ROLES)
 
 

@@ -183,15 +183,17 @@ def test_what_cannot_be_redriven_is_refused_by_name(worker, as_user):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_redrives_at_once_exactly_one_applies(worker, cast, postgres_only):
-    run, _ = failed_run(worker)
+@pytest.mark.parametrize("first", [False, True], ids=["keep", "compensate_first"])
+def test_two_redrives_at_once_exactly_one_applies(first, worker, cast, postgres_only):
+    run, ids = failed_run(worker)
     otto, olga = (actor_for_user(cast[n][0]) for n in ("otto", "olga"))
     barrier, results = threading.Barrier(2), []
+    options = {"checkpoint_seq": 1} | ({"compensate_first": [ids["label"]]} if first else {})
 
     def go(actor):
         try:
             barrier.wait()
-            req = Request(kind="redrive", reason="again", options={"checkpoint_seq": 1})
+            req = Request(kind="redrive", reason="again", options=options)
             issue(actor=actor, run_id=run["id"], req=req)
             results.append("ok")
         except DomainError as err:
@@ -206,7 +208,12 @@ def test_two_redrives_at_once_exactly_one_applies(worker, cast, postgres_only):
         t.join(30)
     assert sorted(results) == ["conflict", "ok"], results
     assert Intervention.objects.filter(run_id=run["id"], kind="redrive").count() == 1
-    assert Run.objects.get(pk=run["id"]).state == "queued"
+    if first:  # one plan of the one chosen effect; nothing claimable before it settles
+        (plan,) = CompensationPlan.objects.filter(run_id=run["id"])
+        assert [str(s.effect_id) for s in plan.steps.all()] == [ids["label"]]
+    assert Run.objects.get(pk=run["id"]).state in (
+        ("compensating", "queued") if first else ("queued",)
+    )
 
 
 def test_the_console_dialog_chooses_per_effect_and_confirms(

@@ -147,3 +147,82 @@ def openai_agents(tools: ToolStandIn):
         return run_agent(ctx, agent, "buy sku-1")
 
     return run
+
+
+def mcp_gateway(tools: ToolStandIn):
+    """An unmodified MCP client agent behind the MCP gateway: the tool server (an in-process
+    ``mcp`` server) does the stand-in's calls with the idempotency key the gateway sends; the agent
+    only sees MCP results. A stand-in timeout is a tool server that never answers (the gateway's
+    call timeout), a killed worker takes the gateway's whole process down with the call in flight."""
+    import asyncio
+
+    from mcp import Client as McpClient
+    from mcp.server.mcpserver import Context, MCPServer
+
+    from controlplane_sdk import CancelRequested, PauseRequested
+    from controlplane_sdk.adapters.mcp_gateway import KEY_META, UPSTREAM_KEY_META, McpGateway
+    from controlplane_sdk.conformance import WorkerKilled
+
+    killed: list[BaseException] = []
+
+    def tool_fn(tool: str, action: str):
+        async def call(ctx):
+            key = (ctx.request_context.meta or {}).get(UPSTREAM_KEY_META)
+            try:
+                return tools.call(tool, action, {"via": "mcp"}, idempotency_key=str(key))["id"]
+            except TimeoutError:
+                await asyncio.sleep(3600)  # accepted, never answered
+            except WorkerKilled as exc:
+                killed.append(exc)
+                await asyncio.sleep(3600)  # the process dies around it
+            raise AssertionError("unreachable")
+
+        call.__annotations__ = {"ctx": Context, "return": str}  # real types, for mcp's schema
+        return call
+
+    def tool_servers() -> dict[str, MCPServer]:
+        """One MCP server per tool (the gateway declares ``<server>:<tool>``: inventory:reserve)."""
+        servers: dict[str, MCPServer] = {}
+        for _step, tool, action, _args, _undo in PLAN:
+            server = servers.setdefault(tool, MCPServer(tool))
+            server.add_tool(tool_fn(tool, action), name=action)
+        return servers
+
+    async def calls(client: Any) -> BaseException | None:
+        """The agent's calls; what stops it (raised after the MCP session closes, so it reaches
+        the run loop as itself, not inside the session's exception group)."""
+        for step, tool, action, _args, _undo in PLAN:
+            # the call's own identity (the agent's step), so a restarted agent's repeat is a replay
+            meta = {KEY_META: f"order-1:{step}"}
+            call = asyncio.create_task(client.call_tool(f"{tool}__{action}", {}, meta=meta))
+            while not call.done() and not killed:
+                await asyncio.sleep(0.01)
+            if killed:
+                call.cancel()
+                return killed[0]
+            result = call.result()
+            text = result.content[0].text if result.content else ""
+            if result.is_error and "already done by an earlier attempt" not in text:
+                if "paused" in text:
+                    return PauseRequested(text)
+                if "cancel" in text:
+                    return CancelRequested(text)
+                return RuntimeError(text)
+        return None
+
+    async def agent(ctx: RunContext) -> None:
+        gw = McpGateway(ctx, tool_servers(), call_timeout_s=0.5, watch_interval_s=0.05)
+        async with gw, McpClient(gw.server) as client:
+            stop = await calls(client)
+            if stop is None:
+                await (
+                    gw.finish()
+                )  # under the attempt the gateway holds now (it may have re-claimed)
+        if stop is not None:
+            raise stop
+
+    def run(ctx: RunContext) -> None:
+        killed.clear()
+        asyncio.run(agent(ctx))
+
+    return run

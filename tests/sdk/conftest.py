@@ -169,3 +169,22 @@ def ctx(worker: Worker):
     c = worker.claim(RUN)
     yield c
     c.close()
+
+
+@pytest.fixture
+def no_sdk_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control-plane call sent to a thread (``asyncio.to_thread`` of an SDK function) fails the
+    test: the async paths await the native client on the loop. (A framework's own thread hops, such
+    as an agent framework running a sync tool function, pass.)"""
+    import asyncio
+
+    original = asyncio.to_thread
+
+    def guarded(func, /, *args, **kwargs):
+        if str(getattr(func, "__module__", "") or "").startswith("controlplane_sdk"):
+            raise AssertionError(
+                f"asyncio.to_thread({func.__qualname__}): an SDK call left the loop"
+            )
+        return original(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", guarded)

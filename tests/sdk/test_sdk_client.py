@@ -11,6 +11,7 @@ from controlplane_sdk import (
     ApiError,
     Client,
     Conflict,
+    EffectCompensated,
     EffectDenied,
     EffectsUnresolved,
     EffectUnresolved,
@@ -134,6 +135,12 @@ def test_list_runs_params_and_wrapped_items(server: FakeServer, client: Client) 
             "idempotency_key_reused",
         ),
         (
+            422,
+            {"error": "idempotency_key_reused", "compensated": True, "effect_id": "e7"},
+            EffectCompensated,
+            "idempotency_key_reused",
+        ),
+        (
             409,
             {"error": "effect_unresolved", "effect_id": "e0"},
             EffectUnresolved,
@@ -177,6 +184,22 @@ def test_denied_exposes_reason_and_unresolved_effect_id(server: FakeServer, clie
     with pytest.raises(EffectUnresolved) as eu:
         declare(client)
     assert eu.value.effect_id == "e0"
+
+
+def test_a_compensated_key_is_its_own_error_and_still_a_reused_key(
+    server: FakeServer, client: Client
+) -> None:
+    """A redrive compensated the key's effect first: doing it again takes a new key. Code that
+    caught IdempotencyKeyReused still catches it; code that needs to tell it apart can."""
+    body = {"error": "idempotency_key_reused", "compensated": True, "effect_id": "e7"}
+    server.on("POST", f"/runs/{RUN}/effects", (422, body))
+    with pytest.raises(IdempotencyKeyReused) as ei:
+        declare(client)
+    assert isinstance(ei.value, EffectCompensated) and ei.value.effect_id == "e7"
+    server.on("POST", f"/runs/{RUN}/effects", (422, {"error": "idempotency_key_reused"}))
+    with pytest.raises(IdempotencyKeyReused) as other:
+        declare(client)
+    assert not isinstance(other.value, EffectCompensated)
 
 
 def test_non_json_error_body(server: FakeServer, client: Client) -> None:

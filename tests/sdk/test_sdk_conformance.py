@@ -1,5 +1,7 @@
-"""The conformance kit against one minimal agent per way of writing one (the SDK, LangGraph), and
-against an agent that misbehaves, which it must fail; its CLI writes Markdown and JSON evidence."""
+"""The conformance kit against one minimal agent per way of writing one (the SDK, LangGraph, the
+OpenAI Agents SDK, an MCP client behind the MCP gateway), against the demo agents (their own code,
+the demo world swapped for the kit's stand-in), and
+against an agent that misbehaves, which it must fail; its CLI writes Markdown, JSON and HTML evidence."""
 
 from __future__ import annotations
 
@@ -11,11 +13,22 @@ import time
 import pytest
 
 from controlplane_sdk.conformance import run_kit
+from demo_agents import conformance as demo
 from tests.sdk import conformance_agents as agents
 
 
 @pytest.mark.parametrize(
-    "build", [agents.sdk, agents.langgraph, agents.openai_agents], ids=["sdk", "langgraph", "oa"]
+    "build",
+    [
+        agents.sdk,
+        agents.langgraph,
+        agents.openai_agents,
+        agents.mcp_gateway,
+        demo.purchasing,
+        demo.lg_purchasing_agent,
+        demo.oa_purchasing_agent,
+    ],
+    ids=["sdk", "langgraph", "oa", "mcp-gateway", "demo-purchasing", "demo-lg", "demo-oa"],
 )
 def test_a_well_behaved_agent_passes_all_seven(build):
     t0 = time.monotonic()
@@ -47,3 +60,5 @@ def test_the_command_writes_markdown_and_json_evidence(tmp_path):
     assert evidence["passed"] == 7
     md = (tmp_path / "conformance.md").read_text()
     assert "## 4. Retry an ambiguous timeout: passed" in md and "not shown by this kit" in md
+    page = (tmp_path / "conformance.html").read_text()
+    assert "7 of 7 scenarios passed" in page and page.count("<h2>") == 7

@@ -1,14 +1,13 @@
 """``AsyncClient``: the worker protocol for agents written with asyncio, on ``httpx.AsyncClient``.
 
-The same calls, bodies, answers, error mapping and retry rules as :class:`~controlplane_sdk.Client`
-(the bodies and answers are built by ``Client``'s shared static builders, so the wire format stays
-in ``client.py``); only the waiting differs: a heartbeat long-poll or a retry's backoff awaits on
-the event loop instead of blocking a thread.
+The same calls as :class:`~controlplane_sdk.Client`, not a copy of them: both drive the calls of
+``_core.py`` (request, retries, backoff, what the answer means), this one awaiting each try and
+backoff on the event loop instead of blocking a thread.
 
     async with AsyncClient("http://localhost:8000", token) as cp:
         claim = await cp.claim_next("worker-1", ["purchasing"], wait_s=20)
 
-:class:`~controlplane_sdk.aio_runtime.AsyncWorker` and ``AsyncRunContext`` are the async runtime
+:class:`~controlplane_sdk.aio_loop.AsyncWorker` and ``AsyncRunContext`` are the async runtime
 (``async with ctx.step(...)``, ``async with ctx.effect(...)``, a heartbeat task).
 """
 
@@ -17,18 +16,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from .client import API_PREFIX, Client, _items
-from .errors import EffectUnresolved
+from . import _core as core
+from ._core import API_PREFIX, Backoff, Op
+from .errors import ApiError
 from .models import Approval, Claim, EffectDecision, Event, HeartbeatReply
+
+if TYPE_CHECKING:
+    from .client import Client
 
 __all__ = ["AsyncClient"]
 
 log = logging.getLogger("controlplane_sdk")
 JSON = dict[str, Any]
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -46,18 +50,28 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        root = base_url.rstrip("/").removesuffix(API_PREFIX)
-        self.base_url, self.timeout = root, timeout
+        self.base_url, self.timeout = core.root_url(base_url), timeout
         self.retries, self.backoff, self._sleep = max(0, retries), backoff, sleep
+        self._p = core.Protocol(timeout=timeout, retries=retries, backoff=backoff)
         self._http = httpx.AsyncClient(
-            base_url=root + API_PREFIX,
+            base_url=self.base_url + API_PREFIX,
             timeout=timeout,
             transport=transport,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Accept": "application/json",
-                "User-Agent": "controlplane-sdk/0.2 asyncio",
-            },
+            headers=core.default_headers(token, "controlplane-sdk/0.2 asyncio"),
+        )
+
+    @classmethod
+    def like(cls, client: Client) -> AsyncClient:
+        """An async client to the same server with the same token and settings as ``client`` (and
+        its transport, if that serves async requests too, as ``httpx.MockTransport`` does)."""
+        transport = client._transport
+        return cls(
+            client.base_url,
+            client._token,
+            timeout=client.timeout,
+            retries=client.retries,
+            backoff=client.backoff,
+            transport=transport if isinstance(transport, httpx.AsyncBaseTransport) else None,
         )
 
     async def aclose(self) -> None:
@@ -69,42 +83,29 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # -- plumbing (the same rules as Client._send) ---------------------------------------------------
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        params: Mapping[str, Any] | None = None,
-        retry: bool,
-        timeout: float | None = None,
-    ) -> tuple[httpx.Response, bool]:
-        headers, content, clean = Client.request_parts(body, params)
-        tries, lost = 1 + self.retries, False
-        for i in range(tries):
-            try:
-                resp = await self._http.request(
-                    method, path, content=content, params=clean, headers=headers,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )  # fmt: skip
-            except httpx.TransportError as exc:
-                lost = True
-                Client.retry_or_raise(method, path, i, tries, exc, retry)
-            else:
-                if not Client.retry_or_raise(method, path, i, tries, resp, retry):
-                    return resp, lost
-            await self._sleep(Client.retry_delay(self.backoff, i))
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def _run(self, op: Op[T]) -> T:
+        """Drive one call of ``_core`` to its result: await its tries and its backoffs."""
+        got: core.Answer = None
+        try:
+            while True:
+                step = op.send(got)
+                if isinstance(step, Backoff):
+                    await self._sleep(step.seconds)
+                    got = None
+                    continue
+                try:
+                    got = await self._http.request(
+                        step.method, step.path, content=step.content, params=step.params,
+                        headers=step.headers,
+                        timeout=httpx.USE_CLIENT_DEFAULT if step.timeout is None else step.timeout,
+                    )  # fmt: skip
+                except httpx.TransportError as exc:
+                    got = exc
+        except StopIteration as done:
+            return done.value
 
     async def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> JSON:
-        resp, _ = await self._send(method, path, body, **kw)
-        return Client._decode_obj(resp)
-
-    async def _call_any(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
-        resp, _ = await self._send(method, path, body, **kw)
-        return Client._decode(resp)
+        return await self._run(self._p.call(method, path, body, **kw))
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -117,37 +118,28 @@ class AsyncClient:
         authority: Sequence[JSON] | None = None,
         **extra: Any,
     ) -> JSON:
-        body = {
-            "agent": agent,
-            "goal": goal,
-            "input": input or {},
-            "authority": list(authority or []),
-            **extra,
-        }
-        return await self._call("POST", "/runs", body, retry=False)
+        body: JSON = {"agent": agent, "goal": goal, "input": input or {}}
+        body |= {"authority": list(authority or []), **extra}
+        return await self._run(self._p.create_run(body))
 
     async def get_run(self, run_id: str) -> JSON:
-        return await self._call("GET", f"/runs/{run_id}", retry=True)
+        return await self._run(self._p.get_run(run_id))
 
     async def list_runs(
         self, *, agent: str | None = None, state: str | None = None, **filters: Any
     ) -> list[JSON]:
-        params = {"agent": agent, "state": state, **filters}
-        return _items(await self._call_any("GET", "/runs", params=params, retry=True))
+        return await self._run(self._p.list_runs({"agent": agent, "state": state, **filters}))
 
     async def list_effects(self, run_id: str) -> list[JSON]:
-        return _items(await self._call_any("GET", f"/runs/{run_id}/effects", retry=True))
+        return await self._run(self._p.list_effects(run_id))
 
     async def get_history(self, run_id: str) -> list[JSON]:
-        d = await self._call_any("GET", f"/runs/{run_id}/history", retry=True)
-        return _items(d.get("events"))
+        return await self._run(self._p.get_history(run_id))
 
     # -- lease -----------------------------------------------------------------------------------
 
     async def claim(self, run_id: str, worker: str, versions: JSON | None = None) -> Claim:
-        body = {"worker": worker, "versions": versions or {}}
-        d = await self._call("POST", f"/runs/{run_id}/claim", body, retry=False)
-        return Client._claim_from(run_id, d)
+        return await self._run(self._p.claim(run_id, worker, versions))
 
     async def claim_next(
         self,
@@ -156,31 +148,15 @@ class AsyncClient:
         versions: JSON | None = None,
         wait_s: float = 20.0,
     ) -> Claim | None:
-        body = {
-            "worker": worker,
-            "agents": list(agents),
-            "versions": versions or {},
-            "wait_s": wait_s,
-        }
-        d = await self._call(
-            "POST", "/work/claim", body, retry=False, timeout=self.timeout + wait_s
-        )
-        claim = d.get("claim")
-        return None if not claim else Client._claim_from(str(claim["run_id"]), claim)
+        return await self._run(self._p.claim_next(worker, agents, versions, wait_s))
 
     async def heartbeat(
         self, lease_id: str, fencing_token: int, wait_s: float | None = None
     ) -> HeartbeatReply:
-        body, wait = Client.heartbeat_body(fencing_token, wait_s)
-        timeout = self.timeout + wait if wait else None
-        path = f"/leases/{lease_id}/heartbeat"
-        return Client.heartbeat_from(
-            await self._call("POST", path, body, retry=True, timeout=timeout)
-        )
+        return await self._run(self._p.heartbeat(lease_id, fencing_token, wait_s))
 
     async def release_lease(self, lease_id: str, fencing_token: int, reason: str = "") -> JSON:
-        body = {"fencing_token": fencing_token, "reason": reason}
-        return await self._call("POST", f"/leases/{lease_id}/release", body, retry=True)
+        return await self._run(self._p.release_lease(lease_id, fencing_token, reason))
 
     # -- effects ---------------------------------------------------------------------------------
 
@@ -199,28 +175,14 @@ class AsyncClient:
         approval_id: str | None = None,
         attempt_id: str | None = None,
     ) -> EffectDecision:
-        """As :meth:`Client.declare_effect` (same refusals raised, same adoption of our own
+        """As :meth:`Client.declare_effect` (the same refusals raised, the same adoption of our own
         declaration whose answer was lost in transit)."""
-        body = Client.declaration_body(
-            fencing_token,
-            step=step,
-            tool=tool,
-            action=action,
-            idempotency_key=idempotency_key,
-            args=args,
-            compensation=compensation,
-            irreversible=irreversible,
+        body = core.declaration_body(
+            fencing_token, step=step, tool=tool, action=action, idempotency_key=idempotency_key,
+            args=args, compensation=compensation, irreversible=irreversible,
             approval_id=approval_id,
-        )
-        resp, lost = await self._send("POST", f"/runs/{run_id}/effects", body, retry=True)
-        try:
-            d: Any = Client._decode_obj(resp)
-        except EffectUnresolved as exc:
-            d = exc
-        ledger = await self.list_effects(run_id) if lost else []
-        return Client._decision(
-            resp.status_code, d, lost, idempotency_key, attempt_id, lambda: ledger
-        )
+        )  # fmt: skip
+        return await self._run(self._p.declare_effect(run_id, body, attempt_id))
 
     async def record_outcome(
         self,
@@ -232,38 +194,45 @@ class AsyncClient:
         detail: Any = None,
         checkpoint: tuple[str, JSON] | None = None,
     ) -> JSON:
-        body = Client.outcome_body(fencing_token, status, external_ref, detail, checkpoint)
-        return await self._call("POST", f"/effects/{effect_id}/outcome", body, retry=True)
+        body = core.outcome_body(fencing_token, status, external_ref, detail, checkpoint)
+        return await self._run(self._p.record_outcome(effect_id, body))
+
+    async def record_outcome_and_declare(
+        self,
+        run_id: str,
+        effect_id: str,
+        fencing_token: int,
+        status: str,
+        next_effect: JSON,
+        *,
+        external_ref: str | None = None,
+        detail: Any = None,
+        checkpoint: tuple[str, JSON] | None = None,
+        attempt_id: str | None = None,
+    ) -> tuple[JSON, EffectDecision | ApiError | None]:
+        """As :meth:`Client.record_outcome_and_declare`: the outcome carrying the next declaration."""
+        body = core.outcome_body(fencing_token, status, external_ref, detail, checkpoint)
+        op = self._p.record_outcome_and_declare(run_id, effect_id, body, next_effect, attempt_id)
+        return await self._run(op)
 
     # -- history, checkpoints, approvals, finish ------------------------------------------------
 
     async def checkpoint(self, run_id: str, fencing_token: int, step: str, state: JSON) -> JSON:
-        body = {"fencing_token": fencing_token, "step": step, "state": state}
-        return await self._call("POST", f"/runs/{run_id}/checkpoints", body, retry=True)
+        return await self._run(self._p.checkpoint(run_id, fencing_token, step, state))
 
     async def append_events(
         self, run_id: str, fencing_token: int, events: Iterable[Event | Mapping[str, Any]]
     ) -> JSON:
-        body = Client.events_body(fencing_token, events)
-        return await self._call("POST", f"/runs/{run_id}/events", body, retry=False)
+        return await self._run(self._p.append_events(run_id, fencing_token, events))
 
     async def request_approval(
-        self,
-        run_id: str,
-        fencing_token: int,
-        *,
-        tool: str,
-        action: str,
-        args: JSON | None,
-        reason: str,
-        deadline_s: float | None = None,
-        required_role: str | None = None,
-    ) -> Approval:
-        body = Client.approval_body(
+        self, run_id: str, fencing_token: int, *, tool: str, action: str, args: JSON | None,
+        reason: str, deadline_s: float | None = None, required_role: str | None = None,
+    ) -> Approval:  # fmt: skip
+        body = core.approval_body(
             fencing_token, tool, action, args, reason, deadline_s, required_role
         )
-        d = await self._call("POST", f"/runs/{run_id}/approvals", body, retry=False)
-        return Client.parse_approval(d)
+        return await self._run(self._p.request_approval(run_id, body))
 
     async def finish(
         self,
@@ -274,8 +243,8 @@ class AsyncClient:
         failure_class: str | None = None,
         error: str | None = None,
     ) -> JSON:
-        body = Client.finish_body(fencing_token, outcome, failure_class, error)
-        return await self._call("POST", f"/runs/{run_id}/finish", body, retry=False)
+        body = core.finish_body(fencing_token, outcome, failure_class, error)
+        return await self._run(self._p.finish(run_id, body))
 
     # -- operator calls ----------------------------------------------------------------------------
 
@@ -288,8 +257,8 @@ class AsyncClient:
         options: JSON | None = None,
         override_reason: str | None = None,
     ) -> JSON:
-        body = Client._intervention_body(kind, reason, scope, options, override_reason)
-        return await self._call("POST", f"/runs/{run_id}/interventions", body, retry=False)
+        body = core.intervention_body(kind, reason, scope, options, override_reason)
+        return await self._run(self._p.intervene(run_id, body))
 
     async def decide_approval(
         self, run_id: str, approval_id: str, approve: bool, reason: str

@@ -16,8 +16,8 @@ awaited instead of blocking, with the heartbeat an asyncio task instead of a thr
 Directives are honoured at ``async with ctx.step(...)`` boundaries (``PauseRequested``,
 ``CancelRequested``, ``StopRequested``, ``LeaseLost``), an effect records exactly one outcome by the
 rules of :func:`controlplane_sdk.effects.settle`, keys are the call's identity as in the sync
-runtime, and ``arun_one`` ends the attempt by the table in ``loop.py``. Not (yet) here: ``fx.then``
-(the declaration carried by the previous outcome); ``checkpoint=`` on an effect is.
+runtime, ``fx.then(...)`` carries the next declaration on an outcome as in the sync runtime, and
+``arun_one`` ends the attempt by the table in ``loop.py``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
+from ._core import default_key
 from .aio import AsyncClient
-from .effects import UNKNOWN_ON_DEFAULT, carried_checkpoint, not_recorded, settle
+from .effects import Ahead, ScopeBase, carried_checkpoint, not_recorded
 from .errors import (
     ApiError,
     CancelRequested,
@@ -51,93 +52,23 @@ _INTERRUPTS = {"pause": PauseRequested, "cancel": CancelRequested, "stop": StopR
 _DENIAL_AS_DIRECTIVE = {"run_paused": PauseRequested, "run_cancelled": CancelRequested}
 
 
-class AsyncEffectScope:
-    """``async with ctx.effect(...) as fx``: declare on entry, one outcome on exit."""
+class AsyncEffectScope(ScopeBase):
+    """``async with ctx.effect(...) as fx``: declare on entry, one outcome on exit; what it is and
+    what the agent reports (``fx.committed(...)``, ``fx.then(...)``, …) is the sync scope's."""
 
-    def __init__(
-        self,
-        ctx: AsyncRunContext,
-        *,
-        tool: str,
-        action: str,
-        key: str,
-        step: str,
-        args: dict[str, Any] | None,
-        compensate: dict[str, Any] | None,
-        irreversible: bool,
-        unknown_on: tuple[type[BaseException], ...],
-        approval_id: str | None,
-        checkpoint: dict[str, Any] | None,
-        counted: tuple[str, str, str] | None,
-    ) -> None:
-        self._ctx, self.tool, self.action, self.step = ctx, tool, action, step
-        self.args, self.compensate, self.irreversible = args or {}, compensate, irreversible
-        self.idempotency_key, self.approval_id = key, approval_id
-        self._unknown_on = UNKNOWN_ON_DEFAULT + tuple(unknown_on)
-        self._checkpoint, self._counted = checkpoint, counted
-        self.declaration: EffectDecision | None = None
-        self._outcome: tuple[str, str | None, Any] | None = None
-        self.outcome_response: dict[str, Any] | None = None
-        self.external_ref: str | None = None
-        self.result: Any = None
-
-    @property
-    def effect_id(self) -> str:
-        assert self.declaration is not None, "effect not declared yet"
-        return self.declaration.id
-
-    @property
-    def already_done(self) -> bool:
-        return bool(self.declaration and self.declaration.already_done)
-
-    def committed(self, external_ref: str | None = None, detail: Any = None) -> None:
-        self._set("committed", external_ref, detail)
-
-    def failed(self, detail: Any = None) -> None:
-        self._set("failed", None, detail)
-
-    def unknown(self, detail: Any = None) -> None:
-        self._set("unknown", None, detail)
-
-    def checkpoint(self, state: dict[str, Any]) -> None:
-        self._checkpoint = dict(state)
-
-    def _set(self, status: str, external_ref: str | None, detail: Any) -> None:
-        if self.already_done:
-            log.warning(
-                "effect %s already committed (replayed); %s() ignored", self.idempotency_key, status
-            )
-            return
-        self._outcome = (status, external_ref, detail)
-        self.external_ref = external_ref if external_ref is not None else self.external_ref
-        self.result = detail if detail is not None else self.result
+    _ctx: AsyncRunContext
 
     async def __aenter__(self) -> AsyncEffectScope:
         ctx = self._ctx
         try:
-            self.declaration = await ctx.client.declare_effect(
-                ctx.run_id,
-                ctx.fencing_token,
-                step=self.step,
-                tool=self.tool,
-                action=self.action,
-                idempotency_key=self.idempotency_key,
-                args=self.args,
-                compensation=self.compensate,
-                irreversible=self.irreversible,
-                approval_id=self.approval_id,
-                attempt_id=ctx.attempt.id,
+            body = self._body()
+            self._declared(
+                await ctx._take_ahead(body)
+                or await ctx.client.declare_effect(ctx.run_id, attempt_id=ctx.attempt.id, **body)
             )
         except (LeaseLost, EffectDenied) as err:
-            if isinstance(err, LeaseLost) or err.reason == "lease_lost":
-                ctx._mark_lease_lost(err)
+            self._refused(err)
             raise
-        if self._counted is not None:
-            ctx._declared[self._counted] = ctx._declared.get(self._counted, 0) + 1
-        self.idempotency_key = self.declaration.idempotency_key
-        if self.already_done:
-            self.external_ref = self.declaration.external_ref
-            self.result = self.declaration.outcome_detail
         return self
 
     async def __aexit__(
@@ -148,20 +79,21 @@ class AsyncEffectScope:
     ) -> None:
         if self.already_done:
             return
-        self._outcome = status, ref, detail = settle(self._outcome, exc, self._unknown_on)
-        checkpoint = (
-            (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
-        )
+        (status, ref, detail), checkpoint, then = self._closing(exc)
         ctx = self._ctx
         try:
-            self.outcome_response = await ctx.client.record_outcome(
-                self.effect_id,
-                ctx.fencing_token,
-                status,
-                external_ref=ref,
-                detail=detail,
-                checkpoint=checkpoint,
-            )
+            if then is None:
+                self.outcome_response = await ctx.client.record_outcome(
+                    self.effect_id, ctx.fencing_token, status, external_ref=ref, detail=detail,
+                    checkpoint=checkpoint,
+                )  # fmt: skip
+            else:
+                self.outcome_response, ahead = await ctx.client.record_outcome_and_declare(
+                    ctx.run_id, self.effect_id, ctx.fencing_token, status, then, external_ref=ref,
+                    detail=detail, checkpoint=checkpoint, attempt_id=ctx.attempt.id,
+                )  # fmt: skip
+                if ahead is not None:
+                    await ctx._hold_ahead(then, ahead)
         except ControlPlaneError as err:
             not_recorded(self.effect_id, status, err, exc)
             return
@@ -193,6 +125,7 @@ class AsyncRunContext:
         self._approval: dict[str, Any] | None = None
         self._lease_lost: LeaseLost | None = None
         self._declared: dict[tuple[str, str, str], int] = {}
+        self._ahead = Ahead()  # the next declaration, decided on the previous outcome (fx.then)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -280,7 +213,10 @@ class AsyncRunContext:
 
     @contextlib.asynccontextmanager
     async def step(self, name: str) -> AsyncIterator[None]:
-        await self.check_directive()
+        """As :meth:`RunContext.step`: a boundary checks the directive, except before an effect
+        authorized on the previous outcome (``fx.then``), which found the run running a moment ago."""
+        if not self.declared_ahead:
+            await self.check_directive()
         for counted in [k for k in self._declared if k[0] == name]:
             del self._declared[counted]
         prev, self.current_step = self.current_step, name
@@ -311,9 +247,7 @@ class AsyncRunContext:
             raise ValueError("effect() needs step= (or run it inside `async with ctx.step(name):`)")
         counted = None
         if key is None:
-            counted = (step, tool, action)
-            position = self._declared.get(counted, 0) + 1
-            key = f"{self.run_id}:{step}:{tool}:{action}" + (f":{position}" if position > 1 else "")
+            key, counted = default_key(self.run_id, step, tool, action, self._declared)
         return AsyncEffectScope(
             self,
             tool=tool,
@@ -328,6 +262,38 @@ class AsyncRunContext:
             checkpoint=checkpoint,
             counted=counted,
         )
+
+    def _count(self, counted: tuple[str, str, str]) -> None:
+        self._declared[counted] = self._declared.get(counted, 0) + 1
+
+    @property
+    def declared_ahead(self) -> bool:
+        """An effect was authorized on the previous outcome and waits for its ``ctx.effect(...)``."""
+        return self._ahead.authorized
+
+    async def _hold_ahead(self, body: dict[str, Any], answer: EffectDecision | ApiError) -> None:
+        unused = self._ahead.hold(body, answer)
+        await self._not_dispatched(unused, "another declaration rode on a later outcome")
+
+    async def _take_ahead(self, body: dict[str, Any]) -> EffectDecision | None:
+        use, unused = self._ahead.take(body)
+        await self._not_dispatched(unused, "the agent declared another effect instead")
+        return use
+
+    async def _not_dispatched(self, decision: EffectDecision | None, why: str) -> None:
+        """As the sync runtime: an effect authorized ahead and not dispatched is recorded
+        ``failed`` with ``not_dispatched``, so it leaves nothing unresolved."""
+        if decision is None or self.lease_lost:
+            return
+        log.warning("run %s: effect %s declared ahead was not dispatched (%s)",
+                    self.run_id, decision.idempotency_key, why)  # fmt: skip
+        detail = {"not_dispatched": True, "reason": why}
+        try:
+            await self.client.record_outcome(
+                decision.id, self.fencing_token, "failed", detail=detail
+            )
+        except ControlPlaneError as err:
+            log.error("run %s: effect %s left in flight: %s", self.run_id, decision.id, err)
 
     async def checkpoint(self, step: str, state: dict[str, Any]) -> int:
         d = await self.client.checkpoint(self.run_id, self.fencing_token, step, state)
@@ -418,6 +384,7 @@ class AsyncRunContext:
     async def finish(
         self, outcome: str = "succeeded", failure_class: str | None = None, error: str | None = None
     ) -> dict[str, Any]:
+        await self._not_dispatched(self._ahead.drop(), f"the attempt ended ({outcome})")
         try:
             return await self.client.finish(
                 self.run_id, self.fencing_token, outcome, failure_class=failure_class, error=error
@@ -427,6 +394,7 @@ class AsyncRunContext:
             await self.stop_heartbeat()
 
     async def release(self, reason: str = "") -> bool:
+        await self._not_dispatched(self._ahead.drop(), "the worker stopped at a boundary")
         await self.stop_heartbeat()
         if self.lease_lost:
             return False

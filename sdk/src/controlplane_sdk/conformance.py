@@ -9,7 +9,7 @@ against a local control plane (:class:`controlplane_sdk.testing.FakeControlPlane
 stand-in for your tools that remembers what it committed by idempotency key and injects faults: a
 call held in flight while an operator pauses, an ambiguous timeout (committed, then no answer), a
 worker killed after its call committed, a lease taken away mid-run. It writes
-``conformance.md`` and ``conformance.json``: per scenario, the facts shown from the ledger and the
+``conformance.md``, ``conformance.json`` and ``conformance.html``: per scenario, the facts shown from the ledger and the
 stand-in's record, and what this kit does not show (the control plane's own share of the test --
 timers, child runs, revalidation reports, audit chains -- is shown by the server's suite).
 
@@ -39,6 +39,8 @@ __all__ = ["ToolStandIn", "WorkerKilled", "run_kit", "main"]
 
 AGENT = "agent-under-test"
 RunFn = Callable[[RunContext], Any]
+#: what the scenarios run against: a FakeControlPlane, or a LiveControlPlane (``--url``)
+NewCp = Callable[[], Any]
 
 
 class WorkerKilled(BaseException):
@@ -117,8 +119,14 @@ def _list(twice: dict[str, int]) -> str:
     )
 
 
-def _attempt(cp: FakeControlPlane, run: str, run_fn: RunFn) -> tuple[str, RunContext]:
-    ctx = Worker(cp.client(), "kit-worker", AGENT).claim(run, heartbeat=False)
+def _new_run(cp: Any, build: Callable[[ToolStandIn], RunFn]) -> str:
+    """A run for the agent, with the input its builder asks for (``build.run_input``)."""
+    agent = getattr(cp, "agent", AGENT)
+    return str(cp.create_run(agent, input=dict(getattr(build, "run_input", None) or {})))
+
+
+def _attempt(cp: Any, run: str, run_fn: RunFn) -> tuple[str, RunContext]:
+    ctx = Worker(cp.client(), "kit-worker", getattr(cp, "agent", AGENT)).claim(run, heartbeat=False)
     return run_one(ctx, run_fn).outcome, ctx
 
 
@@ -126,9 +134,11 @@ def _world_keys(cp: FakeControlPlane, run: str, tools: ToolStandIn) -> list[str]
     return [e["idempotency_key"] for e in cp.effects(run) if e["idempotency_key"] in tools.results]
 
 
-def _s1_pause_in_flight(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run, target = cp.create_run(AGENT), max(1, len(plan) // 2)
+def _s1_pause_in_flight(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run, target = _new_run(cp, build), max(1, len(plan) // 2)
     tools.arm(target, "slow", lambda: cp.pause(run, "conformance: pause while a call is in flight"))
     outcome, _ = _attempt(cp, run, build(tools))
     c.that(outcome == "paused", f"the attempt stopped on the pause (run_one: {outcome})")
@@ -143,9 +153,11 @@ def _s1_pause_in_flight(build: Callable[[ToolStandIn], RunFn], plan: list[Any], 
     ]
 
 
-def _s2_resume(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run = cp.create_run(AGENT)
+def _s2_resume(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run = _new_run(cp, build)
     tools.arm(max(1, len(plan) // 2), "slow", lambda: cp.pause(run, "conformance: pause"))
     _attempt(cp, run, build(tools))
     cp.resume(run)
@@ -157,9 +169,11 @@ def _s2_resume(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check)
     c.s.not_shown += ["the revalidation report and a blocked resume (the control plane's share)"]
 
 
-def _s3_cancel(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run = cp.create_run(AGENT)
+def _s3_cancel(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run = _new_run(cp, build)
     tools.arm(1, "slow", lambda: cp.cancel(run, "conformance: cancel after the first effect"))
     outcome, _ = _attempt(cp, run, build(tools))
     c.that(outcome == "cancelled", f"the attempt stopped on the cancel (run_one: {outcome})")
@@ -169,9 +183,11 @@ def _s3_cancel(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check)
     c.that(cp.state(run) == "cancelled", "the run is cancelled")
 
 
-def _s4_ambiguous(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run = cp.create_run(AGENT)
+def _s4_ambiguous(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run = _new_run(cp, build)
     tools.arm(len(plan), "timeout")
     outcome, _ = _attempt(cp, run, build(tools))
     effect = cp.effects(run)[-1]
@@ -193,9 +209,11 @@ def _s4_ambiguous(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Che
     c.that(not twice, f"it reused the key: the tools hold exactly one such call{_list(twice)}")
 
 
-def _s5_compensate(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run = cp.create_run(AGENT)
+def _s5_compensate(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run = _new_run(cp, build)
     _attempt(cp, run, build(tools))
     fx = cp.effects(run)
     described = [e for e in fx if e.get("compensation") or e.get("irreversible")]
@@ -207,27 +225,37 @@ def _s5_compensate(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Ch
     c.s.not_shown += ["executing the compensation plan (the control plane's share)"]
 
 
-def _s6_transfer(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run = cp.create_run(AGENT)
+def _s6_transfer(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run = _new_run(cp, build)
     tools.arm(1, "slow", lambda: cp.expire_lease(run))  # the lease moves while the call runs
     outcome, old = _attempt(cp, run, build(tools))
     c.that(outcome in ("lease_lost", "failed"), f"the former owner stopped (run_one: {outcome})")
-    c.that(len(tools.calls) == 1, "it made no further call once its lease was gone")
+    late = [e for e in cp.effects(run)[1:] if e.get("attempt_id") == old.attempt.id]
+    c.that(not late, "it declared no further effect under its lost lease")
+    if len(tools.calls) > 1:  # e.g. a gateway that claimed the run again, as a new attempt
+        c.s.shown.append(f"it went on only as a new attempt ({len(tools.calls) - 1} later calls)")
     try:
         old.client.checkpoint(run, old.fencing_token, "zombie", {})
         zombie = False
     except LeaseLost:
         zombie = True
     c.that(zombie, "a write with its old fencing token is refused")
-    outcome, _ = _attempt(cp, run, build(tools))
+    if cp.state(run) not in ("succeeded", "failed"):
+        outcome, _ = _attempt(cp, run, build(tools))
+    else:
+        outcome = cp.state(run)
     c.that(outcome in ("succeeded", "failed"), f"the new owner ran the run ({outcome})")
     c.s.not_shown += ["assignment and decision authority records (the control plane's share)"]
 
 
-def _s7_killed(build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check) -> None:
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run, target = cp.create_run(AGENT), max(1, len(plan) // 2)
+def _s7_killed(
+    build: Callable[[ToolStandIn], RunFn], plan: list[Any], c: Check, new_cp: NewCp
+) -> None:
+    cp, tools = new_cp(), ToolStandIn()
+    run, target = _new_run(cp, build), max(1, len(plan) // 2)
     tool, action = plan[target - 1]
     cp.lose_outcome(tool, action)  # a SIGKILL: the outcome never reaches the ledger
     tools.arm(target, "kill")
@@ -261,10 +289,18 @@ SCENARIOS = [
 ]
 
 
-def run_kit(build: Callable[[ToolStandIn], RunFn], name: str = "agent") -> dict[str, Any]:
-    """Run the seven scenarios against ``build``; returns the evidence (what ``main`` writes)."""
-    cp, tools = FakeControlPlane(), ToolStandIn()
-    run = cp.create_run(AGENT)
+def run_kit(
+    build: Callable[[ToolStandIn], RunFn],
+    name: str = "agent",
+    *,
+    control_plane: NewCp = FakeControlPlane,
+    where: str = "the in-memory control plane",
+) -> dict[str, Any]:
+    """Run the seven scenarios against ``build``; returns the evidence (what ``main`` writes).
+    ``control_plane`` makes a fresh control plane per scenario (default: in memory)."""
+    new_cp = control_plane
+    cp, tools = new_cp(), ToolStandIn()
+    run = _new_run(cp, build)
     baseline, _ = _attempt(cp, run, build(tools))
     plan = [(t, a) for t, a, _ in tools.calls]
     results = []
@@ -274,7 +310,7 @@ def run_kit(build: Callable[[ToolStandIn], RunFn], name: str = "agent") -> dict[
             s.status, s.error = "error", f"the baseline run did not succeed with calls ({baseline})"
         else:
             try:
-                fn(build, plan, Check(s))
+                fn(build, plan, Check(s), new_cp)
                 s.status = "passed"
             except AssertionError as err:
                 s.error = f"not shown: {err}"
@@ -282,14 +318,15 @@ def run_kit(build: Callable[[ToolStandIn], RunFn], name: str = "agent") -> dict[
                 s.status, s.error = "error", f"{type(err).__name__}: {err}"
         s.seconds = round(time.monotonic() - t0, 3)
         results.append(s)
-    return {"agent": name, "baseline": {"outcome": baseline, "calls": plan},
+    return {"agent": name, "control_plane": where, "baseline": {"outcome": baseline, "calls": plan},
             "passed": sum(s.status == "passed" for s in results), "total": len(results),
             "scenarios": [asdict(s) for s in results]}  # fmt: skip
 
 
 def markdown(evidence: dict[str, Any]) -> str:
     lines = [f"# Run-control conformance: {evidence['agent']}", "",
-             f"{evidence['passed']} of {evidence['total']} scenarios passed. Baseline calls: "
+             f"{evidence['passed']} of {evidence['total']} scenarios passed against "
+             f"{evidence.get('control_plane', 'the in-memory control plane')}. Baseline calls: "
              + ", ".join(f"`{t}:{a}`" for t, a in evidence["baseline"]["calls"]), ""]  # fmt: skip
     for s in evidence["scenarios"]:
         lines += [f"## {s['number']}. {s['title']}: {s['status']}", ""]
@@ -300,17 +337,71 @@ def markdown(evidence: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def html(evidence: dict[str, Any]) -> str:
+    """The same evidence as one self-contained HTML page (no scripts, no external assets)."""
+    from html import escape
+
+    colour = {"passed": "#1a7f37", "failed": "#cf222e", "error": "#9a6700"}
+    parts = [
+        "<!doctype html><meta charset=utf-8>",
+        f"<title>Run-control conformance: {escape(evidence['agent'])}</title>",
+        "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;"
+        "padding:0 1rem}h2{font-size:1.1rem;margin-top:1.5rem}.s{font-weight:600}"
+        "li.no{color:#57606a}</style>",
+        f"<h1>Run-control conformance: {escape(evidence['agent'])}</h1>",
+        f"<p>{evidence['passed']} of {evidence['total']} scenarios passed against "
+        f"{escape(str(evidence.get('control_plane', 'the in-memory control plane')))}. Baseline "
+        "calls: " + ", ".join(f"<code>{escape(t)}:{escape(a)}</code>"
+                              for t, a in evidence["baseline"]["calls"]) + "</p>",
+    ]  # fmt: skip
+    for s in evidence["scenarios"]:
+        c = colour.get(s["status"], "#57606a")
+        parts.append(f"<h2>{s['number']}. {escape(s['title'])}: "
+                     f"<span class=s style='color:{c}'>{escape(s['status'])}</span></h2><ul>")  # fmt: skip
+        parts += [f"<li>shown: {escape(fact)}</li>" for fact in s["shown"]]
+        parts += [f"<li><strong>{escape(s['error'])}</strong></li>"] if s["error"] else []
+        parts += [f"<li class=no>not shown by this kit: {escape(x)}</li>" for x in s["not_shown"]]
+        parts.append("</ul>")
+    return "\n".join(parts) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m controlplane_sdk.conformance")
     p.add_argument("agent", help="module:function -- build(tools) returning your run function")
     p.add_argument("--out", type=Path, default=Path("reports/conformance"))
+    p.add_argument("--url", help="a live control plane instead of the in-memory one")
+    p.add_argument("--agent-name", default="", help="with --url: the registered agent to run as")
+    p.add_argument("--worker-token-env", default="CONTROLPLANE_TOKEN")
+    p.add_argument("--operator-token-env", default="CONTROLPLANE_OPERATOR_TOKEN")
+    p.add_argument("--scope", action="append", default=[], help="with --url: authority scopes")
     args = p.parse_args(argv)
     module, _, attr = args.agent.partition(":")
     build = getattr(importlib.import_module(module), attr or "build")
-    evidence = run_kit(build, args.agent)
+    if args.url:
+        import os
+
+        from ._live_kit import LiveControlPlane
+
+        if not args.agent_name:
+            p.error("--url needs --agent-name (an agent registered on that control plane)")
+        worker, operator = (
+            os.environ.get(args.worker_token_env),
+            os.environ.get(args.operator_token_env),
+        )
+        if not worker or not operator:
+            p.error(f"set {args.worker_token_env} and {args.operator_token_env}")
+        url, agent, scopes = args.url, args.agent_name, args.scope or ["*"]
+
+        def live() -> LiveControlPlane:
+            return LiveControlPlane(url, worker, operator, agent=agent, scopes=scopes)
+
+        evidence = run_kit(build, args.agent, control_plane=live, where=url)
+    else:
+        evidence = run_kit(build, args.agent)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "conformance.json").write_text(json.dumps(evidence, indent=2))
     (args.out / "conformance.md").write_text(markdown(evidence))
+    (args.out / "conformance.html").write_text(html(evidence))
     print(f"{evidence['passed']}/{evidence['total']} passed; evidence in {args.out}")
     return 0 if evidence["passed"] == evidence["total"] else 1
 

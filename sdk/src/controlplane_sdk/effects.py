@@ -36,12 +36,15 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import logging
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, cast
 
 import httpx
 
+from ._core import declaration_body
+from ._util import json_default
 from .client import Client
 from .errors import (
     ApiError,
@@ -93,7 +96,9 @@ class RunHost(Protocol):
 
 
 __all__ = [
+    "Ahead",
     "EffectScope",
+    "ScopeBase",
     "RunHost",
     "UNKNOWN_ON_DEFAULT",
     "settle",
@@ -111,12 +116,13 @@ UNKNOWN_ON_DEFAULT: tuple[type[BaseException], ...] = (
 )
 
 
-class EffectScope:
-    """One declared external side effect; created by :meth:`RunContext.effect`."""
+class ScopeBase:
+    """What a declared effect is and what the agent reports about it, sync or async (the
+    context-manager halves are :class:`EffectScope` and ``aio_runtime.AsyncEffectScope``)."""
 
     def __init__(
         self,
-        ctx: RunHost,
+        ctx: Any,
         *,
         tool: str,
         action: str,
@@ -213,7 +219,7 @@ class EffectScope:
         compensate: dict[str, Any] | None = None,
         irreversible: bool = False,
         approval_id: str | None = None,
-    ) -> EffectScope:
+    ) -> Self:
         """Declare the run's next effect on this one's outcome: one round trip for both.
 
         Returns that effect's scope, to enter where it is dispatched (``with ctx.step("charge"),
@@ -238,10 +244,10 @@ class EffectScope:
             approval_id=approval_id,
         )
         self._then = nxt._body()
-        return nxt
+        return cast(Self, nxt)
 
     def _body(self) -> dict[str, Any]:
-        return self._ctx.client.declaration_body(
+        return declaration_body(
             self._ctx.fencing_token,
             step=self.step,
             tool=self.tool,
@@ -265,34 +271,62 @@ class EffectScope:
         if detail is not None:
             self.result = detail
 
+    def _declared(self, decision: EffectDecision) -> None:
+        """The declaration answered (or the previous outcome carried) ``decision``."""
+        self.declaration = decision
+        if self._counted is not None:
+            self._ctx._count(self._counted)
+        self.idempotency_key = decision.idempotency_key
+        if self.already_done:
+            self.external_ref = decision.external_ref
+            self.result = decision.outcome_detail
+
+    def _refused(self, err: BaseException) -> None:
+        """A declaration refused with ``err`` (raised by the caller): a lost lease is noted."""
+        if isinstance(err, LeaseLost) or (
+            isinstance(err, EffectDenied) and err.reason == "lease_lost"
+        ):
+            self._ctx._mark_lease_lost(err)
+
+    def _closing(
+        self, exc: BaseException | None
+    ) -> tuple[
+        tuple[str, str | None, Any], tuple[str, dict[str, Any]] | None, dict[str, Any] | None
+    ]:
+        """The block ended (``exc``: what it raised): the outcome to record, the checkpoint that
+        rides on it and the next declaration it carries (``then``)."""
+        self._outcome = settle(self._outcome, exc, self._unknown_on)
+        # The step's checkpoint rides on a successful outcome only: a step that failed did not end.
+        checkpoint = (
+            (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
+        )
+        then = self._then if self._outcome[0] == "committed" and exc is None else None
+        return self._outcome, checkpoint, then
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.tool}:{self.action} key={self.idempotency_key!r} "
+            f"decision={self.decision} status={self.status}>"
+        )
+
+
+class EffectScope(ScopeBase):
+    """One declared external side effect; created by :meth:`RunContext.effect`."""
+
+    _ctx: RunHost
+
     # -- context manager -------------------------------------------------------------------------
 
     def __enter__(self) -> EffectScope:
         ctx = self._ctx
         try:
-            self.declaration = ctx._take_ahead(self._body()) or ctx.client.declare_effect(
-                ctx.run_id,
-                ctx.fencing_token,
-                step=self.step,
-                tool=self.tool,
-                action=self.action,
-                idempotency_key=self.idempotency_key,
-                args=self.args,
-                compensation=self.compensate,
-                irreversible=self.irreversible,
-                approval_id=self.approval_id,
-                attempt_id=ctx.attempt.id,
+            self._declared(
+                ctx._take_ahead(self._body())
+                or ctx.client.declare_effect(ctx.run_id, attempt_id=ctx.attempt.id, **self._body())
             )
         except (LeaseLost, EffectDenied) as err:
-            if isinstance(err, LeaseLost) or err.reason == "lease_lost":
-                ctx._mark_lease_lost(err)
+            self._refused(err)
             raise
-        if self._counted is not None:
-            ctx._count(self._counted)
-        self.idempotency_key = self.declaration.idempotency_key
-        if self.already_done:
-            self.external_ref = self.declaration.external_ref
-            self.result = self.declaration.outcome_detail
         return self
 
     def __exit__(
@@ -303,35 +337,19 @@ class EffectScope:
     ) -> None:
         if self.already_done:
             return
-        self._outcome = status, ref, detail = settle(self._outcome, exc, self._unknown_on)
-        # The step's checkpoint rides on a successful outcome only: a step that failed did not end.
-        checkpoint = (
-            (self.step, self._checkpoint) if self._checkpoint is not None and exc is None else None
-        )
+        (status, ref, detail), checkpoint, then = self._closing(exc)
         ctx = self._ctx
-        then = self._then if status == "committed" and exc is None else None
         try:
             if then is None:
                 self.outcome_response = ctx.client.record_outcome(
-                    self.effect_id,
-                    ctx.fencing_token,
-                    status,
-                    external_ref=ref,
-                    detail=detail,
+                    self.effect_id, ctx.fencing_token, status, external_ref=ref, detail=detail,
                     checkpoint=checkpoint,
-                )
+                )  # fmt: skip
             else:
                 self.outcome_response, ahead = ctx.client.record_outcome_and_declare(
-                    ctx.run_id,
-                    self.effect_id,
-                    ctx.fencing_token,
-                    status,
-                    then,
-                    external_ref=ref,
-                    detail=detail,
-                    checkpoint=checkpoint,
-                    attempt_id=ctx.attempt.id,
-                )
+                    ctx.run_id, self.effect_id, ctx.fencing_token, status, then, external_ref=ref,
+                    detail=detail, checkpoint=checkpoint, attempt_id=ctx.attempt.id,
+                )  # fmt: skip
                 if ahead is not None:
                     ctx._hold_ahead(then, ahead)
         except ControlPlaneError as err:
@@ -339,12 +357,6 @@ class EffectScope:
             return
         if checkpoint is not None:
             ctx._checkpoint_written(self.step, checkpoint[1], self.outcome_response)
-
-    def __repr__(self) -> str:
-        return (
-            f"<EffectScope {self.tool}:{self.action} key={self.idempotency_key!r} "
-            f"decision={self.decision} status={self.status}>"
-        )
 
 
 def not_recorded(
@@ -386,3 +398,57 @@ def settle(
 
 def _describe(exc: BaseException) -> dict[str, Any]:
     return {"exception": type(exc).__name__, "message": str(exc)[:1000]}
+
+
+class Ahead:
+    """The next declaration, decided on the previous outcome (``fx.then(...)``): its body and what
+    the declaration answered (a decision, or the error it would have raised). No I/O: the runtime
+    records ``failed`` / ``not_dispatched`` for a decision this hands back unused."""
+
+    def __init__(self) -> None:
+        self._held: tuple[dict[str, Any], EffectDecision | ApiError] | None = None
+
+    @property
+    def authorized(self) -> bool:
+        """An effect was authorized ahead and waits for its ``ctx.effect(...)``."""
+        held = self._held
+        return (
+            held is not None
+            and isinstance(held[1], EffectDecision)
+            and (held[1].decision == "authorized")
+        )
+
+    @staticmethod
+    def _same(body: dict[str, Any]) -> dict[str, Any]:
+        """A declaration body as the server sees it (JSON), without the fencing token."""
+        plain: dict[str, Any] = json.loads(json.dumps(body, default=json_default))
+        plain.pop("fencing_token", None)
+        return plain
+
+    def hold(
+        self, body: dict[str, Any], answer: EffectDecision | ApiError
+    ) -> EffectDecision | None:
+        """Keep ``answer`` for ``body``; returns the one it replaces if that is left undispatched."""
+        earlier = self.drop()
+        self._held = (self._same(body), answer)
+        return earlier
+
+    def take(self, body: dict[str, Any]) -> tuple[EffectDecision | None, EffectDecision | None]:
+        """``(decision for exactly this body, or None: declare it now; an authorized decision for
+        something else, now left undispatched)``. A refusal carried for this body is raised."""
+        held, self._held = self._held, None
+        if held is None:
+            return None, None
+        if held[0] != self._same(body):
+            self._held = held
+            return None, self.drop()
+        if isinstance(held[1], ApiError):
+            raise held[1]
+        return held[1], None
+
+    def drop(self) -> EffectDecision | None:
+        """Forget what is held; returns it if it was authorized (to record as not dispatched)."""
+        held, self._held = self._held, None
+        if held is None or not isinstance(held[1], EffectDecision):
+            return None
+        return held[1] if held[1].decision == "authorized" else None

@@ -29,6 +29,7 @@ __all__ = [
     "EffectDenied",
     "EffectUnresolved",
     "EffectAlreadyFailed",
+    "EffectCompensated",
     "EffectsUnresolved",
     "IdempotencyKeyReused",
     "OutcomeNotRecorded",
@@ -179,6 +180,21 @@ class IdempotencyKeyReused(ApiError):
     """422 ``idempotency_key_reused``: the key was declared before with *different* arguments."""
 
 
+class EffectCompensated(IdempotencyKeyReused):
+    """422 ``idempotency_key_reused`` with ``compensated: true``: the key's effect committed and was
+    then undone (a redrive compensated it first). Replaying it would say it happened; doing it again
+    is a new effect: declare it under a new key (for example ``f"{key}:try-{ctx.attempt.number}"``).
+    A subclass of :class:`IdempotencyKeyReused`, so code that caught that one still does.
+    ``effect_id`` names the compensated effect."""
+
+    def __init__(
+        self, status: int, code: str, detail: Any = None, payload: dict[str, Any] | None = None
+    ):
+        super().__init__(status, code, detail, payload)
+        eid = (payload or {}).get("effect_id")
+        self.effect_id: str | None = None if eid is None else str(eid)
+
+
 class OutcomeNotRecorded(ControlPlaneError):
     """The world call finished but its outcome could not be written to the ledger.
 
@@ -258,6 +274,8 @@ def error_from_response(status: int, payload: Any, text: str = "") -> ApiError:
         code = str(payload.get("error") or payload.get("code") or f"http_{status}")
         detail = payload.get("detail")
         cls = _BY_CODE.get(code) or _BY_STATUS.get(status, ApiError)
+        if cls is IdempotencyKeyReused and payload.get("compensated") is True:
+            cls = EffectCompensated
         return cls(status, code, detail, payload)
     cls = _BY_STATUS.get(status, ApiError)
     return cls(status, f"http_{status}", text[:500] or None, {})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._core import intervention_body
+
 JSON = dict[str, Any]
 
 __all__ = ["OperatorCalls"]
@@ -19,14 +21,7 @@ class OperatorCalls:
     def _call(self, method: str, path: str, body: Any = None, *, retry: bool, **kw: Any) -> JSON:
         raise NotImplementedError  # pragma: no cover
 
-    @staticmethod
-    def _intervention_body(
-        kind: str, reason: str, scope: str, options: JSON | None, override_reason: str | None
-    ) -> JSON:
-        body: JSON = {"kind": kind, "reason": reason, "scope": scope, "options": options or {}}
-        if override_reason:
-            body["override_reason"] = override_reason
-        return body
+    _intervention_body = staticmethod(intervention_body)
 
     def preview_intervention(
         self,

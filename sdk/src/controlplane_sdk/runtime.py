@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from ._util import json_default
+from ._core import default_key
 from .client import Client
-from .effects import EffectScope, carried_checkpoint
+from .effects import Ahead, EffectScope, carried_checkpoint
 from .errors import (
     ApiError,
     CancelRequested,
@@ -77,9 +76,8 @@ class RunContext:
         self.last_checkpoint_seq: int | None = claim.checkpoint.seq if claim.checkpoint else None
         self.current_step: str | None = None
         self.finished = False
-        # The next declaration, decided on the previous outcome (``fx.then(...)``): its body and what
-        # the declaration answered (a decision, or the error it would have raised).
-        self._ahead: tuple[JSON, EffectDecision | ApiError] | None = None
+        # The next declaration, decided on the previous outcome (``fx.then(...)``).
+        self._ahead = Ahead()
         # Effects declared under a default key in the current execution of each step, by
         # (step, tool, action): the next one's position (see ``effect``). Entering a step resets
         # its counts, so a step executed again (resume, redrive) replays the same keys.
@@ -310,9 +308,7 @@ class RunContext:
             raise ValueError("effect() needs step= (or run it inside `with ctx.step(name):`)")
         counted = None
         if key is None:
-            counted = (step, tool, action)
-            position = self._declared.get(counted, 0) + 1
-            key = f"{self.run_id}:{step}:{tool}:{action}" + (f":{position}" if position > 1 else "")
+            key, counted = default_key(self.run_id, step, tool, action, self._declared)
         return EffectScope(
             self,
             counted=counted,
@@ -378,46 +374,27 @@ class RunContext:
     @property
     def declared_ahead(self) -> bool:
         """An effect was authorized on the previous outcome and waits for its ``ctx.effect(...)``."""
-        ahead = self._ahead
-        return (
-            ahead is not None
-            and isinstance(ahead[1], EffectDecision)
-            and ahead[1].decision == "authorized"
-        )
-
-    @staticmethod
-    def _same(body: JSON) -> JSON:
-        """A declaration body as the server sees it (JSON), without the fencing token."""
-        plain: JSON = json.loads(json.dumps(body, default=json_default))
-        plain.pop("fencing_token", None)
-        return plain
+        return self._ahead.authorized
 
     def _hold_ahead(self, body: JSON, answer: EffectDecision | ApiError) -> None:
-        self._settle_ahead("another declaration rode on a later outcome")
-        self._ahead = (self._same(body), answer)
+        self._not_dispatched(
+            self._ahead.hold(body, answer), "another declaration rode on a later outcome"
+        )
 
     def _take_ahead(self, body: JSON) -> EffectDecision | None:
         """The decision the previous outcome carried for exactly this declaration (raised if it was
         a refusal), or ``None``: declare it now. An ahead declaration for anything else is settled."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        if ahead[0] != self._same(body):
-            self._ahead = ahead
-            self._settle_ahead("the agent declared another effect instead")
-            return None
-        if isinstance(ahead[1], ApiError):
-            raise ahead[1]
-        return ahead[1]
+        use, unused = self._ahead.take(body)
+        self._not_dispatched(unused, "the agent declared another effect instead")
+        return use
 
     def _settle_ahead(self, why: str) -> None:
+        self._not_dispatched(self._ahead.drop(), why)
+
+    def _not_dispatched(self, decision: EffectDecision | None, why: str) -> None:
         """An effect authorized ahead that the agent will not dispatch is recorded ``failed`` with
         ``not_dispatched``: true (the world never saw its key), so it leaves nothing unresolved."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or not isinstance(ahead[1], EffectDecision):
-            return
-        decision = ahead[1]
-        if decision.decision != "authorized" or self.lease_lost:
+        if decision is None or self.lease_lost:
             return
         log.warning(
             "run %s: effect %s declared ahead was not dispatched (%s)",

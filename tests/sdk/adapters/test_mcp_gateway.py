@@ -220,3 +220,33 @@ def test_an_upstream_given_as_a_command_is_spoken_to_over_stdio(cp, tmp_path):
     (result,) = asyncio.run(session(gw, [("echo__echo", {"text": "hi"})]))
     assert not result.is_error and result.content[0].text == "HI"
     assert [e["status"] for e in cp.effects(run)] == ["committed"]
+
+
+def test_the_gateway_awaits_the_control_plane_on_the_loop(cp, no_sdk_threads):
+    # No thread hop for a control-plane call (the gateway used asyncio.to_thread around a sync
+    # client); a pause and resume still goes through.
+    run, ctx = start(cp)
+    world: list = []
+    gw = McpGateway(ctx, {"payments": payments(world)}, watch_interval_s=0.05, pause_wait_s=10)
+
+    async def resume_once_paused():
+        for _ in range(400):  # up to 20 s: the gateway hands the lease back between calls
+            if cp.state(run) == "paused":
+                cp.resume(run)
+                return
+            await asyncio.sleep(0.05)
+
+    async def paused_then_resumed(agent):
+        cp.pause(run, "check the card")
+        resumer = asyncio.create_task(resume_once_paused())
+        result = await agent.call_tool("payments__charge", {"amount": 3})
+        await resumer
+        return result
+
+    first, second = asyncio.run(
+        session(gw, [("payments__charge", {"amount": 2}), paused_then_resumed])
+    )
+    assert not first.is_error and not second.is_error
+    assert world == [("charge", 2), ("charge", 3)]
+    assert cp.state(run) == "running"
+    assert type(gw.client).__name__ == "AsyncClient"

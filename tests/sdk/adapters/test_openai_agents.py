@@ -4,6 +4,8 @@ checkpoints the RunState, a new process resumes from it, and needs_approval is a
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -12,8 +14,8 @@ pytest.importorskip("agents")
 from agents import Agent
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from controlplane_sdk import Client, PauseRequested, Worker
-from controlplane_sdk.adapters.openai_agents import govern_tool, run_agent
+from controlplane_sdk import AsyncClient, AsyncWorker, Client, PauseRequested, Worker
+from controlplane_sdk.adapters.openai_agents import arun_agent, govern_tool, run_agent
 from tests.sdk.conftest import LEASE, RUN, FakeServer
 
 HB = f"/leases/{LEASE}/heartbeat"
@@ -133,3 +135,34 @@ def test_a_tool_timeout_is_recorded_unknown_and_stops_the_run(server: FakeServer
     with pytest.raises(TimeoutError):
         run_agent(ctx, agent, "buy")
     assert [b["status"] for b in server.bodies("POST", "/effects/e1/outcome")] == ["unknown"]
+
+
+def test_an_async_run_context_is_governed_natively_on_the_loop(server: FakeServer, no_sdk_threads):
+    server.on("POST", HB, GO, PAUSE)  # the same pause before charge as the sync test above
+    world: list = []
+
+    async def main():
+        transport = httpx.MockTransport(server.handler)
+        async with AsyncClient("http://cp", "t", transport=transport, backoff=0) as client:
+            ctx = await AsyncWorker(client, "w", "buyer").claim(RUN, heartbeat=False)
+            with pytest.raises(PauseRequested):
+                await arun_agent(ctx, buyer(ctx, world, script()), "buy sku-1")
+            return ctx
+
+    ctx = asyncio.run(main())
+    assert world == [("reserve", "sku-1")]
+    assert [d["action"] for d in server.bodies("POST", f"/runs/{RUN}/effects")] == ["reserve"]
+    held = server.bodies("POST", f"/runs/{RUN}/checkpoints")[-1]
+    assert held["step"] == "openai-agents next: charge"
+    assert ctx.state == held["state"]
+
+
+def test_a_sync_run_context_is_carried_on_the_loop_and_learns_what_happened(
+    server: FakeServer, no_sdk_threads
+):
+    ctx, world = claim(server), []
+    assert run_agent(ctx, buyer(ctx, world, script()), "buy sku-1") == "bought"
+    assert world == [("reserve", "sku-1"), ("charge", 10)]
+    last = server.bodies("POST", f"/runs/{RUN}/checkpoints")[-1]
+    assert ctx.state == last["state"] == {"final_output": "bought"}
+    assert ctx.last_checkpoint_seq is not None

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from ..effects import EffectScope
+from ..effects import ScopeBase
 
-_current: ContextVar[EffectScope | None] = ContextVar("controlplane_effect", default=None)
+_current: ContextVar[ScopeBase | None] = ContextVar("controlplane_effect", default=None)
 
 
-def current_effect() -> EffectScope:
+def current_effect() -> ScopeBase:
     """The declared effect of the governed tool call in progress: a tool that talks to an external
     system sends ``current_effect().idempotency_key`` with its request, so a replay cannot do it twice."""
     fx = _current.get()
@@ -31,7 +31,7 @@ def current_effect() -> EffectScope:
     return fx
 
 
-def recorded(fx: EffectScope, field: str, default: Any = None) -> Any:
+def recorded(fx: ScopeBase, field: str, default: Any = None) -> Any:
     """What an earlier attempt recorded for a replayed effect (its outcome detail's ``field``): the
     adapters answer a replayed tool call with it instead of calling the tool again."""
     detail = fx.result if isinstance(fx.result, dict) else {}
@@ -39,7 +39,7 @@ def recorded(fx: EffectScope, field: str, default: Any = None) -> Any:
 
 
 @contextlib.contextmanager
-def effect_in_progress(fx: EffectScope) -> Iterator[EffectScope]:
+def effect_in_progress(fx: ScopeBase) -> Iterator[ScopeBase]:
     token = _current.set(fx)
     try:
         yield fx

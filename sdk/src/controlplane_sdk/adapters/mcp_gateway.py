@@ -47,7 +47,9 @@ import mcp.types as types
 from mcp import Client
 from mcp.server import Server
 
-from ..client import Client as ControlPlane
+from ..aio import AsyncClient
+from ..aio_runtime import AsyncRunContext
+from ..client import Client as SyncControlPlane
 from ..errors import (
     ClaimRefused,
     ControlPlaneError,
@@ -87,15 +89,18 @@ _UNKNOWN_ON = (TimeoutError, asyncio.TimeoutError, OSError)
 class McpGateway:
     """An MCP server that governs one run's tool calls (see the module docstring).
 
-    Give ``ctx`` (a claimed :class:`RunContext`), or ``client`` and ``run_id``: the gateway then
-    claims the run itself on entry, waiting up to ``claim_wait_s`` for it to become claimable."""
+    Give ``ctx`` (a claimed :class:`AsyncRunContext`, or a sync :class:`RunContext`, whose attempt
+    the gateway then carries on the event loop), or ``client`` (an :class:`AsyncClient`, or a sync
+    ``Client`` whose server and token it uses) and ``run_id``: the gateway then claims the run
+    itself on entry, waiting up to ``claim_wait_s`` for it to become claimable. Every control-plane
+    call is awaited on the loop (``AsyncClient``): no thread is spent on the gateway's calls."""
 
     def __init__(
         self,
-        ctx: RunContext | None,
+        ctx: AsyncRunContext | RunContext | None,
         upstreams: dict[str, Any],
         *,
-        client: ControlPlane | None = None,
+        client: AsyncClient | SyncControlPlane | None = None,
         run_id: str | None = None,
         worker_name: str = "mcp-gateway",
         versions: dict[str, Any] | None = None,
@@ -108,8 +113,17 @@ class McpGateway:
     ) -> None:
         if ctx is None and (client is None or run_id is None):
             raise ValueError("McpGateway needs a claimed ctx, or client= and run_id=")
-        self.ctx = ctx
-        self.client: ControlPlane = client or ctx.client  # type: ignore[union-attr]
+        self._sync_ctx = ctx if isinstance(ctx, RunContext) else None
+        given = client if client is not None else ctx.client  # type: ignore[union-attr]
+        self._own_client = isinstance(given, SyncControlPlane)
+        self.client: AsyncClient = (
+            AsyncClient.like(given) if isinstance(given, SyncControlPlane) else given
+        )
+        self.ctx: AsyncRunContext | None = None
+        if isinstance(ctx, RunContext):  # its attempt, carried on the loop from here on
+            self.ctx = AsyncRunContext(self.client, ctx.claim_result, ctx.worker_name)
+        elif ctx is not None:
+            self.ctx = ctx
         self.run_id: str = run_id or ctx.run_id  # type: ignore[union-attr]
         self.worker_name = ctx.worker_name if ctx is not None else worker_name
         self.versions = versions or {}
@@ -136,6 +150,10 @@ class McpGateway:
     async def __aenter__(self) -> McpGateway:
         for name, target in self.upstreams.items():
             self.clients[name] = await self._stack.enter_async_context(Client(target))
+        if self._sync_ctx is not None and self._sync_ctx._thread is not None:
+            self._sync_ctx.stop_heartbeat()  # the loop's heartbeat task takes over
+            assert self.ctx is not None
+            self.ctx.start_heartbeat()
         if self.ctx is None:
             await self._claim(wait_s=self.claim_wait_s)
         await self._learn_positions()
@@ -147,7 +165,9 @@ class McpGateway:
             self._watcher.cancel()
         await self._stack.aclose()
         if self.ctx is not None:
-            self.ctx.close()
+            await self.ctx.stop_heartbeat()
+        if self._own_client:
+            await self.client.aclose()
 
     async def serve_stdio(self) -> None:
         from mcp.server.stdio import stdio_server
@@ -171,18 +191,20 @@ class McpGateway:
         async with self._lock:
             ctx = await self._holding()
             failure = None if outcome == "succeeded" else "error"
-            return await asyncio.to_thread(ctx.finish, outcome, failure, error)
+            answer = await ctx.finish(outcome, failure, error)
+            given = self._sync_ctx
+            if given is not None and given.attempt.id == ctx.attempt.id:
+                given.finished = True  # the attempt the caller's run loop holds is ended
+            return answer
 
     # -- the lease ---------------------------------------------------------------------------------
 
-    async def _claim(self, wait_s: float) -> RunContext | None:
+    async def _claim(self, wait_s: float) -> AsyncRunContext | None:
         """Claim the run (a new attempt); wait up to ``wait_s`` while it is not claimable yet."""
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             try:
-                claim = await asyncio.to_thread(
-                    self.client.claim, self.run_id, self.worker_name, self.versions
-                )
+                claim = await self.client.claim(self.run_id, self.worker_name, self.versions)
             except ClaimRefused:
                 if asyncio.get_running_loop().time() >= deadline:
                     if self.ctx is None:
@@ -190,15 +212,15 @@ class McpGateway:
                     return None
                 await asyncio.sleep(min(self.watch_interval_s, 1.0))
                 continue
-            old, self.ctx = self.ctx, RunContext(self.client, claim, self.worker_name)
+            old, self.ctx = self.ctx, AsyncRunContext(self.client, claim, self.worker_name)
             if old is not None:
-                old.close()
+                await old.stop_heartbeat()
             self.ctx.start_heartbeat()
             self._released, self._stopped_why = False, ""
             log.info("run %s: claimed (attempt %s)", self.run_id, claim.attempt.number)
             return self.ctx
 
-    async def _holding(self) -> RunContext:
+    async def _holding(self) -> AsyncRunContext:
         """The context of a lease we hold; claims the run again if it was taken away."""
         ctx = self.ctx
         if ctx is not None and not ctx.lease_lost and not self._released:
@@ -214,7 +236,7 @@ class McpGateway:
         if ctx is None or self._released:
             return
         self._released, self._stopped_why = True, why
-        await asyncio.to_thread(ctx.release, f"MCP gateway stopped between calls: {why}")
+        await ctx.release(f"MCP gateway stopped between calls: {why}")
 
     async def _watch(self) -> None:
         """Between calls: hand the lease back on pause/cancel, claim the run again after resume."""
@@ -236,7 +258,7 @@ class McpGateway:
             if ctx.directive in ("pause", "cancel", "stop") and self._in_flight == 0:
                 await self._let_go(ctx.directive_reason or f"directive {ctx.directive}")
             return
-        state = (await asyncio.to_thread(self.client.get_run, self.run_id)).get("state")
+        state = (await self.client.get_run(self.run_id)).get("state")
         if state == "queued":
             await self._reclaimed()
 
@@ -249,7 +271,7 @@ class McpGateway:
         """Where each tool's numbering continues, from the ledger: after the last resolved call,
         or at the first call whose outcome the ledger does not know (a retry of that call is then
         the same effect, not a second one)."""
-        effects = await asyncio.to_thread(self.client.list_effects, self.run_id)
+        effects = await self.client.list_effects(self.run_id)
         self._positions = positions(effects, f"{self.run_id}:mcp:")
 
     def _key(self, tool: str, params: types.CallToolRequestParams) -> tuple[str, bool]:
@@ -335,22 +357,22 @@ class McpGateway:
 
     async def _operator_reason(self) -> str:
         """The reason the operator gave for the pause or cancel (the run's history has it)."""
-        events = await asyncio.to_thread(self.client.get_history, self.run_id)
+        events = await self.client.get_history(self.run_id)
         for e in reversed(events):
             data = e.get("data") or {}
             if e.get("kind") == "state_changed" and data.get("event") in ("pause", "cancel"):
                 return str(data.get("reason") or "")
         return self._stopped_why
 
-    async def _why(self, ctx: RunContext) -> str:
+    async def _why(self, ctx: AsyncRunContext) -> str:
         """The operator's reason for the directive (a heartbeat carries it)."""
         try:
-            await asyncio.to_thread(ctx.refresh)
+            await ctx.refresh()
         except ControlPlaneError:
             pass
         return ctx.directive_reason
 
-    async def _reclaimed(self) -> RunContext | None:
+    async def _reclaimed(self) -> AsyncRunContext | None:
         """Claim the run again if it is claimable now (after a resume or a recovery)."""
         fresh = await self._claim(wait_s=0)
         if fresh is not None:
@@ -359,14 +381,14 @@ class McpGateway:
 
     async def _refusal(self, tool: str) -> tuple[str, types.CallToolResult]:
         """The run's state and why a call cannot go through in it, as a tool error."""
-        run = await asyncio.to_thread(self.client.get_run, self.run_id)
+        run = await self.client.get_run(self.run_id)
         state = str(run.get("state") or "unknown")
         why = await self._operator_reason() if state in PAUSED | {"cancelling", "cancelled"} else ""
         return state, error(refusal_text(state, tool, why))
 
     async def _governed(
         self,
-        ctx: RunContext,
+        ctx: AsyncRunContext,
         client: Client,
         upstream: str,
         name: str,
@@ -382,7 +404,7 @@ class McpGateway:
                 unknown_on=_UNKNOWN_ON, approval_id=approval_id,
             )  # fmt: skip
             try:
-                await asyncio.to_thread(scope.__enter__)
+                await scope.__aenter__()
                 break
             except EffectDenied as denied:
                 if denied.reason != "approval_required" or approval_id is not None:
@@ -399,7 +421,7 @@ class McpGateway:
             call = client.call_tool(name, args, meta=meta)
             result = await asyncio.wait_for(call, self.call_timeout_s)
         except BaseException as exc:
-            await asyncio.to_thread(scope.__exit__, type(exc), exc, exc.__traceback__)
+            await scope.__aexit__(type(exc), exc, exc.__traceback__)
             if isinstance(exc, Exception):
                 return error(
                     f"{label} may or may not have happened: the tool server did not answer "
@@ -412,7 +434,7 @@ class McpGateway:
         else:
             scope.committed(detail={"result": plain(result)})
         try:
-            await asyncio.to_thread(scope.__exit__, None, None, None)
+            await scope.__aexit__(None, None, None)
         except OutcomeNotRecorded as err:
             # The tool did answer: the client gets its answer; the ledger says in flight until
             # recovery reconciles it (a retry of this call is refused until then, never re-sent).
@@ -420,17 +442,13 @@ class McpGateway:
         return result
 
     async def _approval(
-        self, ctx: RunContext, upstream: str, name: str, args: dict[str, Any]
+        self, ctx: AsyncRunContext, upstream: str, name: str, args: dict[str, Any]
     ) -> tuple[str | None, str]:
         """Request the approval the server demands for exactly this call and wait for it: its id if
         approved (else None), and what became of it (Approval.outcome: never "rejected" for a
         timeout)."""
-        approval_id = await asyncio.to_thread(
-            ctx.request_approval,
-            canonical_name(upstream),
-            canonical_name(name),
-            args,
-            f"MCP call {upstream}{SEP}{name}",
+        approval_id = await ctx.request_approval(
+            canonical_name(upstream), canonical_name(name), args, f"MCP call {upstream}{SEP}{name}"
         )
-        approval = await asyncio.to_thread(ctx.await_approval, approval_id, self.approval_timeout_s)
+        approval = await ctx.await_approval(approval_id, self.approval_timeout_s)
         return (approval_id if approval.approved else None), approval.outcome()

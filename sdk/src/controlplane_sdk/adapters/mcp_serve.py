@@ -25,7 +25,7 @@ import signal
 import sys
 from typing import Any
 
-from ..client import Client
+from ..aio import AsyncClient
 from .mcp_gateway import McpGateway
 
 
@@ -63,7 +63,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace) -> None:
     upstreams = dict(u.split("=", 1) for u in args.upstream)
-    client = Client(args.url, os.environ[args.token_env])
+    client = AsyncClient(args.url, os.environ[args.token_env])
     gateway = McpGateway(
         None,
         {name: upstream_target(spec) for name, spec in upstreams.items()},
@@ -84,7 +84,7 @@ async def serve(args: argparse.Namespace) -> None:
             await gateway.serve_http(args.host, args.http, args.path, timeout_graceful_shutdown=2)
         if args.finish_on_exit:
             await gateway.finish("succeeded")
-    client.close()
+    await client.aclose()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,12 @@ check turns it into an interruption): the adapter writes the ``RunState`` as a c
 raising on pause/cancel/stop -- and only then lets the call through. A resumed run, in any process,
 loads that state and lets the held call through: it is declared then, under a key derived from the
 run and the model's tool call id, which the ``RunState`` keeps, so a replay cannot charge twice.
+
+The agent runs on an event loop, and so do the adapter's control-plane calls: give an
+:class:`~controlplane_sdk.AsyncRunContext` (``AsyncWorker`` + ``arun_one``), or a sync
+``RunContext`` (``run_agent_loop``), whose attempt the adapter then carries on the loop with an
+``AsyncClient`` for the length of the agent run (the sync context's heartbeat thread keeps the
+lease; its state, checkpoint sequence and a lost lease are written back when the run returns).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from agents import Agent, FunctionTool, Runner, RunState, function_tool
 from agents.exceptions import UserError
 from agents.tool_context import ToolContext
 
+from ..aio import AsyncClient
+from ..aio_runtime import AsyncRunContext
 from ..errors import ControlPlaneError
 from ..runtime import RunContext
 from . import effect_in_progress, recorded
@@ -42,23 +50,25 @@ class Governance:
     """What the adapter remembers for one run: the tool calls waiting at their boundary (and whether
     each needs a human approval), and the approval each approved call cites when it is declared."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext | AsyncRunContext) -> None:
         self.ctx = ctx
+        #: the async context the calls go through while an agent runs (see ``_on_the_loop``)
+        self.host: AsyncRunContext | None = ctx if isinstance(ctx, AsyncRunContext) else None
         self.asks: dict[str, bool] = {}  # call id -> the tool needs a human approval
         self.approvals: dict[str, str] = {}  # call id -> approval id
         self.tools: dict[str, tuple[str, str]] = {}  # function tool name -> (tool, action)
 
 
-def _governance(ctx: RunContext) -> Governance:
+def _governance(ctx: RunContext | AsyncRunContext) -> Governance:
     gov = getattr(ctx, "_openai_agents", None)
     if gov is None:
         gov = Governance(ctx)
-        ctx._openai_agents = gov  # type: ignore[attr-defined]
+        setattr(ctx, "_openai_agents", gov)  # noqa: B010 (a run context has no slot for it)
     return gov
 
 
 def govern_tool(
-    ctx: RunContext,
+    ctx: RunContext | AsyncRunContext,
     fn: Callable[..., Any] | FunctionTool,
     *,
     tool: str,
@@ -87,44 +97,80 @@ def govern_tool(
     async def invoke(tool_ctx: ToolContext[Any], raw_args: str) -> Any:
         # The boundary check asked the server a moment ago; the declaration below is refused by the
         # server anyway if a pause committed since (run_paused), so no second round trip here.
-        ctx.check_directive(refresh=False)
+        host = gov.host
+        if host is None:
+            raise RuntimeError("a governed tool runs inside run_agent / arun_agent")
+        await host.check_directive(refresh=False)
         call_id = tool_ctx.tool_call_id
-        scope = ctx.effect(
+        scope = host.effect(
             tool,
             action,
-            key=f"{ctx.run_id}:{call_id}",
-            step=ctx.current_step or f"openai-agents:{ft.name}",
+            key=f"{host.run_id}:{call_id}",
+            step=host.current_step or f"openai-agents:{ft.name}",
             args=json.loads(raw_args or "{}"),
             compensate=compensate,
             irreversible=irreversible,
             unknown_on=unknown_on + (asyncio.TimeoutError,),
             approval_id=gov.approvals.get(call_id),
         )
-        await asyncio.to_thread(scope.__enter__)
+        await scope.__aenter__()
         if scope.already_done:
             return recorded(scope, "result", "")
         try:
             with effect_in_progress(scope):  # the tool reads current_effect().idempotency_key
                 result = await inner(tool_ctx, raw_args)
         except BaseException as exc:
-            await asyncio.to_thread(scope.__exit__, type(exc), exc, exc.__traceback__)
+            await scope.__aexit__(type(exc), exc, exc.__traceback__)
             exc._controlplane_governed = True  # type: ignore[attr-defined]  # see _run
             raise
         scope.committed(detail={"result": result if isinstance(result, str) else str(result)})
-        await asyncio.to_thread(scope.__exit__, None, None, None)
+        await scope.__aexit__(None, None, None)
         return result
 
     return dataclasses.replace(ft, on_invoke_tool=invoke, needs_approval=boundary)
 
 
 async def arun_agent(
-    ctx: RunContext, agent: Agent[Any], agent_input: str | list[Any], **runner_kwargs: Any
+    ctx: RunContext | AsyncRunContext,
+    agent: Agent[Any],
+    agent_input: str | list[Any],
+    **runner_kwargs: Any,
 ) -> Any:
     """Run the agent (or continue it from the run's stored ``RunState``); returns the final output.
 
     Each tool call is a durable boundary: the ``RunState`` (the call not yet made) is written as a
     checkpoint, then the directive is asked; a pause, cancel or stop raises there. A tool that needs
     approval gets a control-plane approval; the others go ahead."""
+    if isinstance(ctx, AsyncRunContext):
+        return await _arun(ctx, agent, agent_input, **runner_kwargs)
+    return await _on_the_loop(ctx, agent, agent_input, **runner_kwargs)
+
+
+async def _on_the_loop(
+    ctx: RunContext, agent: Agent[Any], agent_input: str | list[Any], **runner_kwargs: Any
+) -> Any:
+    """A sync context's attempt carried on the loop: an async twin on the same lease and fencing
+    token for the agent run, whatever it learnt written back to ``ctx`` after."""
+    gov = _governance(ctx)
+    client = AsyncClient.like(ctx.client)
+    twin = AsyncRunContext(client, ctx.claim_result, ctx.worker_name)
+    twin.state, twin.last_checkpoint_seq = dict(ctx.state), ctx.last_checkpoint_seq
+    twin.current_step, twin.directive = ctx.current_step, ctx.directive
+    setattr(twin, "_openai_agents", gov)  # noqa: B010
+    gov.host = twin
+    try:
+        return await _arun(twin, agent, agent_input, **runner_kwargs)
+    finally:
+        gov.host = None
+        ctx.state, ctx.last_checkpoint_seq = twin.state, twin.last_checkpoint_seq
+        if twin._lease_lost is not None:
+            ctx._mark_lease_lost(twin._lease_lost)
+        await client.aclose()
+
+
+async def _arun(
+    ctx: AsyncRunContext, agent: Agent[Any], agent_input: str | list[Any], **runner_kwargs: Any
+) -> Any:
     gov = _governance(ctx)
     stored = (ctx.state or {}).get(STATE_KEY)
     run_input: Any = agent_input
@@ -136,25 +182,22 @@ async def arun_agent(
         result = await _run(agent, run_input, **runner_kwargs)
         if not result.interruptions:
             final = result.final_output
-            await asyncio.to_thread(
-                ctx.checkpoint, "openai-agents end", {"final_output": str(final)}
-            )
+            await ctx.checkpoint("openai-agents end", {"final_output": str(final)})
             return final
         state = result.to_state()
         asks = {i.call_id: gov.asks.get(i.call_id, False) for i in result.interruptions}
         first = result.interruptions[0]
-        await asyncio.to_thread(
-            ctx.checkpoint,
+        await ctx.checkpoint(
             f"openai-agents next: {first.tool_name or first.name}",
             {STATE_KEY: {"state": state.to_json(), "asks": asks}},
         )
-        await asyncio.to_thread(ctx.check_directive)  # raises the pause / cancel / stop
+        await ctx.check_directive()  # raises the pause / cancel / stop
         await _let_through(ctx, gov, state, result.interruptions, asks)
         run_input = state
 
 
 async def _let_through(
-    ctx: RunContext, gov: Governance, state: RunState, items: list[Any], asks: dict[str, bool]
+    ctx: AsyncRunContext, gov: Governance, state: RunState, items: list[Any], asks: dict[str, bool]
 ) -> None:
     for item in items:
         if asks.get(item.call_id, False):
@@ -176,18 +219,17 @@ async def _run(agent: Agent[Any], run_input: Any, **kw: Any) -> Any:
         raise
 
 
-async def _decide(ctx: RunContext, gov: Governance, state: RunState, item: Any) -> None:
+async def _decide(ctx: AsyncRunContext, gov: Governance, state: RunState, item: Any) -> None:
     """A tool that needs approval: one control-plane approval for exactly this call's arguments."""
     args = json.loads(item.arguments or "{}") if isinstance(item.arguments, str) else {}
-    approval_id = await asyncio.to_thread(
-        ctx.request_approval,
+    approval_id = await ctx.request_approval(
         *gov.tools.get(item.tool_name or item.name or "", ("tool", "call")),
         args,
         f"the agent wants to call {item.tool_name or item.name}",
     )
-    approval = await asyncio.to_thread(ctx.await_approval, approval_id)
+    approval = await ctx.await_approval(approval_id)
     if approval.pending:
-        await asyncio.to_thread(ctx.check_directive)
+        await ctx.check_directive()
         raise TimeoutError(f"approval {approval_id} was not decided")
     if approval.approved:
         gov.approvals[item.call_id] = approval_id
