@@ -55,6 +55,7 @@ class DatabaseCollector(Collector):
         yield from self._interventions(now)
         yield from self._compensation(now)
         yield from _broker()
+        yield from _anchors()
 
     def _runs(self) -> Iterator[Metric]:
         runs = GaugeMetricFamily("controlplane_runs", "Runs by state.", labels=["state"])
@@ -166,8 +167,9 @@ class DatabaseCollector(Collector):
         failed_jobs = (
             Job.objects.filter(status=Job.FAILED).values_list("kind").annotate(n=Count("*"))
         )
-        for kind, n in failed_jobs.order_by():
-            gave_up.add_metric([kind], n)
+        failed = dict(failed_jobs.order_by())
+        for kind in Job.KINDS:  # zeros too: an alert on a series that is absent never fires
+            gave_up.add_metric([kind], failed.get(kind, 0))
         yield pending_jobs
         yield oldest_jobs
         yield overdue_jobs
@@ -224,6 +226,33 @@ def _broker() -> Iterator[Metric]:
     yield depth
     yield GaugeMetricFamily(
         "controlplane_broker_up", "Whether the broker answered this scrape (1) or not (0).", up
+    )
+
+
+def _anchors() -> Iterator[Metric]:
+    """When the newest external anchor of the audit chain was written (the sink's last line, read
+    from its end), so an alert can say the trail stopped: audit_verify --anchors calls an anchor
+    older than three intervals stale (audit/anchors/verify.py)."""
+    import json
+
+    from audit.anchors.sink import sink
+
+    at = 0.0
+    try:
+        last = getattr(sink(), "last", lambda: None)()
+        if last:
+            at = datetime.fromisoformat(json.loads(last)["at"]).timestamp()
+    except Exception:  # an unreadable sink reads as no anchor: the alert fires, which is right
+        at = 0.0
+    yield GaugeMetricFamily(
+        "controlplane_audit_anchor_last_timestamp_seconds",
+        "Unix time of the newest external audit anchor (0: none readable from this process).",
+        value=at,
+    )
+    yield GaugeMetricFamily(
+        "controlplane_audit_anchor_interval_seconds",
+        "ANCHOR_INTERVAL_S: how often the beat writes an anchor (0: anchoring is off).",
+        value=settings.ANCHOR_INTERVAL_S,
     )
 
 

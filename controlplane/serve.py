@@ -36,6 +36,7 @@ log = logging.getLogger("controlplane.serve")
 PROBES = ("/healthz", "/readyz")
 WS_SERVICE_RESTART = 1012
 HARD_EXIT_AFTER_S = 2.0
+FRESH_S = 1.0  # how long the drain leaves a just-accepted connection open for its first request
 
 
 def drain_timeout_s() -> float:
@@ -81,6 +82,7 @@ class DrainingServer(Server):
         super().__init__(application, *args, **kwargs)
         self.ports: list = []
         self.channels: weakref.WeakSet = weakref.WeakSet()
+        self.accepted_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._tracking = False
 
     def listen_success(self, port):
@@ -93,6 +95,7 @@ class DrainingServer(Server):
             def build_and_track(addr):
                 channel = build(addr)
                 self.channels.add(channel)
+                self.accepted_at[channel] = time.monotonic()
                 return channel
 
             self.http_factory.buildProtocol = build_and_track
@@ -158,7 +161,11 @@ class DrainingServer(Server):
                 transport = getattr(inner, "transport", None)
                 if transport is None or getattr(transport, "disconnected", True):
                     continue
-                if getattr(inner, "requests", None) or _unread_bytes(transport):
+                fresh = time.monotonic() - self.accepted_at.get(channel, 0.0) < FRESH_S
+                if getattr(inner, "requests", None) or _unread_bytes(transport) or fresh:
+                    # A connection accepted a moment ago may not have its request in yet: a proxy
+                    # sends it right after the handshake, and closing first cuts it off unanswered
+                    # (HAProxy's SD--, seen once in 15 rolling restarts). It is given FRESH_S.
                     busy += 1
                 else:
                     transport.loseConnection()

@@ -65,6 +65,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "core.middleware.RequestIdsMiddleware",  # the request id on every log line and span
     "core.metrics.ProtocolTimingMiddleware",  # protocol-call latency by endpoint (/metrics)
+    "api.protocol_version.ProtocolVersionMiddleware",  # X-Controlplane-Protocol, before any call
     # Right after it: masks card numbers and secrets in every page and export (core/redaction.py).
     "core.redaction.RedactResponsesMiddleware",
     "django.middleware.security.SecurityMiddleware",

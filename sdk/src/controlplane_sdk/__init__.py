@@ -13,6 +13,7 @@ Import as ``controlplane_sdk``. Main entry points:
 
 from typing import TYPE_CHECKING, Any
 
+from ._core import PROTOCOL_VERSION
 from .client import API_PREFIX, Client
 from .effects import EffectScope
 from .errors import (
@@ -82,6 +83,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "API_PREFIX",
+    "PROTOCOL_VERSION",
     "Client",
     "AsyncClient",
     "AsyncWorker",

@@ -52,6 +52,10 @@ log = logging.getLogger("controlplane_sdk")
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({502, 503, 504})
 DRAINING_HEADER = "X-Controlplane-Draining"  # the server's "refused unread, send it again"
+# The worker protocol this SDK speaks, sent on every call: a server that does not speak it answers
+# 400 protocol_version_unsupported naming both versions instead of misreading the call.
+PROTOCOL_HEADER = "X-Controlplane-Protocol"
+PROTOCOL_VERSION = 1
 MAX_WAIT_S = 60.0  # the server refuses longer heartbeat long-polls
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -86,7 +90,12 @@ def root_url(base_url: str) -> str:
 
 
 def default_headers(token: str, agent: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": agent}
+    return {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json",
+        "User-Agent": agent,
+        PROTOCOL_HEADER: str(PROTOCOL_VERSION),
+    }
 
 
 def default_key(
