@@ -46,7 +46,11 @@ urlpatterns = [path("boom/", boom), path("fine/", fine)]
 
 
 def _settings_value(env: dict[str, str], expr: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "CONTROLPLANE_PRODUCTION")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DEBUG", "CONTROLPLANE_PRODUCTION", "DB_SYNCHRONOUS_COMMIT")
+    }
     code = f"import django; django.setup(); from django.conf import settings; print({expr})"
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -74,6 +78,9 @@ def test_production_refuses_debug():
     refused = _settings_value(production | {"DEBUG": "1"}, "settings.DEBUG")
     assert refused.returncode != 0
     assert "DEBUG=1 is refused when CONTROLPLANE_PRODUCTION=1" in refused.stderr
+    # the suite's cheap commits (make test) are never a production setting
+    lax = _settings_value(production | {"DB_SYNCHRONOUS_COMMIT": "off"}, "settings.DEBUG")
+    assert lax.returncode != 0 and "DB_SYNCHRONOUS_COMMIT must stay on" in lax.stderr
 
 
 def _get_500(client: Client) -> str:

@@ -59,7 +59,9 @@ class LiveControlPlane:
         wait_s: float = 90.0,
     ) -> None:
         self.url, self.agent, self.scopes, self.wait_s = url, agent, scopes, wait_s
-        self.claim_wait_s = 30.0  # a retried run is claimable after the server's retry backoff
+        self.claim_wait_s = (
+            90.0  # a retried run is claimable after the server's retry backoff (slow when loaded)
+        )
         self._worker_token = worker_token
         self.operator = Client(url, operator_token, timeout=20)
         self._lost: set[tuple[Any, Any]] = set()
