@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test walk lint docs venv browser migrate seed bench bench-console bench-multihost faults-test check-deploy clean
+.PHONY: run test walk lint docs venv browser haproxy migrate seed bench bench-console bench-multihost faults-test check-deploy clean
 
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -28,6 +28,11 @@ seed: migrate  ## roles, demo users (logins printed), agents and worker tokens
 
 run: seed  ## start console/API (ASGI), Celery worker + beat, the demo world and demo agents; restarts what dies; Ctrl-C stops all
 	$(PY) -m demo.supervisor
+
+haproxy:  ## Debian's HAProxy, the load balancer of the rolling-restart and faults tests (skipped, saying so, without it)
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { command -v apt-get >/dev/null && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }; }; } || \
+		echo "could not install haproxy: the rolling-restart and faults tests will say they are skipped"
 
 browser:  ## Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium; no browser downloads)
 	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && apt-get update -qq && \
@@ -72,14 +77,14 @@ BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_
 bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY), live pages under protocol load (≤ 8 min; BENCH_QUICK=1 ~2 min); bench/results/console.json
 	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.console
 
-rolling-restart-test: venv  ## two API replicas behind HAProxy restarted in turn under 16 SDK workers (issue 22)
+rolling-restart-test: venv haproxy  ## two API replicas behind HAProxy restarted in turn under 16 SDK workers (issue 22)
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_ROLLING_TEST=1; \
 	$(PY) -m pytest tests/deploy/test_rolling_restart.py $(PYTEST_ARGS)
 
 bench-multihost: venv  ## issue 22 item 8: effects/s and CPU per effect with 1 and 2 API hosts (network namespaces, root) behind HAProxy (BENCH_QUICK=1 ~1 min); bench/results/multihost.json, also in make bench's summary
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.multihost
 
-faults-test: venv  ## faults across hosts in network namespaces (issue 22 item 5, 50-100 s, root): docs/operations/faults.md
+faults-test: venv haproxy  ## faults across hosts in network namespaces (issue 22 item 5, 50-100 s, root): docs/operations/faults.md
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_FAULTS_TEST=1; \
 	$(PY) -m pytest -s -p no:randomly tests/deploy/test_faults.py $(PYTEST_ARGS)
 
