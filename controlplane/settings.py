@@ -16,6 +16,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.limits import MAX_BODY_BYTES
+from core.roles import ROLES
 from core.redaction import DEFAULT_KEY_PARTS as DEFAULT_REDACTION_KEY_PARTS
 from core.redaction import DEFAULT_KEYS as DEFAULT_REDACTION_KEYS
 
@@ -279,8 +280,38 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 AUTHENTICATION_BACKENDS = [
     "core.throttle.LoginThrottleBackend",  # django-axes: refuses a locked-out username+IP first
-    "django.contrib.auth.backends.ModelBackend",
+    # Local passwords, as LOCAL_LOGIN allows (on / admins: break-glass only / off).
+    "console.sso.BreakGlassModelBackend",
+    # OpenID Connect (docs/operations/identity.md): listed always, it only answers the IdP's callback.
+    "console.sso.OIDCBackend",
 ]
+LOCAL_LOGIN = env_str("LOCAL_LOGIN", "on")
+if LOCAL_LOGIN not in ("on", "admins", "off"):
+    raise ImproperlyConfigured(f"LOCAL_LOGIN must be on, admins or off, not {LOCAL_LOGIN!r}")
+# --- single sign-on (OpenID Connect, mozilla-django-oidc); off while OIDC_RP_CLIENT_ID is empty.
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET", "")
+OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT", "")
+OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT", "")
+OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT", "")
+OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT", "")
+OIDC_USE_PKCE = env_bool("OIDC_USE_PKCE", True)
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+# IdP group -> roles: "payments-ops=operator,sec=security_responder+approver" (roles joined by +).
+OIDC_GROUP_ROLES: dict[str, list[str]] = {}
+for _pair in env_list("OIDC_GROUP_ROLES", []):
+    _group, _sep, _roles = _pair.partition("=")
+    _unknown = sorted(set(_roles.split("+")) - set(ROLES))
+    if not _sep or not _group.strip() or _unknown:
+        raise ImproperlyConfigured(
+            f"OIDC_GROUP_ROLES: {_pair!r} must be group=role[+role], roles among {ROLES}"
+        )
+    OIDC_GROUP_ROLES[_group.strip()] = _roles.split("+")
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/"
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failures for one username from one client
 # IP, that pair is locked out for LOGIN_LOCKOUT_MINUTES (a successful login resets the count). The
 # client IP is core.auth.client_ip, the same the audit records (TRUSTED_PROXIES below).

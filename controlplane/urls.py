@@ -1,18 +1,21 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from api.app import api
 from console.logout import LogoutView
+from console.sso import LoginView, SsoCallbackView, SsoStartView
 from controlplane.metrics import metrics
 
 urlpatterns = [
     path("", include("console.urls")),
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=False),
+        LoginView.as_view(redirect_authenticated_user=False),
         name="login",
     ),
+    # OpenID Connect (console/sso.py; 404 unless OIDC_RP_CLIENT_ID is set).
+    path("oidc/authenticate/", SsoStartView.as_view(), name="oidc_authentication_init"),
+    path("oidc/callback/", SsoCallbackView.as_view(), name="oidc_authentication_callback"),
     path(
         "accounts/logout/",
         LogoutView.as_view(next_page="/accounts/login/"),

@@ -46,7 +46,11 @@ def _anonymous(username: str, request: HttpRequest | None) -> Actor:
 
 def record_login(*, user, request: HttpRequest | None) -> AuditEvent:
     actor = actor_for_user(user, request, component=_component(request))
-    return record_audit(actor=actor, action=LOGIN, object_type="user", object_id=user.pk)
+    # Which way they came in: a password here or the identity provider (audit/access/sso.py).
+    method = "oidc" if getattr(user, "backend", "").endswith("OIDCBackend") else "password"
+    return record_audit(
+        actor=actor, action=LOGIN, object_type="user", object_id=user.pk, context={"method": method}
+    )
 
 
 def record_logout(*, user, request: HttpRequest | None) -> AuditEvent | None:

@@ -1,0 +1,30 @@
+"""Seed the test IdP: one client for the controlplane, users with groups. argv: redirect_uri."""
+
+import json
+import sys
+
+import django
+
+django.setup()
+
+from django.contrib.auth.models import Group, User  # noqa: E402
+from oauth2_provider.models import Application  # noqa: E402
+
+spec = json.loads(sys.argv[1])
+for name, groups in spec["users"].items():
+    user = User.objects.filter(username=name).first() or User.objects.create_user(
+        name, email=f"{name}@example.test", password="idp-pass-1"
+    )
+    user.groups.set([Group.objects.get_or_create(name=g)[0] for g in groups])
+Application.objects.filter(client_id="controlplane").delete()
+Application.objects.create(
+    name="controlplane",
+    client_id="controlplane",
+    client_secret="cp-secret",
+    hash_client_secret=False,
+    client_type=Application.CLIENT_CONFIDENTIAL,
+    authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
+    redirect_uris=spec["redirect_uri"],
+    algorithm=Application.RS256_ALGORITHM,
+    skip_authorization=True,
+)
