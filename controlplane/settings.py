@@ -16,9 +16,9 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.limits import MAX_BODY_BYTES
-from core.roles import ROLES
 from core.redaction import DEFAULT_KEY_PARTS as DEFAULT_REDACTION_KEY_PARTS
 from core.redaction import DEFAULT_KEYS as DEFAULT_REDACTION_KEYS
+from core.roles import ROLES
 
 from .embedded import embedded_broker_wal
 from .env import env_bool, env_int, env_list, env_str

@@ -23,7 +23,7 @@ from django.http import HttpRequest
 
 from audit.models import AuditEvent
 from audit.services import record_audit
-from core.actors import Actor, system_actor
+from core.actors import Actor
 from core.auth import request_meta
 from core.live import push_session_check
 from core.roles import ROLES
@@ -73,9 +73,9 @@ def username_from(claims: dict[str, Any]) -> str:
 
 
 def _idp_actor(username: str, request: HttpRequest | None) -> Actor:
+    """Who acts at an IdP login: the person the IdP vouches for, not yet signed in."""
     meta = request_meta(request) if request is not None else {}
-    base = system_actor("console", name="identity-provider")
-    return Actor(kind="anonymous", name=username or base.name, component="console", **meta)
+    return Actor(kind="anonymous", name=username or "?", component="console", **meta)
 
 
 def refuse(*, username: str, reason: str, request: HttpRequest | None, **context: Any) -> None:
@@ -128,7 +128,7 @@ def _apply(username: str, claims, groups: list[str], grant: RoleGrant, request):
         raise LoginRefused(f"{username!r} is deactivated here", groups=groups)
     actor = _idp_actor(username, request)
     created = user is None
-    if created:
+    if user is None:
         user = User(username=username, email=str(claims.get("email") or "")[:254])
         user.set_unusable_password()
         user.save()

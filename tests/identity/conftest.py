@@ -48,7 +48,10 @@ class Idp:
 
     def manage(self, *args: str) -> None:
         subprocess.run(
-            [sys.executable, "-m", "django", *args], env=self.env, cwd=ROOT, check=True,
+            [sys.executable, "-m", "django", *args],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
             capture_output=True,
         )
 
@@ -56,16 +59,29 @@ class Idp:
         spec = json.dumps({"users": users, "redirect_uri": self.redirect_uri})
         subprocess.run(
             [sys.executable, str(ROOT / "tests/identity/provider/seed.py"), spec],
-            env=self.env, cwd=ROOT, check=True, capture_output=True,
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
         )
 
     def start(self) -> None:
         self.manage("migrate", "--noinput")
         self.set_users(USERS)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "runserver", "--noreload", "--nothreading",
-             f"127.0.0.1:{self.port}"],
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "runserver",
+                "--noreload",
+                "--nothreading",
+                f"127.0.0.1:{self.port}",
+            ],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

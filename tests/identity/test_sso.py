@@ -66,7 +66,9 @@ def test_groups_that_grant_no_role_get_a_clear_page_and_no_role(live_server, sso
     assert "grant no role" in answer.text and "marketing" in answer.text
     assert not roles_of(get_user_model().objects.get(username="ana"))
     refused = _events("sso_login_refused")[-1]
-    assert refused.outcome == AuditEvent.DENIED and refused.context["ignored_groups"] == ["marketing"]
+    assert refused.outcome == AuditEvent.DENIED and refused.context["ignored_groups"] == [
+        "marketing"
+    ]
     # Not signed in: the console sends them to the login page.
     assert "/accounts/login/" in http.get(f"{live_server.url}/", timeout=10).url
 

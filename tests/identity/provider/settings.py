@@ -22,8 +22,13 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{BASE}/idp.sqlite3"}}
-TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
-              "DIRS": [os.path.join(os.path.dirname(__file__), "templates")]}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "DIRS": [os.path.join(os.path.dirname(__file__), "templates")],
+    }
+]
 # The controlplane and the IdP share 127.0.0.1 in the tests: cookies do not tell ports apart.
 SESSION_COOKIE_NAME = "idp_session"
 CSRF_COOKIE_NAME = "idp_csrf"
@@ -33,7 +38,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 _key_file = f"{BASE}/key.pem"
 if not os.path.exists(_key_file):
     with open(_key_file, "wb") as fh:
-        fh.write(jwk.JWK.generate(kty="RSA", size=2048).export_to_pem(private_key=True, password=None))
+        fh.write(
+            jwk.JWK.generate(kty="RSA", size=2048).export_to_pem(private_key=True, password=None)
+        )
 OAUTH2_PROVIDER = {
     "OIDC_ENABLED": True,
     "OIDC_RSA_PRIVATE_KEY": open(_key_file).read(),
