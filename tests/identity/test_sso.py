@@ -85,7 +85,8 @@ def test_a_tampered_state_is_refused_with_400_and_audited(live_server, sso):
 def test_a_state_from_another_session_is_refused(live_server, sso):
     _, callback = sign_in(live_server.url, "sam", stop_at_callback=True)
     answer = requests.get(callback.headers["Location"], timeout=10)  # no session: expired state
-    assert answer.status_code in (302, 400)
+    assert answer.status_code == 400 and "unknown or expired" in answer.text
+    assert _events("sso_login_refused")[-1].outcome == AuditEvent.DENIED
     assert not get_user_model().objects.filter(username="sam").exists()
 
 
@@ -125,3 +126,26 @@ def test_local_login_is_break_glass_admins_only_then_off(live_server, sso, setti
     assert "/accounts/login/" in _local_login(live_server.url, "glass", "local-pass-1").url
     page = requests.get(f"{live_server.url}/accounts/login/", timeout=10).text
     assert 'name="password"' not in page and "Sign in with Test IdP" in page
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OIDC_GROUP_ROLES": "payments-ops=superhero"}, "OIDC_GROUP_ROLES"),
+        ({"OIDC_GROUP_ROLES": "no-equals-sign"}, "OIDC_GROUP_ROLES"),
+        ({"LOCAL_LOGIN": "sometimes"}, "LOCAL_LOGIN"),
+    ],
+)
+def test_a_bad_identity_setting_stops_start_up_naming_it(env, named):
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and named in done.stderr
