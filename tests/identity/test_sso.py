@@ -149,3 +149,10 @@ def test_a_bad_identity_setting_stops_start_up_naming_it(env, named):
         timeout=60,
     )
     assert done.returncode != 0 and named in done.stderr
+
+
+def test_without_a_client_id_there_is_no_sso(client, settings):
+    settings.OIDC_RP_CLIENT_ID = ""
+    assert "Sign in with" not in client.get("/accounts/login/").content.decode()
+    assert client.get("/oidc/authenticate/").status_code == 404
+    assert client.get("/oidc/callback/?code=x&state=y").status_code == 404
