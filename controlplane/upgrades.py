@@ -26,6 +26,9 @@ from django.db.migrations.state import ProjectState
 from django.db.models import NOT_PROVIDED
 
 APPS = ("audit", "runs", "interventions")
+# The release the running fleet is on while this one deploys: tests/deploy/test_upgrade.py serves
+# its code on this release's schema, and drives this release's server with its SDK.
+PREVIOUS_RELEASE = "ebd1956"
 
 # Every migration of the previous release (ebd1956, the last of session 26): they run on every
 # database already, so the rule binds only what comes after. A release adds its own on shipping.
