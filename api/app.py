@@ -99,6 +99,9 @@ def database_unavailable(request: HttpRequest, exc: Exception):
     """PostgreSQL did not answer (docs/operations/faults.md, the database link cut). A 500, not a
     503: the SDK and the load balancer resend a 503, and a call whose connection broke during its
     COMMIT may have taken effect; the caller reads back or resends with the same idempotency key."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate and not sqlstate.startswith(("08", "57P")):  # a query's own failure (a deadlock...)
+        raise exc  # not an unreachable database: Django's 500, as before
     logger.error("database unavailable on %s %s: %s", request.method, request.path, exc)
     return api.create_response(
         request,
