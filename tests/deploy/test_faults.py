@@ -95,7 +95,7 @@ def _write(url: str, token: str, goal: str) -> list:
             f"{url}/api/v1/runs",
             json={"agent": "fault-load", "goal": goal, "authority": []},
             headers={"Authorization": f"Bearer {token}"},
-            timeout=20,
+            timeout=60,  # the request pool waits its 10 s checkout timeout for a connection
         )
     except httpx.HTTPError as err:
         return [None, repr(err)[:200], None]
@@ -112,7 +112,9 @@ def _cut_the_database_link(link, api: str, token: str, acks, acked) -> dict:
     wait_for("the cut host's /readyz to go 503", lambda: _readyz(api)[0] == 503, 20)
     figures: dict = {"s_to_readyz_503": round(time.monotonic() - cut_at, 1)}
     figures["readyz_during_cut"] = list(_readyz(api))
+    sent = time.monotonic()
     figures["write_during_cut"] = _write(api, token, "direct-during-db-cut")
+    figures["write_during_cut_answered_in_s"] = round(time.monotonic() - sent, 1)
     acked(before + 20, "load to go on through the host that reaches the database")
     figures["acks_during_cut"] = acks() - before
     figures["cut_s"] = round(time.monotonic() - cut_at, 1)
