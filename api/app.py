@@ -6,7 +6,7 @@ import logging
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DataError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
@@ -90,6 +90,28 @@ def unstorable(request: HttpRequest, exc: DataError):
             "field": _unstorable_field(request, exc, first_line),
         },
         status=422,
+    )
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def database_unavailable(request: HttpRequest, exc: Exception):
+    """PostgreSQL did not answer (docs/operations/faults.md, the database link cut). A 500, not a
+    503: the SDK and the load balancer resend a 503, and a call whose connection broke during its
+    COMMIT may have taken effect; the caller reads back or resends with the same idempotency key."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate and not sqlstate.startswith(("08", "57P")):  # a query's own failure (a deadlock...)
+        raise exc  # not an unreachable database: Django's 500, as before
+    logger.error("database unavailable on %s %s: %s", request.method, request.path, exc)
+    return api.create_response(
+        request,
+        {
+            "error": "database_unavailable",
+            "detail": "the database did not answer; if this was a write, whether it took effect "
+            "is unknown: read it back, or resend it with the same idempotency key",
+            "field": "",
+        },
+        status=500,
     )
 
 

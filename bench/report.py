@@ -150,7 +150,43 @@ def render(s: dict[str, Any]) -> str:
                 f"| {kind} | {_n(p['effects_per_s'])} | {_n(p['server_cpu_ms_per_effect'])} ms "
                 f"| {_n(p['declare_p99_ms'])} ms |"
             )
+    lines += _multihost_lines(s)
     return "\n".join(lines) + "\n"
+
+
+def _multihost_lines(s: dict[str, Any]) -> list[str]:
+    """The multi-host phase (bench/multihost.py): from the summary when ``make bench`` ran it, else
+    from ``make bench-multihost``'s own bench/results/multihost.json, saying which."""
+    mh, source = s.get("multihost"), "this summary"
+    standalone = harness.RESULTS_DIR / "multihost.json"
+    if mh is None and standalone.exists():
+        mh, source = (
+            json.loads(standalone.read_text()),
+            "`bench/results/multihost.json` (`make bench-multihost`, a separate run)",
+        )
+    if not mh:
+        return []
+    if "phases" not in mh:
+        return ["", f"Multi-host phase: {str(mh.get('skipped') or mh.get('error') or mh)[:300]}"]
+    lines = [
+        "",
+        f"Multi-host (API hosts in network namespaces behind HAProxy; from {source}):",
+        "",
+        "| API hosts | workers | effects/s | server CPU / effect | PostgreSQL CPU / effect | errors | machine busy |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in mh["phases"].values():
+        lines.append(
+            f"| {p['api_hosts']} | {p['workers']} | {_n(p['effects_per_s'])} "
+            f"| {_n(p['server_cpu_ms_per_effect'])} ms | {_n(p['postgres_cpu_ms_per_effect'])} ms "
+            f"| {p['errors']} | {_n(p.get('machine_busy_pct'), 0)} % |"
+        )
+    if mh.get("scaling_2_over_1") is not None:
+        lines += [
+            "",
+            f"2 hosts over 1: {_n(mh['scaling_2_over_1'], 2)}× the effects/s. {mh.get('note', '')}".rstrip(),
+        ]
+    return lines
 
 
 def write_readme(readme: Path, block: str) -> None:

@@ -86,12 +86,13 @@ class Procs:
         self.tmp, self.procs = tmp, []
 
     def start(
-        self, name: str, cmd: list[str], env: dict[str, str]
+        self, name: str, cmd: list[str], env: dict[str, str], cwd: Path = ROOT
     ) -> tuple[subprocess.Popen, Path]:
+        """``cwd`` is where ``python -m`` finds the code: another tree runs another release."""
         log = self.tmp / f"{name}.log"
         with log.open("w") as out:
             proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.procs.append((name, proc, log))
         return proc, log

@@ -203,3 +203,23 @@ def test_tiny_suite_writes_the_summary_and_the_readme_table(tmp_path):
 
     table = report.render(s)
     assert "| server CPU per effect |" in table and "Scale-out" in table
+
+
+def test_the_report_shows_the_multihost_phase_or_why_it_is_missing():
+    phase = {
+        "api_hosts": 1, "workers": 8, "effects_per_s": 40.0, "errors": 0,
+        "server_cpu_ms_per_effect": 5.0, "postgres_cpu_ms_per_effect": 1.5, "machine_busy_pct": 80.0,
+    }  # fmt: skip
+    summary = json.loads((ROOT / "bench" / "results" / "summary.json").read_text())
+    summary["multihost"] = {
+        "phases": {"1": phase, "2": dict(phase, api_hosts=2, effects_per_s=76.0)},
+        "scaling_2_over_1": 1.9,
+    }
+    table = report.render(summary)
+    assert "from this summary" in table
+    assert "| 1 | 8 | 40.0 | 5.0 ms | 1.5 ms | 0 | 80 % |" in table
+    assert "| 2 | 8 | 76.0 |" in table and "1.90× the effects/s" in table
+    summary["multihost"] = {"skipped": "network namespaces are not available: not root"}
+    assert "Multi-host phase: network namespaces are not available: not root" in report.render(
+        summary
+    )

@@ -49,9 +49,14 @@ def _answers(port: int) -> bool:
 
 
 def start_api(
-    procs: Procs, env: dict[str, str], name: str = "api", port: int | None = None
+    procs: Procs,
+    env: dict[str, str],
+    name: str = "api",
+    port: int | None = None,
+    cwd: Path | None = None,
 ) -> tuple[str, Path]:
-    """``python -m controlplane.serve`` (daphne with the drain), ready when /healthz answers."""
+    """``python -m controlplane.serve`` (daphne with the drain), ready when /healthz answers;
+    ``cwd``: the tree of another release (tests/deploy/test_upgrade.py)."""
     port = port or free_port()
     _, log = procs.start(
         name,
@@ -66,6 +71,7 @@ def start_api(
             "controlplane.asgi:application",
         ],
         env,
+        **({"cwd": cwd} if cwd else {}),
     )
     base = f"http://127.0.0.1:{port}"
     wait_alive(base, name, log, 30)

@@ -126,7 +126,8 @@ class Link:
     """A TCP forwarder on ``bind``:<port> to ``target``, with faults: ``degrade(delay_s, stall_p,
     stall_s)`` delays every segment it passes by ``delay_s`` each way, and holds a ``stall_p`` share
     of them ``stall_s`` longer (what a lost segment costs TCP: a retransmission timeout);
-    ``cut()`` closes the listener and every connection."""
+    ``cut()`` closes the listener and every connection (the host's link to the database is down:
+    new connections are refused, open ones reset); ``heal()`` listens again on the same port."""
 
     def __init__(self, bind: str, target: tuple[str, int]) -> None:
         self.bind, self.target, self.port = bind, target, free_port()
@@ -134,11 +135,14 @@ class Link:
         self.passed = self.stalled = 0
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
+        self.heal()
+
+    def heal(self) -> None:
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((bind, self.port))
+        self._listener.bind((self.bind, self.port))
         self._listener.listen(128)
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def degrade(self, delay_s: float = 0.0, stall_p: float = 0.0, stall_s: float = 0.2) -> None:
         self.delay_s, self.stall_p, self.stall_s = delay_s, stall_p, stall_s
@@ -153,10 +157,10 @@ class Link:
                 pass
             s.close()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             try:
@@ -211,7 +215,8 @@ frontend api
     default_backend hosts
 backend hosts
     balance roundrobin
-    option httpchk GET /healthz
+    # readiness, not liveness: a host that lost its database leaves the rotation within a second
+    option httpchk GET /readyz
     http-check expect status 200
     timeout check 3s
     default-server inter 500ms fall 2 rise 1

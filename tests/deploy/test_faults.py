@@ -4,7 +4,8 @@ Hosts are network namespaces on this machine: two API hosts (``controlplane.serv
 two worker hosts (SDK load loops, a worker that will be partitioned, a worker that recovers), and
 the database reached across each API host's link. Injected, in turn, under load: (a) an API host
 SIGKILLed, (b) a worker host partitioned from the API until its lease expires and its run is
-recovered on another worker, then healed, (c) latency and loss on links. Checked: every
+recovered on another worker, then healed, (c) latency and loss on links, (d) an API host's link to
+the database cut (its /readyz 503, a write sent to it refused by name) and healed. Checked: every
 acknowledged write is in the database, no run and no effect exists twice, the partitioned worker's
 late writes are refused by fencing (409 ``lease_lost``), the recovered run is finished by another
 worker whose declaration of the same charge is replayed, not executed again, and ``audit_verify``
@@ -77,6 +78,55 @@ def _alive(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _readyz(url: str) -> tuple[int | None, str]:
+    try:
+        got = httpx.get(f"{url}/readyz", timeout=5)
+        return got.status_code, got.text[:300]
+    except httpx.HTTPError as err:
+        return None, repr(err)[:300]
+
+
+def _write(url: str, token: str, goal: str) -> list:
+    """One create_run straight to one API host (not through the balancer): [status, code, run]."""
+    try:
+        got = httpx.post(
+            f"{url}/api/v1/runs",
+            json={"agent": "fault-load", "goal": goal, "authority": []},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,  # the request pool waits its 10 s checkout timeout for a connection
+        )
+    except httpx.HTTPError as err:
+        return [None, repr(err)[:200], None]
+    body = got.json() if got.headers.get("content-type", "").startswith("application/json") else {}
+    return [got.status_code, body.get("error"), body.get("id")]
+
+
+def _cut_the_database_link(link, api: str, token: str, acks, acked) -> dict:
+    """(d): the host's /readyz goes 503 and the balancer takes it out; a write sent to it anyway
+    is refused by name (never acknowledged); the load goes on through the other host; after the
+    link heals the host is ready and acknowledges writes again."""
+    before, cut_at = acks(), time.monotonic()
+    link.cut()
+    wait_for("the cut host's /readyz to go 503", lambda: _readyz(api)[0] == 503, 20)
+    figures: dict = {"s_to_readyz_503": round(time.monotonic() - cut_at, 1)}
+    figures["readyz_during_cut"] = list(_readyz(api))
+    sent = time.monotonic()
+    figures["write_during_cut"] = _write(api, token, "direct-during-db-cut")
+    figures["write_during_cut_answered_in_s"] = round(time.monotonic() - sent, 1)
+    acked(before + 20, "load to go on through the host that reaches the database")
+    figures["acks_during_cut"] = acks() - before
+    figures["cut_s"] = round(time.monotonic() - cut_at, 1)
+    healed_at = time.monotonic()
+    link.heal()
+    wait_for("the healed host's /readyz to go 200", lambda: _readyz(api)[0] == 200, 30)
+    figures["s_to_readyz_200_after_heal"] = round(time.monotonic() - healed_at, 1)
+    figures["write_after_heal"] = wait_for(
+        "a write on the healed host", lambda: (w := _write(api, token, "direct-after-heal"))[0]
+        == 201 and w, 30,
+    )  # fmt: skip
+    return figures
 
 
 @pytest.fixture
@@ -284,6 +334,11 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
         for link in pg_links:
             link.degrade()
 
+        # (d) the first API host's link to the database goes down mid-traffic, then heals
+        figures["d_db_cut"] = _cut_the_database_link(
+            pg_links[0], f"http://{apis[0].ip}:8000", token, lambda: len(_acks(loads)), acked
+        )
+
         stop.touch()
         for name in ("load0", "load1", "victim", "recoverer"):
             wait_for(
@@ -364,6 +419,15 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
                 for e in charges
                 if e.status == Effect.COMMITTED and e.idempotency_key != "victim-held-charge"
             ],
+            "database cut: direct write not refused database_unavailable": []
+            if figures["d_db_cut"]["write_during_cut"][:2] == [500, "database_unavailable"]
+            else [figures["d_db_cut"]["write_during_cut"]],
+            "database cut: /readyz not 503 during it": []
+            if figures["d_db_cut"]["readyz_during_cut"][0] == 503
+            else [figures["d_db_cut"]["readyz_during_cut"]],
+            "database cut: direct write after healing not acknowledged": []
+            if figures["d_db_cut"]["write_after_heal"][0] == 201
+            else [figures["d_db_cut"]["write_after_heal"]],
             "audit_verify failed": []
             if audit.returncode == 0
             else [audit.stdout[-1500:], audit.stderr[-1500:]],

@@ -86,6 +86,9 @@ def test_it_is_not_ready_while_postgres_is_unreachable_then_ready_again(procs, t
         assert not body["checks"]["database"]["ok"], body
         assert body["checks"]["broker"]["ok"]
         assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        # an API call that needs the database is refused by name, in JSON (not resent: a 500)
+        got = httpx.get(f"{base}/api/v1/runs", headers={"Authorization": "Bearer x"}, timeout=20)
+        assert (got.status_code, got.json()["error"]) == (500, "database_unavailable"), got.text
 
         path.heal()
         took, body = _becomes(base, 200, within=10)
