@@ -31,7 +31,8 @@ from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Row, Spec
 from interventions.registry import redact
 from runs.models import Approval, ApprovalDecision, Run
-from runs.services.approvals import approval_progress, open_stage
+from runs.selectors import approval_progress
+from runs.services.approvals import open_stage
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.history import append_history
 from runs.states import Event, transition
@@ -245,7 +246,9 @@ def _decide_step(
     approved when the last stage fills, rejected on any rejection; otherwise the next stage opens
     (its ``within`` deadlines start now) or it waits for more people."""
     approval = Approval.objects.select_for_update().get(pk=approval.pk)
-    decisions = list(ApprovalDecision.objects.filter(approval=approval))
+    decisions = list(
+        ApprovalDecision.objects.filter(approval=approval).select_related("decided_by")
+    )
     if any(d.decided_by_label == actor.label for d in decisions):
         raise Conflict(
             f"{actor.name} already decided this approval; a person counts once",

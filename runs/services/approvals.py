@@ -204,37 +204,3 @@ def open_stage(steps: list[dict[str, Any]], stage: int, now: Any, deadline: Any)
             s["deadline"] = due.isoformat()
             soonest = due if soonest is None or due < soonest else soonest
     return soonest
-
-
-def approval_progress(approval: Approval, decisions: Any = None) -> dict[str, Any]:
-    """Who has approved, who is still needed, for which step: the API's and the console's view.
-    ``decisions``: the approval's ApprovalDecision rows if the caller already read them."""
-    if decisions is None:
-        decisions = list(approval.decisions.all()) if approval.steps else []
-    steps = approval.steps or [{"stage": 0, "role": approval.required_role, "count": 1}]
-    rows = []
-    for i, s in enumerate(steps):
-        approved = [
-            d.decided_by_label for d in decisions if d.step == i and d.decision == "approved"
-        ]
-        if not approval.steps and approval.status == Approval.APPROVED and approval.decided_by_id:
-            approved = [approval.decided_by.username]
-        rows.append(
-            {
-                "step": i,
-                "stage": s["stage"],
-                "role": s["role"],
-                "count": s.get("count", 1),
-                "condition": s.get("condition") or "",
-                "approved_by": approved,
-                "still_needed": max(0, s.get("count", 1) - len(approved)),
-                "open": approval.status == Approval.PENDING and s["stage"] == approval.stage,
-                "deadline": s.get("deadline"),
-            }
-        )
-    return {
-        "ordered": len({s["stage"] for s in steps}) > 1,
-        "stage": approval.stage,
-        "steps": rows,
-        "rejected_by": [d.decided_by_label for d in decisions if d.decision == "rejected"],
-    }
