@@ -208,3 +208,17 @@ def test_two_approvers_racing_for_the_last_slot(postgres_only, worker, cast):
     assert row.status == "approved"
     assert ApprovalDecision.objects.filter(approval=row, decision="approved").count() == 2
     assert HistoryEvent.objects.filter(run_id=run["id"], kind="approval_decided").count() == 2
+
+
+def test_the_console_shows_who_approved_and_who_is_still_needed(worker, cast, client):
+    _policy()
+    run, _ = running_run(worker)
+    asked = _ask(worker, run["id"], 20000)
+    assert _decide(_person("april2", "approver"), run["id"], asked).status_code == 202
+    client.force_login(User.objects.get(username="april"))
+    inbox = client.get("/approvals/").content.decode()
+    assert 'data-testid="approval-progress"' in inbox
+    assert "approved by april2; still needed: 1" in inbox
+    assert "1 × security_responder (if amount&gt;10000)" in inbox
+    page = client.get(f"/runs/{run['id']}/").content.decode()
+    assert "approved by april2; still needed: 1" in page
