@@ -140,7 +140,8 @@ def step_for(approval: Approval, decisions: list[ApprovalDecision], actor: Actor
         if SATISFIES.get(approval.steps[i]["role"], frozenset({ADMIN})) & actor.roles
     ]
     exact = [i for i in fits if approval.steps[i]["role"] in actor.roles]
-    return (exact or fits or [None])[0]
+    chosen = exact or fits
+    return chosen[0] if chosen else None
 
 
 def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:

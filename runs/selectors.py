@@ -490,8 +490,6 @@ def approval_progress(approval: Approval, decisions: Any = None) -> dict[str, An
         approved = [
             d.decided_by.username for d in decisions if d.step == i and d.decision == "approved"
         ]
-        if not approval.steps and approval.status == Approval.APPROVED and approval.decided_by_id:
-            approved = [approval.decided_by.username]
         rows.append(
             {
                 "step": i,
