@@ -42,6 +42,12 @@ class SeparationOfDuties(Forbidden):
     code = "separation_of_duties"
 
 
+class RoleRequired(Forbidden):
+    """Allowed to decide approvals, but not this one (or not its open step): another role is needed."""
+
+    code = "approval_role_required"
+
+
 def _approval(run: Run, req: Request) -> Approval:
     approval_id = req.options.get("approval_id")
     if not approval_id:
@@ -149,7 +155,7 @@ def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:
         _check_separation(run, approval, actor)  # the step's role is checked when it is chosen
         return
     if not SATISFIES.get(approval.required_role, frozenset({ADMIN})) & actor.roles:
-        raise Forbidden(
+        raise RoleRequired(
             f"this approval needs role {approval.required_role}; you hold {sorted(actor.roles)}",
             required_role=approval.required_role,
         )
@@ -258,7 +264,7 @@ def _decide_step(
     step = step_for(approval, decisions, actor)
     if step is None:
         needed = sorted({approval.steps[i]["role"] for i in open_steps(approval, decisions)})
-        raise Forbidden(
+        raise RoleRequired(
             f"the open step needs role {', '.join(needed)}; you hold {sorted(actor.roles)}",
             required_role=needed[0] if needed else approval.required_role,
         )
