@@ -118,6 +118,8 @@ class ApprovalRowOut(Out):
     deadline: str | None
     required_role: str | None = None
     policy: str | None = None  # the agent's approval policy that required it, if one did
+    # multi-party: each step with who approved and how many are still needed (None: one approver)
+    progress: JSON | None = None
 
 
 class RunDetailOut(RunSummaryOut):
@@ -298,6 +300,7 @@ class ApprovalRequestedOut(Out):
     status: str
     digest: str
     deadline: str | None
+    progress: JSON | None = None  # multi-party: the steps to pass (see ApprovalRowOut)
 
 
 # --- run control ----------------------------------------------------------------------------------

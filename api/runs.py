@@ -41,7 +41,7 @@ from runs import selectors
 from runs.directive_bus import get_bus
 from runs.models import Run
 from runs.search import RunFilter, page_runs
-from runs.selectors import run_summary, woken_directive
+from runs.selectors import approval_progress, run_summary, woken_directive
 from runs.services import effects, lifecycle, records
 from runs.states import directive_for
 
@@ -392,6 +392,7 @@ def request_approval(request: HttpRequest, run_id: UUID, body: ApprovalIn):
             "required_role": approval.required_role,
             "policy": approval.policy.spec if approval.policy else None,
             "deadline": approval.deadline.isoformat() if approval.deadline else None,
+            "progress": approval_progress(approval) if approval.steps else None,
         },
     )
 

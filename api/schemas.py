@@ -230,6 +230,10 @@ class InterventionOptions(CompensationOptions):
     facets: list[Annotated[str, Field(max_length=50)]] = Field(default=[], max_length=10)
     to_worker: Text150 | None = None  # transfer
     approval_id: UUID | None = None  # approve, reject
+    # approve, reject: the action digest the decider was shown; another one is refused (409)
+    digest: Annotated[str, Field(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")] | None = (
+        None
+    )
     grant_id: UUID | None = None  # revoke/suspend/restore authority
     scope: Scope | None = None
     prefer: Literal["redrive", "compensate", "escalate"] | None = None  # recover

@@ -50,6 +50,7 @@ from interventions.transfer import FACETS
 from interventions.triage import waiting_words
 from runs.models import AuthorityGrant, Run
 from runs.selectors import (
+    approval_progress,
     approvals_to_decide,
     checkpoint_choices,
     effect_dict,
@@ -512,10 +513,18 @@ def inbox_context(actor) -> dict[str, Any]:
         if (a.run_id, a.digest) in seen:
             continue  # the same decision asked twice: it is decided once
         seen.add((a.run_id, a.digest))
-        mine = a.required_role in decidable and deciding
+        progress = approval_progress(a) if a.steps else None
+        # multi-party: theirs when a step of the open stage needs a role they satisfy
+        needed = (
+            [s["role"] for s in progress["steps"] if s["open"] and s["still_needed"]]
+            if (progress)
+            else [a.required_role]
+        )
+        mine = any(r in decidable for r in needed) and deciding
         self_asked = actor.label in (a.requested_by, a.run.created_by)
         row = {
             "a": a,
+            "progress": progress,
             "args": present(redact(a.tool, a.args)),
             "self": self_asked,
             "waiting": waiting_words(a, now),
@@ -536,12 +545,16 @@ def inbox_context(actor) -> dict[str, Any]:
 
 def _deciders(a, holders: dict[str, list[str]]) -> str:
     """ "needs approver — currently: april, ian, ada" (not who asked: four eyes)."""
-    roles = [r for r in ROLES if r in SATISFIES.get(a.required_role, frozenset({"admin"}))]
+    role = a.required_role
+    if a.steps:  # multi-party: the open stage's first step still short of people
+        open_now = [s for s in approval_progress(a)["steps"] if s["open"] and s["still_needed"]]
+        role = open_now[0]["role"] if open_now else role
+    roles = [r for r in ROLES if r in SATISFIES.get(role, frozenset({"admin"}))]
     asked = {a.requested_by, a.run.created_by}
     names = [
         n for n in dict.fromkeys(n for r in roles for n in holders.get(r, [])) if n not in asked
     ]
-    words = a.required_role.replace("_", " ")
+    words = role.replace("_", " ")
     return f"needs {words} — currently: {', '.join(names) if names else 'nobody'}"
 
 

@@ -24,13 +24,15 @@ from django.utils import timezone
 from audit.services import record_audit
 from core.actors import Actor, system_actor
 from core.errors import Conflict, Forbidden, Invalid, NotFound
-from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER
+from core.roles import ADMIN, APPROVER, INCIDENT_COMMANDER, SECURITY_RESPONDER
 from interventions import cards
 from interventions.base import user_for
 from interventions.models import Intervention
 from interventions.plugins import Answers, Console, Contract, Request, Row, Spec
 from interventions.registry import redact
-from runs.models import Approval, Run
+from runs.models import Approval, ApprovalDecision, Run
+from runs.selectors import approval_progress
+from runs.services.approvals import open_stage
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.history import append_history
 from runs.states import Event, transition
@@ -38,6 +40,12 @@ from runs.states import Event, transition
 
 class SeparationOfDuties(Forbidden):
     code = "separation_of_duties"
+
+
+class RoleRequired(Forbidden):
+    """Allowed to decide approvals, but not this one (or not its open step): another role is needed."""
+
+    code = "approval_role_required"
 
 
 def _approval(run: Run, req: Request) -> Approval:
@@ -71,6 +79,7 @@ def shown_to_approver(run: Run, approval: Approval) -> dict[str, Any]:
         "required_role": approval.required_role,
         "policy": approval.policy.spec if approval.policy else None,
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
+        "progress": approval_progress(approval) if approval.steps else None,
     }
 
 
@@ -106,16 +115,54 @@ def preview(run: Run, req: Request, actor: Actor) -> DecisionPreview:
 SATISFIES: dict[str, frozenset[str]] = {
     APPROVER: frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
     INCIDENT_COMMANDER: frozenset({INCIDENT_COMMANDER, ADMIN}),
+    SECURITY_RESPONDER: frozenset({SECURITY_RESPONDER, ADMIN}),
     ADMIN: frozenset({ADMIN}),
 }
 
 
+class DigestChanged(Conflict):
+    code = "approval_digest_changed"
+
+
+def open_steps(approval: Approval, decisions: list[ApprovalDecision]) -> list[int]:
+    """Indexes of the open stage's steps that still need someone."""
+    filled = [0] * len(approval.steps)
+    for d in decisions:
+        if d.decision == ApprovalDecision.APPROVED:
+            filled[d.step] += 1
+    return [
+        i
+        for i, s in enumerate(approval.steps)
+        if s["stage"] == approval.stage and filled[i] < s.get("count", 1)
+    ]
+
+
+def step_for(approval: Approval, decisions: list[ApprovalDecision], actor: Actor) -> int | None:
+    """The open step this person fills: one naming their own role first, else the first they
+    satisfy (an admin fills an approver step only when no admin step is open)."""
+    fits = [
+        i
+        for i in open_steps(approval, decisions)
+        if SATISFIES.get(approval.steps[i]["role"], frozenset({ADMIN})) & actor.roles
+    ]
+    exact = [i for i in fits if approval.steps[i]["role"] in actor.roles]
+    chosen = exact or fits
+    return chosen[0] if chosen else None
+
+
 def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:
+    if approval.steps:
+        _check_separation(run, approval, actor)  # the step's role is checked when it is chosen
+        return
     if not SATISFIES.get(approval.required_role, frozenset({ADMIN})) & actor.roles:
-        raise Forbidden(
+        raise RoleRequired(
             f"this approval needs role {approval.required_role}; you hold {sorted(actor.roles)}",
             required_role=approval.required_role,
         )
+    _check_separation(run, approval, actor)
+
+
+def _check_separation(run: Run, approval: Approval, actor: Actor) -> None:
     # Four eyes: the identity that asked (or that started the run) never decides.
     if actor.label in (approval.requested_by, run.created_by):
         raise SeparationOfDuties(
@@ -137,6 +184,15 @@ def _decide(status: str, event: Event):
         _check_decider(run, approval, actor)
         now = timezone.now()
         shown = intervention.preview.get("shown") or shown_to_approver(run, approval)
+        seen = req.options.get("digest") or shown.get("digest")
+        if seen != approval.digest:  # decided on another action than the one asked about
+            raise DigestChanged(
+                "the approval's action digest is not the one you decided on: review it again",
+                field="options.digest",
+                digest=approval.digest,
+            )
+        if approval.steps:
+            return _decide_step(run, approval, req, actor, status, event, shown, now)
         # Compare-and-swap on the status: the run lock already serialises deciders, the filter makes
         # the "still pending" precondition part of the write itself.
         updated = Approval.objects.filter(pk=approval.pk, status=Approval.PENDING).update(
@@ -180,6 +236,116 @@ def _decide(status: str, event: Event):
         }
 
     return apply
+
+
+def _decide_step(
+    run: Run,
+    approval: Approval,
+    req: Request,
+    actor: Actor,
+    status: str,
+    event: Event,
+    shown: dict[str, Any],
+    now: Any,
+) -> DecisionReceipt:
+    """One person's decision on a multi-party approval, inside the intervention's transaction (the
+    run lock serialises deciders): counted in one open step, once per person; the approval ends
+    approved when the last stage fills, rejected on any rejection; otherwise the next stage opens
+    (its ``within`` deadlines start now) or it waits for more people."""
+    approval = Approval.objects.select_for_update().get(pk=approval.pk)
+    decisions = list(
+        ApprovalDecision.objects.filter(approval=approval).select_related("decided_by")
+    )
+    if any(d.decided_by_label == actor.label for d in decisions):
+        raise Conflict(
+            f"{actor.name} already decided this approval; a person counts once",
+            approval_status=approval.status,
+        )
+    step = step_for(approval, decisions, actor)
+    if step is None:
+        needed = sorted({approval.steps[i]["role"] for i in open_steps(approval, decisions)})
+        raise RoleRequired(
+            f"the open step needs role {', '.join(needed)}; you hold {sorted(actor.roles)}",
+            required_role=needed[0] if needed else approval.required_role,
+        )
+    decided = ApprovalDecision.objects.create(
+        approval=approval,
+        step=step,
+        decided_by=user_for(actor),
+        decided_by_label=actor.label,
+        role=approval.steps[step]["role"],
+        decision=status,
+        digest=approval.digest,
+        reason=req.reason,
+        decided_at=now,
+    )
+    decisions.append(decided)
+    outcome = Approval.PENDING
+    if status == Approval.REJECTED:
+        outcome = Approval.REJECTED
+    elif not open_steps(approval, decisions):
+        stages = {s["stage"] for s in approval.steps}
+        if approval.stage + 1 in stages:
+            approval.stage += 1
+            # The next stage's own deadline; the worker's overall deadline still bounds it.
+            approval.deadline = open_stage(
+                approval.steps, approval.stage, now, approval.overall_deadline
+            )
+        else:
+            outcome = Approval.APPROVED
+    fields = ["steps", "stage", "deadline"]
+    if outcome != Approval.PENDING:
+        approval.status, approval.decided_by = outcome, user_for(actor)
+        approval.decided_at, approval.decision_reason, approval.shown = now, req.reason, shown
+        fields += ["status", "decided_by", "decided_at", "decision_reason", "shown"]
+    approval.save(update_fields=fields)
+    progress = approval_progress(approval, decisions)
+    record = {
+        "approval": str(approval.pk),
+        "decision": status,
+        "decided_by": actor.name,
+        "role": actor.role,
+        "step": step,
+        "step_role": approval.steps[step]["role"],
+        "decided_at": now.isoformat(),
+        "decision_reason": req.reason,
+        "digest": approval.digest,
+        "approval_status": outcome,
+        "progress": progress,
+    }
+    append_history(run, "approval_decided", record, attempt=run.current_attempt_id, actor=actor)
+    if outcome != Approval.PENDING:
+        apply_transition(
+            run,
+            event,
+            actor=actor,
+            reason=req.reason,
+            data={"approval": str(approval.pk), "decision": outcome},
+        )
+    waiting = ", ".join(
+        f"{r['still_needed']} {r['role']}"
+        for r in progress["steps"]
+        if r["open"] and r["still_needed"]
+    )
+    return {
+        "state": run.state,
+        "approval": {**record, "tool": approval.tool, "action": approval.action},
+        "shown": shown,
+        "delivery": (
+            f"counted; the approval still needs {waiting}: the run waits"
+            if outcome == Approval.PENDING
+            else "the worker's next heartbeat carries the decision (directive continue, approval "
+            f"status {outcome})"
+        ),
+        "binding": (
+            "declare the effect with approval_id and exactly these args; any other args are denied "
+            "(approval_mismatch), and the approval is single-use"
+            if outcome == Approval.APPROVED
+            else "the action is not approved (yet)"
+            if outcome == Approval.PENDING
+            else "the action was not approved"
+        ),
+    }
 
 
 def expire_due_approvals(*, actor: Actor, now=None) -> list[str]:
@@ -348,7 +514,7 @@ CONTRACTS = (
                 "superseded_when_the_run_moves_on",
             ),
         ),
-        may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+        may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
         console=APPROVAL_CONSOLE,
         order=90,
     ),
@@ -365,7 +531,7 @@ CONTRACTS = (
             authority="unchanged",
             claims=("four_eyes",),
         ),
-        may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, ADMIN}),
+        may_issue=frozenset({APPROVER, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
         console=APPROVAL_CONSOLE,
         order=100,
     ),

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from core.roles import APPROVER, APPROVING_ROLES
+from core.roles import APPROVER, APPROVING_ROLES, SECURITY_RESPONDER
 
 OPERATORS = {
     ">=": operator.ge,
@@ -135,16 +135,70 @@ def as_number(value: Any) -> float | None:
     return None
 
 
+# Roles a multi-party step may name: the approving roles and the security responder (a second pair
+# of eyes on what a payment or a data export exposes). A team will be another kind of step target.
+STEP_ROLES = (*APPROVING_ROLES, SECURITY_RESPONDER)
+MAX_STEP_COUNT = 10
+_STEP = re.compile(r"^(?:(?P<count>\d+)\*)?(?P<role>[A-Za-z_][A-Za-z0-9_-]*)$")
+_DURATION = re.compile(r"^(?P<n>\d+)(?P<unit>[smhd])$")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step of a multi-party approval: ``count`` distinct people holding ``role`` (later: a team),
+    decided within ``within_s`` of the step opening, required only when ``condition`` matches.
+    Steps of the same ``stage`` are decided in any order; a stage opens when the one before is done."""
+
+    stage: int
+    role: str
+    count: int = 1
+    within_s: int | None = None
+    condition: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "role": self.role,
+            "count": self.count,
+            "within_s": self.within_s,
+            "condition": self.condition,
+        }
+
+    @property
+    def spec(self) -> str:
+        words = [f"{self.count}*{self.role}" if self.count != 1 else self.role]
+        if self.within_s:
+            words.append(f"within {_duration_words(self.within_s)}")
+        if self.condition:
+            words.append(f"if {self.condition}")
+        return " ".join(words)
+
+
+def _duration_words(seconds: int) -> str:
+    for unit in "dhm":
+        if seconds % _UNIT_S[unit] == 0:
+            return f"{seconds // _UNIT_S[unit]}{unit}"
+    return f"{seconds}s"
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     tool: str
     action: str
     condition: str
     approver_role: str
+    steps: tuple[StepSpec, ...] = ()  # empty: one approver of ``approver_role`` (the classic case)
+
+    @property
+    def multi_party(self) -> bool:
+        return self.steps != () and self.steps != (StepSpec(0, self.approver_role),)
 
 
 def parse_policy_spec(text: str) -> PolicySpec:
-    """``TOOL:ACTION [CONDITION] [ROLE]`` -> PolicySpec, or ConditionError naming the problem."""
+    """``TOOL:ACTION [CONDITION] [STEP ((then|and) STEP)*]`` -> PolicySpec, or ConditionError naming
+    the problem. A STEP is ``[N*]ROLE [within DURATION] [if CONDITION]``; ``then`` starts the next
+    stage (in order), ``and`` adds a step to the same stage (any order). The classic spelling
+    ``tool:action [condition] [role]`` is the one-step, one-approver case."""
     words = (text or "").split()
     if not words:
         raise ConditionError("an approval policy needs at least TOOL:ACTION")
@@ -152,11 +206,111 @@ def parse_policy_spec(text: str) -> PolicySpec:
     word = r"[A-Za-z0-9_-]+"
     if not (sep and re.fullmatch(word, tool) and (action == "*" or re.fullmatch(word, action))):
         raise ConditionError(f"{words[0]!r} must look like tool:action or tool:*")
-    rest, role = words[1:], APPROVER
-    if rest and rest[-1] in APPROVING_ROLES:
-        role = rest.pop()
-    elif rest and re.fullmatch(_NAME, rest[-1]) and len(rest) > 1:
-        raise ConditionError(f"approver role {rest[-1]!r} must be one of {list(APPROVING_ROLES)}")
-    condition = " ".join(rest)
+    segments: list[tuple[str, list[str]]] = [("", [])]
+    for w in words[1:]:
+        if w in ("then", "and"):
+            segments.append((w, []))
+        else:
+            segments[-1][1].append(w)
+    first = segments[0][1]
+    at = next((i for i, w in enumerate(first) if _is_step_word(w)), None)
+    if at is None:
+        if len(segments) > 1:
+            raise ConditionError(f"{text!r}: name a role before {segments[1][0]!r}")
+        if first and re.fullmatch(_NAME, first[-1]) and len(first) > 1:
+            raise ConditionError(
+                f"approver role {first[-1]!r} must be one of {list(APPROVING_ROLES)}"
+            )
+        condition = " ".join(first)
+        parse_condition(condition)
+        return PolicySpec(tool, action, condition, APPROVER)
+    condition = " ".join(first[:at])
     parse_condition(condition)  # raises with the reason if it does not parse
-    return PolicySpec(tool, action, condition, role)
+    steps: list[StepSpec] = []
+    stage = 0
+    for i, (joiner, seg) in enumerate(segments):
+        if i == 0:
+            seg = first[at:]
+        elif joiner == "then":
+            stage += 1
+        if not seg:
+            raise ConditionError(f"{text!r}: a step is missing after {joiner!r}")
+        steps.append(_parse_step(stage, seg))
+    roles = [s.role for s in steps]
+    if len(steps) == 1 and steps[0].count == 1 and not steps[0].within_s and not steps[0].condition:
+        return PolicySpec(tool, action, condition, steps[0].role)
+    strongest = max(roles, key=_rank)
+    return PolicySpec(tool, action, condition, strongest, tuple(steps))
+
+
+def _rank(role: str) -> int:
+    return STEP_ROLES.index(role)
+
+
+def _is_step_word(w: str) -> bool:
+    found = _STEP.match(w)
+    return bool(found and (found["count"] or found["role"] in STEP_ROLES))
+
+
+def _parse_step(stage: int, seg: list[str]) -> StepSpec:
+    found = _STEP.match(seg[0])
+    if found is None or found["role"] not in STEP_ROLES:
+        raise ConditionError(
+            f"step {seg[0]!r} must look like [N*]ROLE, ROLE one of {list(STEP_ROLES)}"
+        )
+    count = int(found["count"] or 1)
+    if not 1 <= count <= MAX_STEP_COUNT:
+        raise ConditionError(f"step {seg[0]!r}: N must be between 1 and {MAX_STEP_COUNT}")
+    rest, within_s, condition = seg[1:], None, ""
+    if rest and rest[0] == "within":
+        duration = _DURATION.match(rest[1]) if len(rest) > 1 else None
+        if duration is None:
+            raise ConditionError(f"step {seg[0]!r}: 'within' needs a duration such as 30m or 2h")
+        within_s = int(duration["n"]) * _UNIT_S[duration["unit"]]
+        if not 0 < within_s <= 31 * 86400:
+            raise ConditionError(f"step {seg[0]!r}: within must be between 1 s and 31 days")
+        rest = rest[2:]
+    if rest and rest[0] == "if":
+        condition = " ".join(rest[1:])
+        parsed = parse_condition(condition)
+        if parsed is None:
+            raise ConditionError(f"step {seg[0]!r}: 'if' needs a condition such as amount>10000")
+        if parsed.window_s is not None:
+            raise ConditionError(f"step {seg[0]!r}: a step's condition cannot be a windowed sum")
+        rest = []
+    if rest:
+        raise ConditionError(
+            f"step {seg[0]!r}: unexpected {' '.join(rest)!r} (expected 'within DURATION' "
+            "or 'if CONDITION')"
+        )
+    return StepSpec(stage, found["role"], count, within_s, condition)
+
+
+def parse_steps_json(raw: Any) -> tuple[StepSpec, ...]:
+    """The JSON API shape: ``[{"role": "approver", "count": 2, "stage": 0, "within_s": 3600,
+    "condition": "amount>10000"}]`` (``team`` is reserved for when teams exist)."""
+    if not isinstance(raw, list) or not raw:
+        raise ConditionError("steps must be a non-empty list of {role, count, stage, ...}")
+    steps = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ConditionError(f"steps[{i}] must be an object")
+        if "team" in item:
+            raise ConditionError(f"steps[{i}].team: teams do not exist yet; name a role")
+        words = [f"{item.get('count', 1)}*{item.get('role')}"]
+        if item.get("within_s"):
+            words += ["within", f"{item['within_s']}s"]
+        if item.get("condition"):
+            words += ["if", str(item["condition"])]
+        try:
+            stage = int(item.get("stage", 0))
+        except (TypeError, ValueError):
+            raise ConditionError(f"steps[{i}].stage must be an integer") from None
+        try:
+            steps.append(_parse_step(stage, words))
+        except ConditionError as err:
+            raise ConditionError(f"steps[{i}]: {err}") from None
+    stages = sorted({s.stage for s in steps})
+    if stages != list(range(len(stages))):
+        raise ConditionError("steps[].stage must number the stages 0, 1, 2 … without gaps")
+    return tuple(sorted(steps, key=lambda s: s.stage))

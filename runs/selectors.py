@@ -117,6 +117,8 @@ def run_detail(run: Run) -> dict[str, Any]:
                 "action": a.action,
                 "digest": a.digest,
                 "deadline": a.deadline.isoformat() if a.deadline else None,
+                "required_role": a.required_role,
+                "progress": approval_progress(a) if a.steps else None,
             }
             for a in run.approvals.all()
         ],
@@ -475,3 +477,35 @@ def role_holders() -> dict[str, list[str]]:
         if username not in out.setdefault("admin", []):
             out["admin"].append(username)
     return {role: sorted(names) for role, names in out.items()}
+
+
+def approval_progress(approval: Approval, decisions: Any = None) -> dict[str, Any]:
+    """Who has approved, who is still needed, for which step: the API's and the console's view.
+    ``decisions``: the approval's ApprovalDecision rows if the caller already read them."""
+    if decisions is None:
+        decisions = list(approval.decisions.select_related("decided_by")) if approval.steps else []
+    steps = approval.steps or [{"stage": 0, "role": approval.required_role, "count": 1}]
+    rows = []
+    for i, s in enumerate(steps):
+        approved = [
+            d.decided_by.username for d in decisions if d.step == i and d.decision == "approved"
+        ]
+        rows.append(
+            {
+                "step": i,
+                "stage": s["stage"],
+                "role": s["role"],
+                "count": s.get("count", 1),
+                "condition": s.get("condition") or "",
+                "approved_by": approved,
+                "still_needed": max(0, s.get("count", 1) - len(approved)),
+                "open": approval.status == Approval.PENDING and s["stage"] == approval.stage,
+                "deadline": s.get("deadline"),
+            }
+        )
+    return {
+        "ordered": len({s["stage"] for s in steps}) > 1,
+        "stage": approval.stage,
+        "steps": rows,
+        "rejected_by": [d.decided_by.username for d in decisions if d.decision == "rejected"],
+    }

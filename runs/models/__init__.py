@@ -3,12 +3,13 @@ from .freeze import CapabilityFreeze, StandingFreeze
 from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .intake import IntakeHold
 from .ledger import AuthorityGrant, Effect, LedgerTally
-from .run import Approval, Attempt, ExecutionLease, Run, RunTally
+from .run import Approval, ApprovalDecision, Attempt, ExecutionLease, Run, RunTally
 
 __all__ = [
     "Agent",
     "ApiToken",
     "Approval",
+    "ApprovalDecision",
     "ApprovalPolicy",
     "Assumption",
     "Attempt",

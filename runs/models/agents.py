@@ -37,6 +37,8 @@ class ApprovalPolicy(models.Model):
     action = models.CharField(max_length=100, help_text="an action name, or * for every action")
     condition = models.CharField(max_length=200, blank=True, help_text="e.g. amount>200")
     approver_role = models.CharField(max_length=50, default="approver")
+    # Multi-party: StepSpec.as_json() rows (runs.conditions). Empty: one person of approver_role.
+    steps = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.CharField(max_length=150, blank=True)
 
@@ -50,8 +52,20 @@ class ApprovalPolicy(models.Model):
     @property
     def spec(self) -> str:
         """The ``--approval`` spelling: ``tool:action [condition] role``."""
-        parts = [f"{self.tool}:{self.action}", self.condition, self.approver_role]
-        return " ".join(p for p in parts if p)
+        if not self.steps:
+            parts = [f"{self.tool}:{self.action}", self.condition, self.approver_role]
+            return " ".join(p for p in parts if p)
+        from runs.conditions import StepSpec
+
+        words = [f"{self.tool}:{self.action}", self.condition]
+        stage = 0
+        for i, raw in enumerate(self.steps):
+            step = StepSpec(**raw)
+            if i:
+                words.append("then" if step.stage != stage else "and")
+            stage = step.stage
+            words.append(step.spec)
+        return " ".join(w for w in words if w)
 
 
 class ApiToken(models.Model):

@@ -288,6 +288,12 @@ class Approval(models.Model):
     consumed_by = models.ForeignKey(
         "runs.Effect", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Multi-party: the policy's steps that apply to these args, with each step's opened_at and
+    # deadline once its stage opens (runs.services.approvals.plan_steps). Empty: one approver.
+    steps = models.JSONField(default=list, blank=True)
+    stage = models.PositiveSmallIntegerField(default=0)  # the stage now open
+    # The worker's deadline_s for the whole request: every stage's deadline stays within it.
+    overall_deadline = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-requested_at"]
@@ -303,5 +309,34 @@ class Approval(models.Model):
                     status__in=["pending", "approved", "rejected", "timed_out", "superseded"]
                 ),
                 name="approval_status_valid",
+            ),
+        ]
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on a multi-party approval, counted in one step. A person counts once per
+    approval (unique), and the decision names the digest it was made on."""
+
+    APPROVED, REJECTED = "approved", "rejected"
+
+    approval = models.ForeignKey(Approval, on_delete=models.PROTECT, related_name="decisions")
+    step = models.PositiveSmallIntegerField()  # index into approval.steps
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    decided_by_label = models.CharField(max_length=150)
+    role = models.CharField(max_length=50)
+    decision = models.CharField(max_length=10)
+    digest = models.CharField(max_length=64)
+    reason = models.TextField(blank=True)
+    decided_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["decided_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["approval", "decided_by"], name="approval_decision_one_per_person"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(decision__in=["approved", "rejected"]),
+                name="approval_decision_valid",
             ),
         ]

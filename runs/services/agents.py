@@ -6,11 +6,19 @@ comes from ``manage.py register_agent``, the seed or a test. The admin only show
 
 from __future__ import annotations
 
+from typing import Any
+
 from audit.services import record_audit
 from core.actors import Actor
 from core.errors import Invalid
 from core.names import name_problem, scope_problem
-from runs.conditions import ConditionError, PolicySpec, parse_policy_spec
+from runs.conditions import (
+    STEP_ROLES,
+    ConditionError,
+    PolicySpec,
+    parse_policy_spec,
+    parse_steps_json,
+)
 from runs.models import Agent, ApprovalPolicy
 
 from .decisions import decision
@@ -26,15 +34,34 @@ def parse_scopes(scopes: list[str]) -> list[str]:
     return list(scopes)
 
 
-def parse_policies(specs: list[str]) -> list[PolicySpec]:
+def parse_policies(specs: list[Any]) -> list[PolicySpec]:
+    """Each spec is the ``--approval`` spelling, or the JSON shape ``{"approval": "tool:action
+    [condition]", "steps": [{"role", "count", "stage", "within_s", "condition"}]}``."""
     try:
-        policies = [parse_policy_spec(spec) for spec in specs]
+        policies = [_parse_one(spec) for spec in specs]
     except ConditionError as err:
         raise Invalid(str(err), field="approval") from None
     for p in policies:
         if why := scope_problem(f"{p.tool}:{p.action}"):
             raise Invalid(f"approval {p.tool}:{p.action}: {why}", field="approval")
     return policies
+
+
+def _parse_one(spec: Any) -> PolicySpec:
+    if isinstance(spec, str):
+        return parse_policy_spec(spec)
+    if not isinstance(spec, dict) or not isinstance(spec.get("approval"), str):
+        raise ConditionError(
+            'a policy is a string or {"approval": "tool:action [condition]", "steps": [...]}'
+        )
+    base = parse_policy_spec(spec["approval"])
+    if base.multi_party:
+        raise ConditionError("name the steps either in the spelling or in steps, not both")
+    if "steps" not in spec:
+        return base
+    steps = parse_steps_json(spec["steps"])
+    strongest = max((s.role for s in steps), key=STEP_ROLES.index)
+    return PolicySpec(base.tool, base.action, base.condition, strongest, steps)
 
 
 def register_agent(
@@ -98,6 +125,7 @@ def _replace_policies(
             action=p.action,
             condition=p.condition,
             approver_role=p.approver_role,
+            steps=[st.as_json() for st in p.steps] if p.multi_party else [],
             created_by=actor.label,
         )
         for p in policies
@@ -118,7 +146,7 @@ def _replace_policies(
 
 
 def _fields(p: ApprovalPolicy) -> dict:
-    names = ("agent", "tool", "action", "condition", "approver_role", "created_by")
+    names = ("agent", "tool", "action", "condition", "approver_role", "steps", "created_by")
     return {n: getattr(p, n) for n in names}
 
 

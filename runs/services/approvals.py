@@ -166,3 +166,41 @@ def approval_denial(
         if latest.status != Approval.SUPERSEDED:
             return f"approval_{latest.status}", None, ""
     return None, None, ""
+
+
+# --- multi-party approvals: the steps an approval must pass, and how far it has come ---------------
+
+
+def plan_steps(
+    policy: ApprovalPolicy | None, args: dict, now: Any, deadline: Any
+) -> tuple[list[dict[str, Any]], Any]:
+    """(the approval's steps, its deadline) for a new request. Only the policy's steps whose
+    condition matches the args count (fail closed, like the policy's own condition); stage 0 opens
+    now, its steps' ``within`` deadlines start now. The approval's deadline is the sooner of the
+    worker's and the open stage's, so the existing deadline scan times a late step out."""
+    if policy is None or not policy.steps:
+        return [], deadline
+    steps = []
+    for raw in policy.steps:
+        condition = parse_condition(raw.get("condition") or "")
+        if condition is not None and not condition.matches(args):
+            continue
+        steps.append({**raw, "opened_at": None, "deadline": None})
+    stages = sorted({s["stage"] for s in steps})  # renumber: a skipped stage leaves no gap
+    for s in steps:
+        s["stage"] = stages.index(s["stage"])
+    return steps, open_stage(steps, 0, now, deadline)
+
+
+def open_stage(steps: list[dict[str, Any]], stage: int, now: Any, deadline: Any) -> Any:
+    """Mark ``stage``'s steps opened at ``now``; return the approval's deadline while it is open."""
+    soonest = deadline
+    for s in steps:
+        if s["stage"] != stage:
+            continue
+        s["opened_at"] = now.isoformat()
+        if s.get("within_s"):
+            due = now + timedelta(seconds=s["within_s"])
+            s["deadline"] = due.isoformat()
+            soonest = due if soonest is None or due < soonest else soonest
+    return soonest

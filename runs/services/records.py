@@ -19,7 +19,7 @@ from core.times import parse_worker_time, unreadable_note
 from runs.models import Approval, Assumption, Checkpoint, HistoryEvent, Run, Timer
 from runs.states import Event
 
-from .approvals import approval_digest, required_policy
+from .approvals import approval_digest, plan_steps, required_policy
 from .decisions import apply_transition, decision, lock_run, notify_run_changed
 from .history import append_history, history_head, next_history
 from .lifecycle import check_fencing
@@ -209,6 +209,8 @@ def request_approval(
         )
         policy = required_policy(run.agent_id, tool, action, args)
         now = timezone.now()
+        overall = now + timedelta(seconds=deadline_s) if deadline_s else None
+        steps, due = plan_steps(policy, args, now, overall)
         approval = Approval.objects.create(
             run=run,
             attempt_id=lease.attempt_id,  # the fenced lease's attempt: the current one
@@ -221,7 +223,9 @@ def request_approval(
             required_role=policy.approver_role if policy else required_role,
             policy=policy,
             requested_at=now,
-            deadline=now + timedelta(seconds=deadline_s) if deadline_s else None,
+            deadline=due,
+            overall_deadline=overall,
+            steps=steps,
         )
         append_history(
             run,
@@ -234,6 +238,7 @@ def request_approval(
                 "required_role": approval.required_role,
                 "policy": policy.spec if policy else None,
                 "worker_asked_role": required_role,
+                "steps": steps,
             },
             attempt=run.current_attempt_id,
             actor=actor,
