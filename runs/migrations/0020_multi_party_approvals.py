@@ -21,17 +21,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="approval",
             name="stage",
-            field=models.PositiveSmallIntegerField(default=0),
+            field=models.PositiveSmallIntegerField(default=0, db_default=0),
         ),
         migrations.AddField(
             model_name="approval",
             name="steps",
-            field=models.JSONField(blank=True, default=list),
+            field=models.JSONField(blank=True, db_default=[], default=list),
         ),
         migrations.AddField(
             model_name="approvalpolicy",
             name="steps",
-            field=models.JSONField(blank=True, default=list),
+            field=models.JSONField(blank=True, db_default=[], default=list),
         ),
         migrations.CreateModel(
             name="ApprovalDecision",

@@ -38,7 +38,7 @@ class ApprovalPolicy(models.Model):
     condition = models.CharField(max_length=200, blank=True, help_text="e.g. amount>200")
     approver_role = models.CharField(max_length=50, default="approver")
     # Multi-party: StepSpec.as_json() rows (runs.conditions). Empty: one person of approver_role.
-    steps = models.JSONField(default=list, blank=True)
+    steps = models.JSONField(default=list, db_default=[], blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.CharField(max_length=150, blank=True)
 

@@ -290,8 +290,8 @@ class Approval(models.Model):
     )
     # Multi-party: the policy's steps that apply to these args, with each step's opened_at and
     # deadline once its stage opens (runs.services.approvals.plan_steps). Empty: one approver.
-    steps = models.JSONField(default=list, blank=True)
-    stage = models.PositiveSmallIntegerField(default=0)  # the stage now open
+    steps = models.JSONField(default=list, db_default=[], blank=True)
+    stage = models.PositiveSmallIntegerField(default=0, db_default=0)  # the stage now open
     # The worker's deadline_s for the whole request: every stage's deadline stays within it.
     overall_deadline = models.DateTimeField(null=True, blank=True)
 
