@@ -29,7 +29,7 @@ def decrypt(stored: str) -> str:
 
 
 def mask(stored: str) -> str:
-    """"set (fingerprint)": enough to tell two keys apart, nothing to sign with."""
+    """ "set (fingerprint)": enough to tell two keys apart, nothing to sign with."""
     if not stored:
         return "not set"
     try:

@@ -81,7 +81,9 @@ def _clean(data: dict[str, Any], channel: Channel) -> dict[str, Any]:
     if after not in (None, "") and (
         isinstance(after, bool) or not isinstance(after, int) or after <= 0
     ):
-        raise Invalid("escalate_after_s must be a positive number of seconds", field="escalate_after_s")
+        raise Invalid(
+            "escalate_after_s must be a positive number of seconds", field="escalate_after_s"
+        )
     if after == "":
         out["escalate_after_s"] = None
     port = out.get("smtp_port")

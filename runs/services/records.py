@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-HTTP = r'''
+HTTP = r"""
 import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 out = sys.argv[2]
@@ -22,9 +22,9 @@ class H(BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *a): pass
 HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-'''
+"""
 
-SMTP = r'''
+SMTP = r"""
 import json, sys, time
 from aiosmtpd.controller import Controller
 out = sys.argv[2]
@@ -38,7 +38,7 @@ c = Controller(Handler(), hostname="127.0.0.1", port=int(sys.argv[1]))
 c.start()
 while True:
     time.sleep(3600)
-'''
+"""
 
 
 def free_port() -> int:
@@ -53,7 +53,9 @@ class Receiver:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Receiver:
-        self.proc = subprocess.Popen([sys.executable, "-c", self.script, str(self.port), str(self.out)])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.script, str(self.port), str(self.out)]
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:

@@ -36,7 +36,8 @@ def _ask(worker, run_id: str) -> str:
 
 def _webhook(url: str, **extra) -> Channel:
     return services.create_channel(
-        actor=ADMIN, data={"name": "ops-hook", "kind": "webhook", "url": url, "secret": KEY, **extra}
+        actor=ADMIN,
+        data={"name": "ops-hook", "kind": "webhook", "url": url, "secret": KEY, **extra},
     )
 
 
@@ -68,7 +69,9 @@ def test_it_signs_a_webhook_that_the_verifier_accepts_and_a_replay_it_refuses(wo
     assert not signing.verify(KEY, body, got["headers"], now=ts + signing.REPLAY_WINDOW_S + 1)
     message = json.loads(body)
     assert message["approval"] == approval_id and message["event"] == "approval.requested"
-    assert message["link"].endswith(f"/runs/{run['id']}/?approval={approval_id}#approval-{approval_id}")
+    assert message["link"].endswith(
+        f"/runs/{run['id']}/?approval={approval_id}#approval-{approval_id}"
+    )
     assert Delivery.objects.get(approval_id=approval_id).status == Delivery.SENT
     assert Job.objects.get(kind=jobs.NOTIFY).status == Job.DONE
 
@@ -131,7 +134,11 @@ def test_a_slack_channel_gets_an_incoming_webhook_payload(worker, tmp_path):
     try:
         channel = services.create_channel(
             actor=ADMIN,
-            data={"name": "slack", "kind": "slack", "url": f"http://127.0.0.1:{receiver.port}/T/B/x"},
+            data={
+                "name": "slack",
+                "kind": "slack",
+                "url": f"http://127.0.0.1:{receiver.port}/T/B/x",
+            },
         )
         assert jobs.test_send(actor=ADMIN, channel_id=channel.pk)["sent"] is True
         (got,) = receiver.received()
@@ -201,7 +208,9 @@ def test_secrets_are_stored_encrypted_masked_and_changes_are_audited():
     services.change_channel(actor=ADMIN, channel_id=channel.pk, data={"enabled": False})
     services.delete_channel(actor=ADMIN, channel_id=channel.pk)
     actions = list(
-        AuditEvent.objects.filter(object_type="channel").order_by("seq").values_list("action", flat=True)
+        AuditEvent.objects.filter(object_type="channel")
+        .order_by("seq")
+        .values_list("action", flat=True)
     )
     assert actions == ["channel.create", "channel.change", "channel.delete"]
     assert KEY not in json.dumps(list(AuditEvent.objects.values_list("context", flat=True)))

@@ -68,7 +68,12 @@ def test_the_test_send_button_shows_its_result_in_place(cast, tmp_path):
     try:
         channel = services.create_channel(
             actor=system_actor("t"),
-            data={"name": "h", "kind": "webhook", "url": f"http://127.0.0.1:{receiver.port}/h", "secret": KEY},
+            data={
+                "name": "h",
+                "kind": "webhook",
+                "url": f"http://127.0.0.1:{receiver.port}/h",
+                "secret": KEY,
+            },
         )
         client = _login("ada")
         resp = client.post(f"/channels/{channel.pk}/test/", HTTP_HX_REQUEST="true")
@@ -86,7 +91,12 @@ def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker
     try:
         services.create_channel(
             actor=system_actor("t"),
-            data={"name": "h", "kind": "webhook", "url": f"http://127.0.0.1:{receiver.port}/h", "secret": KEY},
+            data={
+                "name": "h",
+                "kind": "webhook",
+                "url": f"http://127.0.0.1:{receiver.port}/h",
+                "secret": KEY,
+            },
         )
         run, _ = running_run(worker)
         resp = worker.post(
@@ -108,9 +118,7 @@ def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker
     anonymous = Client().get(path)
     assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/")
     client = Client()
-    after_login = client.post(
-        anonymous["Location"], {"username": "april", "password": "pw-april"}
-    )
+    after_login = client.post(anonymous["Location"], {"username": "april", "password": "pw-april"})
     assert after_login.status_code == 302 and after_login["Location"] == path
     page = client.get(path)
     assert page.status_code == 200 and approval_id.encode() in page.content
