@@ -97,10 +97,14 @@ def change_channel(request: HttpRequest, channel_id: UUID, body: ChannelIn) -> A
     return services.shown(channel)
 
 
-@router.delete("/channels/{channel_id}", response={204: None, **ERRORS_WRITE})
+class DeletedOut(Out):
+    deleted: str
+
+
+@router.delete("/channels/{channel_id}", response={200: DeletedOut, **ERRORS_WRITE})
 def delete_channel(request: HttpRequest, channel_id: UUID) -> Any:
     services.delete_channel(actor=_admin(request), channel_id=channel_id)
-    return Status(204, None)
+    return {"deleted": str(channel_id)}
 
 
 @router.post("/channels/{channel_id}/test", response={200: TestSendOut, **ERRORS_WRITE})
