@@ -196,6 +196,7 @@ def body_too_large(request: HttpRequest, exc: Exception):
 
 def _register_routers() -> None:
     from api.audit import router as audit_router
+    from api.channels import router as channels_router
     from api.fleet import router as fleet_router
     from api.freezes import router as freezes_router
     from api.intake import router as intake_router
@@ -210,6 +211,7 @@ def _register_routers() -> None:
     api.add_router("", freezes_router)  # before /fleet/{operation_id}
     api.add_router("", fleet_router)
     api.add_router("", intake_router)
+    api.add_router("", channels_router)
 
 
 _register_routers()

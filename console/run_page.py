@@ -41,6 +41,7 @@ from interventions.jobs import attention
 from interventions.plugins import REGISTRY
 from interventions.selectors import receipt_dict, recent_interventions, running_cascades
 from interventions.transfer import holders
+from notifications.selectors import run_notifications
 from runs.freezes import covering, freeze_dict
 from runs.models import Effect, Run
 from runs.selectors import (
@@ -191,6 +192,8 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "nav": "runs",
         "facets": holders(run),
         "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
+        # Approval notifications of this run whose channel is failing (5 failures in a row).
+        "failing_notifications": [n for n in run_notifications(run.pk) if n["channel_failing"]],
         "offered": offered_interventions(run, roles, data),
         "unavailable": unavailable_interventions(run, roles, data),
         "may_reconcile": may(roles, "reconcile"),

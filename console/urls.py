@@ -4,6 +4,7 @@ from django.urls import path
 
 from console import (
     audit,
+    channels,
     fleet,
     freezes,
     intake,
@@ -79,6 +80,10 @@ urlpatterns = [
     path("fleet/<uuid:operation_id>/confirm/", fleet.fleet_confirm, name="fleet-confirm"),
     path("fleet/<uuid:operation_id>/cancel/", fleet.fleet_cancel, name="fleet-cancel"),
     path("workers/", workers.workers_page, name="workers"),
+    path("channels/", channels.channels_page, name="channels"),
+    path("channels/<uuid:channel_id>/", channels.channel_page, name="channel"),
+    path("channels/<uuid:channel_id>/delete/", channels.channel_delete, name="channel-delete"),
+    path("channels/<uuid:channel_id>/test/", channels.channel_test, name="channel-test"),
     path("audit/", audit.audit_page, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
     path("audit/export.jsonl", audit.audit_export, name="audit-export"),

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "axes",
     "runs",
     "interventions",
+    "notifications",
     "console",
 ]
 
@@ -233,9 +234,21 @@ CELERY_BEAT_SCHEDULE = {
         "task": "interventions.approvals.expire_approvals",
         "schedule": RECOVERY_SCAN_INTERVAL_S,
     },
+    "escalate-approvals": {
+        "task": "notifications.jobs.escalate_approvals",
+        "schedule": RECOVERY_SCAN_INTERVAL_S,
+    },
     # The run list's counts per state (runs.RunTally): fold the triggers' +1/-1 rows.
     "compact-run-tally": {"task": "runs.tasks.compact_run_tally", "schedule": 30},
 }
+
+# Notifications (docs/operations/notifications.md): the console's address for the links they carry,
+# the per-message network timeout, and the retry backoff (doubling from NOTIFY_RETRY_BACKOFF_S up to
+# NOTIFY_RETRY_MAX_S; a notification is never given up).
+CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
+NOTIFY_TIMEOUT_S = env_int("NOTIFY_TIMEOUT_S", 10)
+NOTIFY_RETRY_BACKOFF_S = env_int("NOTIFY_RETRY_BACKOFF_S", 5)
+NOTIFY_RETRY_MAX_S = env_int("NOTIFY_RETRY_MAX_S", 600)
 
 # --- audit anchors (docs/security.md) --------------------------------------------------------------
 # The chain head is signed with Ed25519 and appended outside the database every ANCHOR_INTERVAL_S

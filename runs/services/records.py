@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -184,6 +185,12 @@ def _materialise(run: Run, kind: str, data: dict, i: int) -> None:
         )
 
 
+# Follow-up work on a new approval request, registered by the apps above (notifications adds its
+# outbox job row): called inside the request's transaction, so it commits with the approval or not at
+# all, and never does network I/O.
+APPROVAL_REQUESTED: list[Callable[[Approval], None]] = []
+
+
 def request_approval(
     *,
     actor: Actor,
@@ -250,6 +257,8 @@ def request_approval(
             reason=reason or f"approval for {tool}:{action}",
             data={"approval": str(approval.pk)},
         )
+        for hook in APPROVAL_REQUESTED:
+            hook(approval)
     return approval
 
 

@@ -147,7 +147,13 @@ def world(worker, cast, as_user) -> dict:
         "/intake/holds", {"scope": "tool", "target": "notifications", "reason": "held"}
     )
     assert hold.status_code == 202, hold.content
+    channel = as_user("ada").post(  # a notification channel: its routes (page, test-send) reach it
+        "/channels",
+        {"name": "hostile", "kind": "slack", "url": "http://127.0.0.1:9/hook"},
+    )
+    assert channel.status_code == 201, channel.content
     return {
+        "channel_id": channel.json()["id"],
         "hold_id": hold.json()["id"],
         "freeze_id": frozen.json()["freeze"]["id"],
         "operation_id": held.json()["id"],

@@ -1,0 +1,145 @@
+"""The channel pages and API are for admins; a bad URL is a 4xx naming the field; the test-send
+button shows its result in place; a notification's link opens the approval only after login."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from audit.models import AuditEvent
+from core.actors import system_actor
+from notifications import jobs, services
+from notifications.models import Channel
+from tests.interventions.helpers import running_run
+from tests.notifications.servers import http_receiver
+
+pytestmark = pytest.mark.django_db
+
+KEY = "whsec-test-key-0123456789"
+
+
+def _login(username: str) -> Client:
+    client = Client()
+    assert client.login(username=username, password="pw-" + username)
+    return client
+
+
+def test_it_refuses_a_non_http_webhook_url_over_the_api_naming_the_field(as_user):
+    resp = as_user("ada").post(
+        "/channels", {"name": "h", "kind": "webhook", "url": "ftp://x.test/h", "secret": KEY}
+    )
+    assert resp.status_code == 422 and resp.json()["field"] == "url", resp.content
+    ok = as_user("ada").post(
+        "/channels", {"name": "h", "kind": "webhook", "url": "https://x.test/h", "secret": KEY}
+    )
+    assert ok.status_code == 201, ok.content
+    assert KEY not in ok.content.decode()  # the API answers a mask (the redacting renderer too)
+    assert as_user("ada").get("/channels").status_code == 200
+
+
+@pytest.mark.parametrize("who", ["vera", "otto", "april", "ian"])
+def test_only_an_admin_may_see_or_change_channels(as_user, cast, who):
+    assert as_user(who).get("/channels").status_code == 403
+    assert as_user(who).post("/channels", {"name": "x"}).status_code == 403
+    client = _login(who)
+    assert client.get("/channels/").status_code == 403
+    assert client.post("/channels/", {"name": "x", "kind": "slack"}).status_code == 403
+    assert not Channel.objects.exists()
+
+
+def test_the_console_form_names_the_bad_field_and_audits_the_create(cast):
+    client = _login("ada")
+    bad = client.post("/channels/", {"name": "h", "kind": "slack", "url": "mailto:x@y"})
+    assert bad.status_code == 422 and b'data-field="url"' in bad.content
+    good = client.post(
+        "/channels/", {"name": "h", "kind": "slack", "url": "https://hooks.x.test/T/B/secret"}
+    )
+    assert good.status_code == 302
+    channel = Channel.objects.get()
+    page = client.get(f"/channels/{channel.pk}/")
+    assert page.status_code == 200 and b"/T/B/secret" not in page.content
+    assert AuditEvent.objects.filter(action="channel.create", actor="ada").exists() or (
+        AuditEvent.objects.filter(action="channel.create").count() == 1
+    )
+
+
+def test_the_test_send_button_shows_its_result_in_place(cast, tmp_path):
+    receiver = http_receiver(tmp_path).start()
+    try:
+        channel = services.create_channel(
+            actor=system_actor("t"),
+            data={
+                "name": "h",
+                "kind": "webhook",
+                "url": f"http://127.0.0.1:{receiver.port}/h",
+                "secret": KEY,
+            },
+        )
+        client = _login("ada")
+        resp = client.post(f"/channels/{channel.pk}/test/", HTTP_HX_REQUEST="true")
+        assert resp.status_code == 200 and b'data-test="sent"' in resp.content
+        assert b"<html" not in resp.content  # the fragment only
+        assert len(receiver.received()) == 1
+    finally:
+        receiver.stop()
+    failed = client.post(f"/channels/{channel.pk}/test/", HTTP_HX_REQUEST="true")
+    assert b'data-test="failed"' in failed.content and b"ConnectError" in failed.content
+
+
+def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker, cast, tmp_path):
+    receiver = http_receiver(tmp_path).start()
+    try:
+        services.create_channel(
+            actor=system_actor("t"),
+            data={
+                "name": "h",
+                "kind": "webhook",
+                "url": f"http://127.0.0.1:{receiver.port}/h",
+                "secret": KEY,
+            },
+        )
+        run, _ = running_run(worker)
+        resp = worker.post(
+            f"/runs/{run['id']}/approvals",
+            {"fencing_token": 1, "tool": "payments", "action": "charge", "args": {"amount": 5}},
+        )
+        approval_id = resp.json()["id"]
+        from interventions.models import Job
+
+        jobs.notify_approval(Job.objects.get(kind=jobs.FAN_OUT).target_id)
+        jobs.send_notification(Job.objects.get(kind=jobs.NOTIFY).target_id)
+        import json
+
+        link = json.loads(receiver.received()[0]["body"])["link"]
+    finally:
+        receiver.stop()
+    path = link.split("://", 1)[1].split("/", 1)[1]
+    path = "/" + path.split("#", 1)[0]
+    anonymous = Client().get(path)
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/")
+    client = Client()
+    after_login = client.post(anonymous["Location"], {"username": "april", "password": "pw-april"})
+    assert after_login.status_code == 302 and after_login["Location"] == path
+    page = client.get(path)
+    assert page.status_code == 200 and approval_id.encode() in page.content
+
+
+def test_a_failing_channel_shows_on_the_run_page(worker, cast):
+    channel = services.create_channel(
+        actor=system_actor("t"),
+        data={"name": "down", "kind": "webhook", "url": "http://127.0.0.1:9/h", "secret": KEY},
+    )
+    run, _ = running_run(worker)
+    worker.post(
+        f"/runs/{run['id']}/approvals",
+        {"fencing_token": 1, "tool": "payments", "action": "charge", "args": {"amount": 5}},
+    )
+    from interventions.models import Job
+
+    jobs.notify_approval(Job.objects.get(kind=jobs.FAN_OUT).target_id)
+    for _ in range(5):
+        jobs.send_notification(Job.objects.get(kind=jobs.NOTIFY).target_id)
+    page = _login("ada").get(f"/runs/{run['id']}/")
+    assert b'data-testid="notification-failing"' in page.content and b"ConnectError" in page.content
+    channel_page = _login("ada").get(f"/channels/{channel.pk}/")
+    assert b'data-health="failing"' in channel_page.content
