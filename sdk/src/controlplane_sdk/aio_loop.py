@@ -52,6 +52,10 @@ class AsyncWorker:
             ctx.start_heartbeat()
         return ctx
 
+    async def queued_runs(self, state: str = "queued") -> list[dict[str, Any]]:
+        """Runs of this agent waiting for a worker."""
+        return await self.client.list_runs(agent=self.agent, state=state)
+
     async def claim(self, run_id: str, *, heartbeat: bool = True) -> AsyncRunContext:
         claim = await self.client.claim(run_id, self.worker_name, self.versions)
         return self._context(claim, heartbeat)
