@@ -92,3 +92,51 @@ def test_the_async_operator_calls_send_what_the_sync_ones_send():
     asyncio.run(main())
     assert sent == expected and len(sent) == 3
     assert sent[0][1].endswith("/runs/r-1/interventions/preview")
+
+
+def test_the_async_tool_decorator_declares_each_call_and_replays_a_committed_one():
+    cp = FakeControlPlane()
+    run = cp.create_run("buyer")
+    world: list[int] = []
+
+    async def attempt(stop_after_first: bool):
+        ctx = await _async_worker(cp).claim(run, heartbeat=False)
+
+        @ctx.tool("payments", "charge")
+        async def charge(amount: int, idempotency_key: str) -> str:
+            world.append(amount)
+            return f"ch-{idempotency_key[-1]}"
+
+        async with ctx.step("pay"):
+            first = await charge(amount=5)
+            if stop_after_first:
+                return [first]
+            return [first, await charge(amount=5)]  # a second intent: a new effect
+
+    one = asyncio.run(attempt(True))
+    cp.expire_lease(run)
+    both = asyncio.run(attempt(False))
+    assert world == [5, 5] and both[0] == one[0]  # the first was replayed, not sent again
+    assert len({e["idempotency_key"] for e in cp.effects(run)}) == 2
+
+
+def test_arun_agent_loop_runs_queued_runs_like_run_agent_loop():
+    from controlplane_sdk import arun_agent_loop, run_agent_loop
+
+    cp = FakeControlPlane()
+    for _ in range(2):
+        cp.create_run("buyer")
+
+    def sync_fn(ctx):
+        with ctx.step("s"), ctx.effect("inventory", "reserve") as fx:
+            fx.committed("r")
+
+    async def async_fn(ctx):
+        async with ctx.step("s"), ctx.effect("inventory", "reserve") as fx:
+            fx.committed("r")
+
+    sync = run_agent_loop(cp.client(), "buyer", "w", sync_fn, exit_when_idle=True, max_runs=1)
+    client = AsyncClient("http://cp.test", "t", transport=cp.transport())
+    rest = asyncio.run(arun_agent_loop(client, "buyer", "w", async_fn, exit_when_idle=True))
+    assert [s.outcome for s in sync] == ["succeeded"] and [s.outcome for s in rest] == ["succeeded"]
+    assert {cp.state(r) for r in cp.runs} == {"succeeded"}

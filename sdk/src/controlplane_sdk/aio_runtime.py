@@ -27,9 +27,9 @@ import contextlib
 import datetime as _dt
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ._core import default_key, timer_event
 from .aio import AsyncClient
@@ -44,7 +44,10 @@ from .errors import (
     StopRequested,
 )
 from .models import Approval, Claim, Directive, EffectDecision, Event, HeartbeatReply
+from .tools import agoverned
 from .tracing import run_trace
+
+R = TypeVar("R")
 
 __all__ = ["AsyncRunContext", "AsyncEffectScope"]
 
@@ -199,6 +202,23 @@ class AsyncRunContext:
             self.run_id, self.fencing_token, [timer_event(name, when)]
         )
         return when
+
+    def tool(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: Callable[..., str] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        unknown_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+        """:meth:`RunContext.tool` for ``async def`` tools: each awaited call is an effect."""
+        return agoverned(
+            self, tool, action, key=key, step=step, compensate=compensate,
+            irreversible=irreversible, unknown_on=unknown_on,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         """:meth:`RunContext.close`: stop the heartbeat task."""
