@@ -277,9 +277,7 @@ class AsyncClient:
     ) -> JSON:
         """``POST /runs/{id}/interventions/preview`` (``scope``: ``run`` or ``tree``)."""
         body = core.intervention_body(kind, reason, scope, options, override_reason)
-        return await self._call(
-            "POST", f"/runs/{run_id}/interventions/preview", body, retry=True
-        )
+        return await self._call("POST", f"/runs/{run_id}/interventions/preview", body, retry=True)
 
     async def get_intervention(self, intervention_id: str) -> JSON:
         """``GET /interventions/{id}``: receipt and job results."""

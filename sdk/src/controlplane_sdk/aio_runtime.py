@@ -198,9 +198,7 @@ class AsyncRunContext:
                 raise ValueError("set_timer needs fire_at or in_s")
             fire_at = _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=in_s)
         when = fire_at.isoformat() if isinstance(fire_at, _dt.datetime) else str(fire_at)
-        await self.client.append_events(
-            self.run_id, self.fencing_token, [timer_event(name, when)]
-        )
+        await self.client.append_events(self.run_id, self.fencing_token, [timer_event(name, when)])
         return when
 
     def tool(

@@ -189,7 +189,7 @@ def _task_id() -> str | None:
     if not ns:
         return None
     nodes = "|".join(part.partition(":")[0] for part in ns.split("|"))
-    path = meta.get("langgraph_path") or ()
+    path: tuple[Any, ...] = tuple(meta.get("langgraph_path") or ())
     push = f":send{path[1]}" if len(path) > 1 and path[0] == "__pregel_push" else ""
     return f"s{meta.get('langgraph_step', '')}:{nodes}{push}"
 
