@@ -58,7 +58,7 @@ from .runtime import RunContext, Worker
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
-    from .aio_loop import AsyncWorker, arun_one
+    from .aio_loop import AsyncWorker, arun_agent_loop, arun_one
     from .aio_runtime import AsyncEffectScope, AsyncRunContext
 
 # The asyncio side loads on first use: a synchronous agent does not pay for importing asyncio.
@@ -68,6 +68,7 @@ _ASYNC = {
     "AsyncRunContext": "aio_runtime",
     "AsyncEffectScope": "aio_runtime",
     "arun_one": "aio_loop",
+    "arun_agent_loop": "aio_loop",
 }
 
 
@@ -90,6 +91,7 @@ __all__ = [
     "AsyncRunContext",
     "AsyncEffectScope",
     "arun_one",
+    "arun_agent_loop",
     "Worker",
     "RunContext",
     "EffectScope",

@@ -55,6 +55,7 @@ class FakeRun:
     history: list[JSON] = field(default_factory=list)
     approvals: list[JSON] = field(default_factory=list)
     pause_after: dict[str, str] = field(default_factory=dict)  # step -> reason
+    timers: list[JSON] = field(default_factory=list)  # set, not yet delivered ({name, fire_at})
 
 
 class FakeProtocol:
@@ -211,9 +212,14 @@ class FakeProtocol:
         if run is None or not self._lease_ok(run, b.get("fencing_token")):
             return self._lost_lease(run.id if run else "", "lease.heartbeat")
         latest = run.approvals[-1] if run.approvals else None
+        # A due timer is delivered once, on a heartbeat; while paused it waits for the resume.
+        due = [] if run.state in ("paused", "pausing") else [
+            t for t in run.timers if _dt.datetime.fromisoformat(t["fire_at"]) <= _dt.datetime.now(_dt.UTC)
+        ]  # fmt: skip
+        run.timers = [t for t in run.timers if t not in due]
         return 200, {"directive": _DIRECTIVES.get(run.state, "stop"), "reason": run.reason,
                      "state": run.state, "expires_at": _now(), "approval": latest,
-                     "timers_fired": []}  # fmt: skip
+                     "timers_fired": due}  # fmt: skip
 
     def _r_release(self, b: JSON, _q: dict[str, str], lease_id: str) -> tuple[int, Any]:
         run = self._lease_run(lease_id)
@@ -319,6 +325,8 @@ class FakeProtocol:
         events = list(b.get("events") or [])
         run.history.extend({"kind": e.get("kind"), "data": e.get("data") or {}} for e in events)
         for e in events:
+            if e.get("kind") == "timer_set":
+                run.timers.append(dict(e.get("data") or {}))
             step = (e.get("data") or {}).get("step")
             if e.get("kind") == "step_completed" and step in run.pause_after:
                 self._move(run, "pausing", run.pause_after.pop(step), "pause")

@@ -265,3 +265,33 @@ class AsyncClient:
     ) -> JSON:
         kind = "approve" if approve else "reject"
         return await self.intervene(run_id, kind, reason, options={"approval_id": approval_id})
+
+    async def preview_intervention(
+        self,
+        run_id: str,
+        kind: str,
+        reason: str,
+        scope: str = "run",
+        options: JSON | None = None,
+        override_reason: str | None = None,
+    ) -> JSON:
+        """``POST /runs/{id}/interventions/preview`` (``scope``: ``run`` or ``tree``)."""
+        body = core.intervention_body(kind, reason, scope, options, override_reason)
+        return await self._call("POST", f"/runs/{run_id}/interventions/preview", body, retry=True)
+
+    async def get_intervention(self, intervention_id: str) -> JSON:
+        """``GET /interventions/{id}``: receipt and job results."""
+        return await self._call("GET", f"/interventions/{intervention_id}", retry=True)
+
+    async def reconcile_effect(
+        self,
+        effect_id: str,
+        outcome: str,
+        evidence: str,
+        reason: str,
+        external_ref: str | None = None,
+    ) -> JSON:
+        """``POST /effects/{id}/reconcile`` with evidence (operator; not retried)."""
+        body = {"outcome": outcome, "evidence": evidence, "reason": reason,
+                "external_ref": external_ref or ""}  # fmt: skip
+        return await self._call("POST", f"/effects/{effect_id}/reconcile", body, retry=False)

@@ -3,6 +3,8 @@ same table as :func:`controlplane_sdk.run_one` (see ``loop.py``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,10 +14,12 @@ from .aio_runtime import AsyncRunContext
 from .errors import (
     ApiError,
     CancelRequested,
+    ClaimRefused,
     ControlPlaneError,
     DirectiveInterrupt,
     EffectDenied,
     LeaseLost,
+    NotFound,
     PauseRequested,
     StopRequested,
 )
@@ -23,7 +27,7 @@ from .loop import RunSummary, classify_failure
 from .models import Claim
 from .tracing import run_trace
 
-__all__ = ["AsyncWorker", "arun_one"]
+__all__ = ["AsyncWorker", "arun_one", "arun_agent_loop"]
 
 log = logging.getLogger("controlplane_sdk")
 _DENIAL_AS_DIRECTIVE = {"run_paused": PauseRequested, "run_cancelled": CancelRequested}
@@ -51,6 +55,10 @@ class AsyncWorker:
         if heartbeat:
             ctx.start_heartbeat()
         return ctx
+
+    async def queued_runs(self, state: str = "queued") -> list[dict[str, Any]]:
+        """Runs of this agent waiting for a worker."""
+        return await self.client.list_runs(agent=self.agent, state=state)
 
     async def claim(self, run_id: str, *, heartbeat: bool = True) -> AsyncRunContext:
         claim = await self.client.claim(run_id, self.worker_name, self.versions)
@@ -129,3 +137,84 @@ async def arun_one(
                     await _try_finish(ctx, "failed", fc, f"finish(succeeded) refused: {err}"[:2000])
                     return summary("failed", str(err))
             return summary("succeeded")
+
+
+async def arun_agent_loop(
+    client: AsyncClient,
+    agent: str,
+    worker_name: str,
+    run_fn: Callable[[AsyncRunContext], Awaitable[Any]],
+    *,
+    versions: dict[str, Any] | None = None,
+    poll_interval: float = 2.0,
+    max_runs: int | None = None,
+    exit_when_idle: bool = False,
+    stop_event: asyncio.Event | None = None,
+    heartbeat_interval: float | None = None,
+    states: tuple[str, ...] = ("queued",),
+    on_summary: Callable[[RunSummary], None] | None = None,
+    long_poll_s: float = 5.0,
+) -> list[RunSummary]:
+    """:func:`controlplane_sdk.run_agent_loop` for asyncio agents, with the same arguments and
+    stops (``stop_event`` is an ``asyncio.Event``): long-polls ``/work/claim`` (listing runs every
+    ``poll_interval`` against a server without it, or for other states), one run at a time."""
+    worker = AsyncWorker(
+        client, worker_name, agent, versions=versions, heartbeat_interval=heartbeat_interval
+    )
+    stop = stop_event or asyncio.Event()
+    done: list[RunSummary] = []
+
+    async def idle() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), poll_interval)
+
+    async def handle(ctx: AsyncRunContext) -> None:
+        s = await arun_one(ctx, run_fn)
+        log.info("run %s attempt %s: %s %s", s.run_id, s.attempt_id, s.outcome, s.detail)
+        done.append(s)
+        if on_summary:
+            on_summary(s)
+
+    long_poll = states == ("queued",)
+    while not stop.is_set() and (max_runs is None or len(done) < max_runs):
+        if long_poll:
+            try:
+                ctx = await worker.claim_next(wait_s=0 if exit_when_idle else long_poll_s)
+            except NotFound:
+                log.info("no /work/claim on this server: listing runs every %ss", poll_interval)
+                long_poll = False
+                continue
+            except ControlPlaneError as err:
+                log.warning("asking for work failed: %s", err)
+                await idle()
+                continue
+            if ctx is not None:
+                await handle(ctx)
+            elif exit_when_idle:
+                break
+            continue
+        claimed = False
+        try:
+            candidates = [r for s in states for r in await worker.queued_runs(s)]
+        except ControlPlaneError as err:
+            log.warning("listing runs failed: %s", err)
+            candidates = []
+        for run in candidates:
+            if stop.is_set():
+                break
+            try:
+                ctx = await worker.claim(str(run["id"]))
+            except ClaimRefused as refused:
+                log.info("run %s skipped: %s", run.get("id"), refused.code)
+                continue
+            except ControlPlaneError as err:
+                log.warning("claim of run %s failed: %s", run.get("id"), err)
+                continue
+            await handle(ctx)
+            claimed = True
+            break  # re-list: states change while we work
+        if not claimed:
+            if exit_when_idle:
+                break
+            await idle()
+    return done

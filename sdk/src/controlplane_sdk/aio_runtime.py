@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as _dt
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from ._core import default_key
+from ._core import default_key, timer_event
 from .aio import AsyncClient
 from .effects import Ahead, ScopeBase, carried_checkpoint, not_recorded
 from .errors import (
@@ -43,7 +44,10 @@ from .errors import (
     StopRequested,
 )
 from .models import Approval, Claim, Directive, EffectDecision, Event, HeartbeatReply
+from .tools import agoverned
 from .tracing import run_trace
+
+R = TypeVar("R")
 
 __all__ = ["AsyncRunContext", "AsyncEffectScope"]
 
@@ -123,6 +127,7 @@ class AsyncRunContext:
         self.heartbeat_interval = heartbeat_interval or max(ttl / 3.0, 0.05)
         self.directive, self.directive_reason = claim.directive, ""
         self._approval: dict[str, Any] | None = None
+        self._timers_fired: list[dict[str, Any]] = []
         self._lease_lost: LeaseLost | None = None
         self._declared: dict[tuple[str, str, str], int] = {}
         self._ahead = Ahead()  # the next declaration, decided on the previous outcome (fx.then)
@@ -155,7 +160,67 @@ class AsyncRunContext:
         self.directive, self.directive_reason = hb.directive, hb.reason
         if hb.approval is not None:
             self._approval = hb.approval
+        self._timers_fired.extend(hb.timers_fired)
         return hb
+
+    def pop_fired_timers(self) -> list[dict[str, Any]]:
+        """Timers the server delivered on heartbeats since the last call (``timers_fired``), oldest
+        first, as :meth:`RunContext.pop_fired_timers`."""
+        fired, self._timers_fired = self._timers_fired, []
+        return fired
+
+    async def wait_for_directive(
+        self, wait_s: float = 20.0, *, timeout: float | None = None, current: str | None = None
+    ) -> str:
+        """Await (heartbeat long-poll with ``wait_s``) a directive other than ``current`` (default:
+        the latest seen), or ``timeout`` seconds; return the directive then."""
+        start = current if current is not None else self.directive
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            w = wait_s if deadline is None else min(wait_s, deadline - time.monotonic())
+            if w <= 0:
+                return self.directive
+            t0 = time.monotonic()
+            hb = await self._beat(wait_s=w)
+            if hb.directive != start:
+                return hb.directive
+            # a server that answers at once (no long-poll) must not turn this into a busy loop
+            pause = min(w, 1.0) - (time.monotonic() - t0)
+            if pause > 0:
+                await asyncio.sleep(pause)
+
+    async def set_timer(
+        self, name: str, fire_at: _dt.datetime | str | None = None, *, in_s: float | None = None
+    ) -> str:
+        """Set a timer (keeps running while paused). Give ``fire_at`` or ``in_s``; returns ``fire_at``."""
+        if fire_at is None:
+            if in_s is None:
+                raise ValueError("set_timer needs fire_at or in_s")
+            fire_at = _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=in_s)
+        when = fire_at.isoformat() if isinstance(fire_at, _dt.datetime) else str(fire_at)
+        await self.client.append_events(self.run_id, self.fencing_token, [timer_event(name, when)])
+        return when
+
+    def tool(
+        self,
+        tool: str,
+        action: str,
+        *,
+        key: Callable[..., str] | None = None,
+        step: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        irreversible: bool = False,
+        unknown_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+        """:meth:`RunContext.tool` for ``async def`` tools: each awaited call is an effect."""
+        return agoverned(
+            self, tool, action, key=key, step=step, compensate=compensate,
+            irreversible=irreversible, unknown_on=unknown_on,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        """:meth:`RunContext.close`: stop the heartbeat task."""
+        await self.stop_heartbeat()
 
     def start_heartbeat(self) -> None:
         if self._task is None and not self.lease_lost:

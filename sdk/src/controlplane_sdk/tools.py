@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from .effects import RunHost
 
-__all__ = ["governed"]
+__all__ = ["governed", "agoverned"]
 
 R = TypeVar("R")
 
@@ -66,6 +66,45 @@ def governed(
                 if takes_key:
                     kwargs["idempotency_key"] = fx.idempotency_key
                 result = fn(**kwargs)
+                fx.committed(detail={"result": result})
+                return result
+
+        return call
+
+    return wrap
+
+
+def agoverned(
+    ctx: Any,
+    tool: str,
+    action: str,
+    *,
+    key: Callable[..., str] | None = None,
+    step: str | None = None,
+    compensate: dict[str, Any] | None = None,
+    irreversible: bool = False,
+    unknown_on: tuple[type[BaseException], ...] = (),
+) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+    """:func:`governed` for ``async def`` tools on an ``AsyncRunContext``: each awaited call is a
+    declared effect (``async with ctx.effect(...)``), a replay returns the recorded result."""
+
+    def wrap(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+        takes_key = "idempotency_key" in inspect.signature(fn).parameters
+
+        @functools.wraps(fn)
+        async def call(*args: Any, **kwargs: Any) -> R:
+            if args:
+                raise TypeError(f"{fn.__name__}: a governed tool takes keyword arguments only")
+            async with ctx.effect(
+                tool, action, key=key(**kwargs) if key else None, args=dict(kwargs), step=step,
+                compensate=compensate, irreversible=irreversible, unknown_on=unknown_on,
+            ) as fx:  # fmt: skip
+                if fx.already_done:
+                    recorded = fx.result if isinstance(fx.result, dict) else {}
+                    return cast(R, recorded.get("result"))
+                if takes_key:
+                    kwargs["idempotency_key"] = fx.idempotency_key
+                result = await fn(**kwargs)
                 fx.committed(detail={"result": result})
                 return result
 

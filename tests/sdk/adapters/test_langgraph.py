@@ -193,3 +193,81 @@ def test_identical_calls_are_two_effects_and_a_node_run_again_replays_its_calls(
     fx = cp.effects(run)
     assert [e["idempotency_key"].rsplit(":", 1)[1] for e in fx] == ["1", "2"]
     assert len({e["idempotency_key"] for e in fx}) == 2
+
+
+class _Killed(BaseException):
+    """The worker process dies (nothing catches it)."""
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["control-plane-saver", "memory-saver"])
+def test_a_new_attempt_without_the_callers_checkpoint_replays_its_calls(durable):
+    """The key must not depend on LangGraph's checkpoint ids (random uuid6s minted when a
+    checkpoint is written): a new attempt that re-creates a checkpoint -- the write before the call
+    never reached the control plane (LangGraph saves asynchronously while the next node runs), or
+    a saver that keeps nothing across processes -- runs the same node at the same step, and its
+    calls are replays, not new effects (the conformance kit's 'reserve done twice')."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from controlplane_sdk.testing import FakeControlPlane
+
+    cp = FakeControlPlane()
+    run = cp.create_run("lg", scopes=["inventory:reserve", "payments:charge"])
+    world: list = []
+    die = [True]
+
+    def attempt():
+        ctx = Worker(cp.client(), "w", "lg").claim(run, heartbeat=False)
+        reserve = governed_tool(ctx, "inventory", "reserve")(
+            lambda sku: world.append(("reserve", sku)) or f"res-{sku}"
+        )
+        charge = governed_tool(ctx, "payments", "charge")(
+            lambda amount: world.append(("charge", amount)) or "ch-1"
+        )
+
+        def pay(s):
+            if die[0]:
+                die[0] = False
+                raise _Killed("SIGKILL before the charge")
+            return {"log": [charge(amount=10)]}
+
+        g = StateGraph(Order)
+        g.add_node("reserve", lambda s: {"log": [reserve(sku="sku-1")]})
+        g.add_node("charge", pay)
+        g.add_edge(START, "reserve")
+        g.add_edge("reserve", "charge")
+        g.add_edge("charge", END)
+        if durable:
+            saver = ControlPlaneSaver(ctx)
+            saver.storage.clear()  # the claim handed no checkpoint: none reached the server
+        else:
+            saver = InMemorySaver()
+        return ctx, run_graph(ctx, g.compile(checkpointer=saver), {"log": []})
+
+    with pytest.raises(_Killed):
+        attempt()
+    cp.expire_lease(run)
+    _, out = attempt()
+    assert world == [("reserve", "sku-1"), ("charge", 10)]  # the reservation once
+    assert out["log"] == ["res-sku-1", "ch-1"]
+    keys = [e["idempotency_key"] for e in cp.effects(run) if e["action"] == "reserve"]
+    assert len(set(keys)) == 1, keys
+
+
+def test_a_node_run_again_at_a_later_step_is_a_new_effect():
+    """A loop: the same node with the same arguments at graph steps 1 and 2 is two intents."""
+    from controlplane_sdk.testing import FakeControlPlane
+
+    cp = FakeControlPlane()
+    run = cp.create_run("lg", scopes=["payments:charge"])
+    ctx = Worker(cp.client(), "w", "lg").claim(run, heartbeat=False)
+    world: list = []
+    charge = governed_tool(ctx, "payments", "charge")(
+        lambda amount: world.append(amount) or f"ch-{len(world)}"
+    )
+    g = StateGraph(Order)
+    g.add_node("pay", lambda s: {"log": [charge(amount=5)]})
+    g.add_edge(START, "pay")
+    g.add_conditional_edges("pay", lambda s: END if len(s["log"]) >= 2 else "pay")
+    out = run_graph(ctx, g.compile(checkpointer=ControlPlaneSaver(ctx)), {"log": []})
+    assert world == [5, 5] and out["log"] == ["ch-1", "ch-2"]
+    assert len({e["idempotency_key"] for e in cp.effects(run)}) == 2

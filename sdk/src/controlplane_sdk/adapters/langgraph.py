@@ -15,9 +15,10 @@
   ``run_graph`` continues the graph.
 * A governed tool checks the run's directive before each call (a paused or cancelled run stops at the
   next tool call, before anything escapes) and declares the call as an effect whose idempotency key is
-  the call's identity: the LangGraph task that makes it (its id is derived from the checkpoint the
-  node runs from, so it is the same when the node runs again after a resume, in any process) and
-  the call's position among that task's calls of the tool. Two identical calls are two effects; a
+  the call's identity: the LangGraph task that makes it (the graph step, the node, a ``Send``'s
+  index: the same when the node runs again after a resume, a lease move or a recovery, in any
+  process, even when the checkpoint it ran from was never stored) and the call's position among
+  that task's calls of the tool. Two identical calls are two effects; a
   node executed again replays its calls. Pass ``key=`` (a function of the call's arguments) when the
   identity is something else, e.g. an order line id.
 * ``interrupt(payload)`` inside a node becomes a control-plane approval (payload: ``tool``, ``action``,
@@ -171,14 +172,26 @@ def governed_tool(
 
 
 def _task_id() -> str | None:
-    """The LangGraph task running this code (``node:task-id`` in its config), if any."""
+    """The LangGraph task running this code, named by what a re-execution keeps: the graph step,
+    the node path (subgraph nodes joined by ``|``) and, for a ``Send``, its index -- never
+    LangGraph's task id, which hashes the checkpoint's id, a uuid6 minted when the checkpoint is
+    written. A new attempt whose checkpoint never reached the control plane (LangGraph writes it
+    while the next node already runs) re-creates it under a new id, and a key built on the task id
+    made that replay a new effect (the conformance kit saw the reservation done twice)."""
     try:
         from langgraph.config import get_config
 
-        ns = str(get_config()["configurable"].get("checkpoint_ns") or "")
+        config = get_config()
     except (RuntimeError, KeyError):
         return None
-    return ns.rpartition("|")[2].partition(":")[2] or None
+    meta, conf = config.get("metadata") or {}, config.get("configurable") or {}
+    ns = str(conf.get("checkpoint_ns") or meta.get("langgraph_checkpoint_ns") or "")
+    if not ns:
+        return None
+    nodes = "|".join(part.partition(":")[0] for part in ns.split("|"))
+    path: tuple[Any, ...] = tuple(meta.get("langgraph_path") or ())
+    push = f":send{path[1]}" if len(path) > 1 and path[0] == "__pregel_push" else ""
+    return f"s{meta.get('langgraph_step', '')}:{nodes}{push}"
 
 
 def _positions(ctx: RunContext) -> dict[tuple[str, str, str], int]:
@@ -216,7 +229,12 @@ def run_graph(
     input. Each ``interrupt()`` becomes a control-plane approval; the run waits for the decision and the
     graph resumes with it. Directives raise at the next governed tool call or approval boundary."""
     saver = saver or graph.checkpointer
-    config = saver.config if isinstance(saver, ControlPlaneSaver) else {"configurable": {}}
+    # Any other checkpointer needs a thread too (LangGraph refuses a config without one).
+    config = (
+        saver.config
+        if isinstance(saver, ControlPlaneSaver)
+        else {"configurable": {"thread_id": ctx.run_id}}
+    )
     resumed = isinstance(saver, ControlPlaneSaver) and saver.has_checkpoint()
     pending = list(interrupts_of(graph, config)) if resumed else []
     # Each invocation executes its tasks from their start: their calls count from the first again.
