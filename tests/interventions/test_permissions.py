@@ -24,6 +24,7 @@ NOT_INTERVENTIONS = {
     "start_run",
     "audit_export",
     "audit_verify",
+    "manage_channels",  # notification channels (notifications/): an admin right, not a contract
     "audit_read_all",
     "fleet",
     "take_command",
