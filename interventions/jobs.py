@@ -74,9 +74,12 @@ def default_timeout_s() -> int:
     return max(int(getattr(settings, "JOB_TIMEOUT_S", 120)), 1)
 
 
-def backoff_s(failures: int) -> float:
-    base = float(getattr(settings, "JOB_RETRY_BACKOFF_S", 2))
-    return min(base * 2 ** max(failures - 1, 0), 300.0)
+def backoff_s(failures: int, *, base: float | None = None, cap: float = 300.0) -> float:
+    """The doubling wait before a job's next try; a kind with its own pace (notifications) passes
+    ``base`` and ``cap``."""
+    if base is None:
+        base = float(getattr(settings, "JOB_RETRY_BACKOFF_S", 2))
+    return min(base * 2 ** max(failures - 1, 0), cap)
 
 
 # -- writing and delivering -----------------------------------------------------------------------

@@ -42,9 +42,12 @@ FAN_OUT, NOTIFY = "notify_approval", "notify"
 
 
 def backoff_s(failures: int) -> float:
-    base = float(getattr(settings, "NOTIFY_RETRY_BACKOFF_S", 5))
-    cap = float(getattr(settings, "NOTIFY_RETRY_MAX_S", 600))
-    return min(base * 2 ** max(failures - 1, 0), cap)
+    """The outbox's doubling wait at notifications' own pace (a receiver can be down for long)."""
+    return jobs.backoff_s(
+        failures,
+        base=float(getattr(settings, "NOTIFY_RETRY_BACKOFF_S", 5)),
+        cap=float(getattr(settings, "NOTIFY_RETRY_MAX_S", 600)),
+    )
 
 
 def on_approval_requested(approval: Approval) -> None:
