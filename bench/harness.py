@@ -414,8 +414,12 @@ def run_workers(
     try:
         for p in procs:
             p.start()
-        barrier.wait(timeout=120)
+        # The first reading while every worker waits at the barrier, not after their release: the
+        # reading asks the servers for their statement counts over HTTP, which on a loaded machine
+        # can take longer than a tiny workload, whose statements would then fall before it.
+        _await_arrivals(barrier, procs, count, timeout=120)
         meter.start()
+        barrier.wait(timeout=120)
         reports: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while len(reports) < count:
@@ -441,6 +445,20 @@ def run_workers(
     if fatal:
         raise RuntimeError(f"{what}: worker failed: {fatal[0]}")
     return reports, cpu
+
+
+def _await_arrivals(barrier, procs, count: int, timeout: float) -> None:
+    """Until ``count`` parties wait at ``barrier``; raises if a worker dies first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while barrier.n_waiting < count:
+        dead = [p for p in procs if not p.is_alive()]
+        if dead:
+            raise RuntimeError(
+                f"{len(dead)} worker process(es) died before the start (exit {dead[0].exitcode})"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {barrier.n_waiting} of {count} workers ready after {timeout:.0f}s")
+        time.sleep(0.01)
 
 
 # --- CPU accounting (Linux /proc) ----------------------------------------------------------------
