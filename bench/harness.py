@@ -457,7 +457,9 @@ def _await_arrivals(barrier, procs, count: int, timeout: float) -> None:
                 f"{len(dead)} worker process(es) died before the start (exit {dead[0].exitcode})"
             )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {barrier.n_waiting} of {count} workers ready after {timeout:.0f}s")
+            raise RuntimeError(
+                f"only {barrier.n_waiting} of {count} workers ready after {timeout:.0f}s"
+            )
         time.sleep(0.01)
 
 
