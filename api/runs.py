@@ -78,11 +78,11 @@ class _Fixed:
         self.known[str(key)] = value
 
 
-# run id -> the name of its agent, for the scope check below. A run's agent is fixed when the run is
-# created and never changes, and agents are registered by name (never renamed; runs PROTECT them).
-# It saves the check's query on every call but a run's first per server process.
+# run id -> (the name of its agent, its team id or 0), for the scope check below. A run's agent and
+# team are fixed when the run is created and never change, and agents are registered by name (never
+# renamed; runs PROTECT them). It saves the check's query on every call but a run's first per process.
 _run_agent = _Fixed(
-    lambda run_id: Run.objects.filter(pk=run_id).values_list("agent__name", flat=True).first()
+    lambda run_id: Run.objects.filter(pk=run_id).values_list("agent__name", "team_id").first()
 )
 # effect id -> its run's id (an effect never moves to another run), for the outcome's run lock and
 # scope check: learnt from the declaration's own answer, so an outcome sent to the server that
@@ -94,9 +94,14 @@ _lease_run = _Fixed(lifecycle.lease_run_id)
 
 def _worker_for_run(request: HttpRequest, run_id) -> Actor:
     actor = _worker(request)
-    # A token scoped to some agents must not learn of other agents' runs: 404, as if absent. An
-    # unscoped token needs no check here: the service's row lock answers 404 for a missing run.
-    if actor.agents and _run_agent(run_id) not in actor.agents:
+    # A token scoped to some agents, or to a team, must not learn of other agents' or teams' runs:
+    # 404, as if absent. A missing run needs no check here: the service's row lock answers 404.
+    if run_id is None or not (actor.agents or actor.team_scoped):
+        return actor
+    known = _run_agent(run_id)
+    if known is not None and (
+        (actor.agents and known[0] not in actor.agents) or not actor.in_team(known[1])
+    ):
         raise NotFound(f"run {run_id} does not exist", object="run")
     return actor
 

@@ -432,7 +432,13 @@ class FleetConsumer(LiveConsumer):
         from interventions.selectors import operation_exists
 
         self.operation_id = str(self.scope["url_route"]["kwargs"]["operation_id"])
-        exists = await database_sync_to_async(operation_exists)(self.operation_id)
+        from core.auth import actor_for_user
+
+        def exists_for_user() -> bool:  # another team's operation: as absent
+            actor = actor_for_user(self.user, None, component="console")
+            return operation_exists(self.operation_id, actor)
+
+        exists = await database_sync_to_async(exists_for_user)()
         return [fleet_group(self.operation_id)] if exists else None
 
     async def fleet_changed(self, event: dict[str, Any]) -> None:

@@ -174,7 +174,7 @@ def run_list(request: ConsoleRequest) -> HttpResponse:
     if is_fragment(request):
         return render(request, "console/run_list.html#run-live", ctx)
     ctx |= {
-        "agents": agent_names(),
+        "agents": agent_names(request.actor),
         "owners": active_usernames(),
         "states": [s.value for s in State],
     }
