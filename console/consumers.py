@@ -32,6 +32,7 @@ from django.conf import settings
 
 from console import socket_cap
 from console.common import off_view_thread
+from core.auth import teams_of
 from core.live import (  # note_facts: imported from here by tests
     BEAT_GROUP,
     RUNS_GROUP,
@@ -69,6 +70,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=UNAUTHENTICATED)
             return
         self.roles: frozenset[str] = await database_sync_to_async(roles_of)(user)
+        self.teams: frozenset[int] = await database_sync_to_async(teams_of)(user)
         if not may(self.roles, "view"):
             await self.close(code=FORBIDDEN)
             return
@@ -197,6 +199,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if code is None:
             # renders see the roles as they are now, not as they were at connect
             self.user, self.roles = user, roles
+            self.teams = await off_view_thread(teams_of)(user)
             return True
         if not self.closed:
             self.closed = True
@@ -319,7 +322,7 @@ class RunListConsumer(LiveConsumer):
         from console.list_live import view_key
 
         assert self.view is not None  # only list sockets with a view subscribe to the hub
-        return view_key(self.view, self.user, self.roles)
+        return view_key(self.view, self.user, self.roles, self.teams)
 
     def render(self) -> str:
         if self._inbox():

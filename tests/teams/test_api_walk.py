@@ -131,7 +131,9 @@ def test_another_teams_objects_answer_exactly_as_made_up_ones(two_teams: Teams, 
             differ.append((method, path, real.status_code, none.status_code, real.content[:200]))
         # Nothing support owns in the answer, beyond the id the caller itself sent.
         sent = {v for v in support.values() if v in fill(path, support)}
-        sent |= {v for v in support.values() if v in json.dumps(fill(BODIES.get(path, {}), support))}
+        sent |= {
+            v for v in support.values() if v in json.dumps(fill(BODIES.get(path, {}), support))
+        }
         leaked = {i for i in secret_ids - sent if i in real.content.decode()}
         assert not leaked, (method, path, leaked)
         assert b"sup-agent" not in real.content or "agent" in BODIES.get(path, {}), (method, path)
