@@ -369,14 +369,16 @@ def agent_names(actor: Actor | None = None) -> QuerySet:
     return (scoped(qs, actor) if actor is not None else qs).values_list("name", flat=True)
 
 
-def active_usernames() -> QuerySet:
-    """Active people's usernames, for the run list's owner filter."""
-    return (
-        get_user_model()
-        .objects.filter(is_active=True)
-        .order_by("username")
-        .values_list("username", flat=True)
-    )
+def active_usernames(actor: Actor | None = None) -> QuerySet:
+    """Active people's usernames, for the run list's owner filter (of ``actor``'s teams)."""
+    users = get_user_model().objects.filter(is_active=True)
+    if actor is not None and actor.team_scoped:
+        assert actor.teams is not None
+        users = users.filter(
+            Q(team_memberships__team_id__in=[t for t in actor.teams if t])
+            | (Q(team_memberships__isnull=True) if 0 in actor.teams else Q(pk__in=[]))
+        ).distinct()
+    return users.order_by("username").values_list("username", flat=True)
 
 
 def effect_with_run(effect_id: Any) -> Effect | None:

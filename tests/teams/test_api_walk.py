@@ -92,7 +92,7 @@ def operations() -> list[tuple[str, str]]:
 def fill(template, ids: dict[str, str]):
     text = json.dumps(template)
     for key, value in ids.items():
-        text = text.replace("{%s}" % key, value)
+        text = text.replace("{" + key + "}", value)
     return json.loads(text)
 
 

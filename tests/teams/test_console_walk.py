@@ -111,3 +111,29 @@ def test_list_sockets_of_two_teams_never_share_a_render():
     assert view_key(view, user, roles, frozenset({1})) != view_key(
         view, user, roles, frozenset({2})
     )
+
+
+def test_the_team_switcher_counts_per_team_and_narrows_the_list(two_teams: Teams):
+    from .conftest import person
+
+    person("mia", "operator", "payments")
+    from runs.services import teams as team_service
+
+    from .conftest import SYSTEM
+
+    team_service.add_member(actor=SYSTEM, team="support", username="mia")
+    pia, mia, ian = (two_teams.browser(n) for n in ("pia", "mia", "ian"))
+    assert b'data-testid="team-switcher"' not in pia.get("/").content  # one team: no switcher
+    page = mia.get("/").content.decode()
+    assert 'data-testid="team-switcher"' in page
+    assert "payments (2)" in page and "support (2)" in page and "all (4)" in page
+    narrowed = mia.get("/?team=support").content.decode()
+    assert two_teams.support["run_id"] in narrowed
+    assert two_teams.payments["run_id"] not in narrowed
+    assert 'data-testid="row-team" title="team">· support' in narrowed
+    every = ian.get("/").content.decode()  # cross_team: every team, the default one too
+    assert "default (0)" in every and "support (2)" in every
+    assert pia.get("/?team=support").status_code == 200
+    assert two_teams.support["run_id"] not in pia.get("/?team=support").content.decode()
+    run_page = mia.get(f"/runs/{two_teams.support['run_id']}/").content.decode()
+    assert 'data-testid="run-team" title="team">team support' in run_page
