@@ -14,7 +14,7 @@ from audit.models import AuditEvent
 from audit.selectors import audit_events, outside_runs, settled_seq
 from core.actors import Actor
 from core.roles import may, reads_whole_audit_log
-from runs.selectors import visible_runs
+from runs.team_scope import hidden_runs
 
 router = Router(tags=["audit"])
 
@@ -66,7 +66,7 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
         after_seq=filters.after_seq,
         before_seq=None if horizon is None else horizon + 1,
         runs_only=not whole,
-        runs_in=visible_runs(actor).values("pk") if actor.team_scoped else None,
+        hidden_runs=hidden_runs(actor),
     )
     events = [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]
     return {"events": events, "scope": "all" if whole else "runs"}

@@ -129,7 +129,7 @@ def verify_chain(batch: int = 2000) -> ChainReport:
         return verify_chains(batch)
 
 
-def export_jsonl(stream, since_seq: int = 0, runs_in=None) -> int:
+def export_jsonl(stream, since_seq: int = 0, hidden_runs=None) -> int:
     """One line per event in reading order (global ``seq`` after ``since_seq``). Each line carries what
     its link needs (the hashed fields, ``prev_hash``, ``hash``) under ``link``-checkable keys, plus
     ``order`` (the global seq)."""
@@ -142,10 +142,8 @@ def export_jsonl(stream, since_seq: int = 0, runs_in=None) -> int:
     settled = (
         AuditEvent.objects.all() if horizon is None else AuditEvent.objects.filter(seq__lte=horizon)
     )
-    if runs_in is not None:  # a team-scoped reader: events of no run, and of their teams' runs
-        from django.db.models import Q
-
-        settled = settled.filter(Q(run_id__isnull=True) | Q(run_id__in=runs_in))
+    if hidden_runs is not None:  # a team-scoped reader: not other teams' runs' events
+        settled = settled.exclude(run_id__in=hidden_runs)
     count, last = 0, since_seq
     while True:
         rows = list(settled.filter(seq__gt=last).order_by("seq")[:2000])

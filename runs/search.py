@@ -45,7 +45,7 @@ from core.filters import (
 from runs.models import Agent, Approval, Effect, Run, RunTally
 from runs.selectors import visible_runs
 from runs.states import State
-from runs.team_scope import team_id_for, team_q
+from runs.team_scope import scoped, team_id_for, team_q
 
 __all__ = [
     "BadFilter",
@@ -533,6 +533,11 @@ def _tally(actor: Actor, agents: tuple[str, ...]) -> dict[str, int]:
     rows = RunTally.objects.all()
     if names is not None:
         rows = rows.filter(agent_id__in=Agent.objects.filter(name__in=names).values("pk"))
+    if actor.team_scoped:
+        # By the agents of the actor's teams: the tally is per agent. Approximate where a run's
+        # team is not its agent's now (a child under another team's parent; an agent moved since):
+        # docs/operator/teams.md. The list itself filters by the run's own team.
+        rows = rows.filter(agent_id__in=scoped(Agent.objects.all(), actor).values("pk"))
     sums = rows.order_by().values_list("state").annotate(n=Sum("n"))
     return {state: n for state, n in sums if n}
 

@@ -137,3 +137,16 @@ def test_the_team_switcher_counts_per_team_and_narrows_the_list(two_teams: Teams
     assert two_teams.support["run_id"] not in pia.get("/?team=support").content.decode()
     run_page = mia.get(f"/runs/{two_teams.support['run_id']}/").content.decode()
     assert 'data-testid="run-team" title="team">team support' in run_page
+
+
+def test_the_state_counts_count_ones_own_teams_runs(two_teams: Teams):
+    from django.contrib.auth.models import User
+
+    from core.auth import actor_for_user
+    from runs.search import RunFilter, state_counts
+
+    pia = actor_for_user(User.objects.get(username="pia"))
+    ian = actor_for_user(User.objects.get(username="ian"))
+    assert state_counts(pia, RunFilter()).total == 2  # the database's tally, by team
+    assert state_counts(pia, RunFilter(q="walk")).total == 0
+    assert state_counts(ian, RunFilter()).total == 4
