@@ -76,7 +76,9 @@ async def claim_work(request: HttpRequest, body: WorkIn):
             remaining = deadline - time.monotonic()
             if claimed is not None or remaining <= 0 or is_draining():
                 return {"claim": claimed}
-            due = await sync_to_async(work.next_due)(list(ids.values()), body.worker, caller(request))
+            due = await sync_to_async(work.next_due)(
+                list(ids.values()), body.worker, caller(request)
+            )
             if due is not None:  # a run in retry backoff: wake when it becomes claimable
                 remaining = min(remaining, max(due.timestamp() - time.time(), 0.05))
             await bus.wait(event, remaining, listening)

@@ -59,13 +59,10 @@ def teams_for(actor: Actor) -> list[dict[str, Any]]:
     the default team first. One grouped count over the runs they may see."""
     names = slugs()
     known = set(names) if not actor.team_scoped else set(actor.teams or ())
-    counts = dict(
-        scoped(Run.objects.all(), actor)
-        .values_list("team_id")
-        .annotate(n=Count("id"))
-        .values_list("team_id", "n")
-    )
-    counts[0] = counts.pop(None, 0) + counts.get(0, 0)
+    counts: dict[int, int] = {}
+    grouped = scoped(Run.objects.all(), actor).values_list("team_id").annotate(n=Count("id"))
+    for team_id, n in grouped.values_list("team_id", "n"):
+        counts[team_id or 0] = counts.get(team_id or 0, 0) + n
     rows = [
         {
             "slug": names.get(t, DEFAULT_TEAM),

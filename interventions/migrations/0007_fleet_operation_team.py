@@ -5,16 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('interventions', '0006_cascade_targets'),
-        ('runs', '0021_teams'),
+        ("interventions", "0006_cascade_targets"),
+        ("runs", "0021_teams"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='fleetoperation',
-            name='team',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runs.team'),
+            model_name="fleetoperation",
+            name="team",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="runs.team",
+            ),
         ),
     ]

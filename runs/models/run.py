@@ -70,7 +70,11 @@ class Run(models.Model):
     # The agent's team when the run was created (a child: its parent's); never changes after. No
     # index of its own (see above: every history append writes each index); lists filter it.
     team = models.ForeignKey(
-        "runs.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        "runs.Team",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
         db_index=False,
     )
     claimable_after = models.DateTimeField(null=True, blank=True)  # retry backoff

@@ -11,7 +11,9 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-DEFAULT_TEAM = "default"  # the slug of the team that NULL means; a Team row by that name is optional
+DEFAULT_TEAM = (
+    "default"  # the slug of the team that NULL means; a Team row by that name is optional
+)
 
 
 class Team(models.Model):

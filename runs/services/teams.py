@@ -103,7 +103,7 @@ def move_agent(*, actor: Actor, agent: str, team: str) -> Agent:
         row = Agent.objects.select_for_update().filter(name=agent).first()
         if row is None:
             raise NotFound(f"no agent {agent!r}", field="agent")
-        before = row.team.slug if row.team_id else DEFAULT_TEAM
+        before = row.team.slug if row.team is not None else DEFAULT_TEAM
         target = None if team == DEFAULT_TEAM else _team(team)
         Agent.objects.filter(pk=row.pk).update(team=target)
         row.team = target

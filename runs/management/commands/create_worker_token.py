@@ -16,7 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("name")
         parser.add_argument("--agent", action="append", default=[])
         parser.add_argument(
-            "--team", default=None, help="the team whose runs it acts on (default: the default team)"
+            "--team",
+            default=None,
+            help="the team whose runs it acts on (default: the default team)",
         )
 
     def handle(self, *args, name, agent, team, **opts):

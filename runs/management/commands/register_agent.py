@@ -26,7 +26,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--no-approvals", action="store_true")
         parser.add_argument(
-            "--team", default=None, help="the team the agent belongs to (default: keep; new: default)"
+            "--team",
+            default=None,
+            help="the team the agent belongs to (default: keep; new: default)",
         )
 
     def handle(self, *args, name, scope, description, approval, no_approvals, team, **opts):
