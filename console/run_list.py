@@ -26,7 +26,7 @@ from console.common import (
 from core.filters import BadFilter, check_text
 from interventions.triage import attention_reasons
 from runs.freezes import covering, freeze_dict, live_standing
-from runs.models import Run, StandingFreeze
+from runs.models import DEFAULT_TEAM, Run, StandingFreeze
 from runs.search import (
     RunFilter,
     attention_count,
@@ -73,7 +73,8 @@ def run_rows(runs: list[Run], flt: RunFilter, now: datetime | None = None) -> li
     (interventions/triage.py: a query per kind of trouble for the whole page)."""
     now = now or timezone.now()
     frozen = covering(runs)  # the standing freezes over each run, read once for the page
-    names = team_slugs() if runs else {}  # team id -> slug, one query for the page
+    # team id -> slug: one query for the page, none where every run is the default team's
+    names = team_slugs() if any(r.team_id for r in runs) else {0: DEFAULT_TEAM}
     rows = [run_row(r, now, frozen[r.pk]) | {"team": names.get(r.team_id or 0)} for r in runs]
     if flt.attention:
         reasons = attention_reasons(runs, now)
@@ -169,9 +170,9 @@ def _filter_or_400(params: QueryDict) -> tuple[RunFilter, str, str]:
 def team_switcher(actor) -> dict[str, Any] | None:
     """The team switcher's choices with their run counts: for people in two teams or more, or with
     the cross_team right (docs/operator/teams.md); None for everyone else."""
+    if not actor.cross_team and len(actor.teams or ()) < 2:
+        return None  # asked before any query: most people are in one team
     rows = teams_for(actor)
-    if not actor.cross_team and sum(r["member"] for r in rows) < 2:
-        return None
     return {"teams": rows, "total": sum(r["runs"] for r in rows)}
 
 
