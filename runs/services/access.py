@@ -83,7 +83,9 @@ def issue_token(
         missing = sorted(set(agents) - known)
         if missing:
             raise NotFound(
-                f"unknown agent(s): {', '.join(missing)} (register_agent first)", field="agent"
+                f"unknown agent(s) of team {team or 'default'}: {', '.join(missing)}"
+                " (register_agent first, or --team the agents' team)",
+                field="agent",
             )
         token, secret = ApiToken.issue(kind=kind, name=name, user=user, agents=agents)
         if owner is not None:

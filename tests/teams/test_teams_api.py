@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from audit.models import AuditEvent
@@ -134,6 +134,8 @@ def test_the_command_and_the_team_options(two_teams: Teams):
     )
     assert Agent.objects.get(name="ops-agent").team.slug == "ops"
     assert ApiToken.objects.get(name="w-ops").team.slug == "ops"
+    with pytest.raises(CommandError, match="unknown agent.*of team payments: sup-agent"):
+        call_command("create_worker_token", "w-x", "--team", "payments", "--agent", "sup-agent")
     call_command("teams", "add", "ops", "sol", stdout=out)
     call_command("teams", "move-agent", "ops-agent", "support", stdout=out)
     assert Agent.objects.get(name="ops-agent").team.slug == "support"
