@@ -96,6 +96,14 @@ def fill(template, ids: dict[str, str]):
     return json.loads(text)
 
 
+def answer(resp) -> tuple[int, str | None]:
+    """The status and, for an error, its code and field: what a caller can tell apart."""
+    if resp.status_code < 400 or not resp.get("Content-Type", "").startswith("application/json"):
+        return resp.status_code, None
+    body = resp.json()
+    return resp.status_code, f"{body.get('error')}:{body.get('field', '')}"
+
+
 def call(client, method: str, path: str, ids: dict[str, str]):
     url = fill(path, ids)
     body = fill(BODIES.get(path, {}), ids)
@@ -128,8 +136,8 @@ def test_another_teams_objects_answer_exactly_as_made_up_ones(two_teams: Teams, 
             continue
         real = call(client, method, path, support)
         none = call(client, method, path, fake)
-        if real.status_code != none.status_code:
-            differ.append((method, path, real.status_code, none.status_code, real.content[:200]))
+        if answer(real) != answer(none):
+            differ.append((method, path, answer(real), answer(none), real.content[:200]))
         # Nothing support owns in the answer, beyond the id the caller itself sent.
         sent = {v for v in support.values() if v in fill(path, support)}
         sent |= {
