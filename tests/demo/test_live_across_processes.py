@@ -363,12 +363,16 @@ def test_what_background_jobs_write_reaches_open_pages_within_a_second(demo):
     stop = threading.Event()
 
     def beat() -> None:
+        failed: dict[str, int] = {}
         while not stop.wait(0.5):
             for lease_id, token in list(held.items()):
                 try:
                     sdk.heartbeat(lease_id, token)
+                    failed.pop(lease_id, None)
                 except Exception:  # finished, released or paused: no longer ours to keep
-                    held.pop(lease_id, None)
+                    failed[lease_id] = failed.get(lease_id, 0) + 1
+                    if failed[lease_id] >= 3:  # (not a slow answer on a loaded machine)
+                        held.pop(lease_id, None)
 
     def running(goal: str) -> tuple[str, int]:
         run = sdk.create_run("purchasing", goal, input={}, authority=authority)
@@ -482,3 +486,142 @@ def test_what_background_jobs_write_reaches_open_pages_within_a_second(demo):
     latency = {k: round(v, 3) for k, v in latency.items()}
     print(f"background job fact -> socket latency: {latency} (load {os.getloadavg()[0]:.1f})")
     assert all(0 <= s < BUDGET_S for s in latency.values()), latency
+
+
+# --- the fleet page and the triage views, in Chromium, while the demo's traffic runs ---------------
+
+SEEN_JS = """
+() => {
+  window.__seen = window.__seen || {};
+  window.__pushes = 0;
+  document.addEventListener("htmx:wsAfterMessage", () => (window.__pushes += 1));
+  const note = () => document.querySelectorAll("tr[id^=run-row-]").forEach((tr) => {
+    const why = tr.querySelector("[data-testid=attention-reasons]");
+    if (!(tr.id in window.__seen)) window.__seen[tr.id] = {at: Date.now(), why: why && why.innerText};
+  });
+  new MutationObserver(note).observe(document.body, {subtree: true, childList: true});
+  note();
+}
+"""
+
+
+def test_fleet_halt_and_cancel_while_waves_push_and_triage_views_fill_live(demo):
+    """otto types a halt reason while the Celery worker's waves redraw the progress above it, and
+    halts: no wave after the halt. A held operation is cancelled from its page: nothing touched.
+    Meanwhile a worker dies: its run shows up live, with its reason in words, in the "needs
+    attention" view, and then in the "recovered" view -- no reload."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent: apt-get install -y chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    from controlplane_sdk import Client
+    from tests.e2e.test_console_browser import CHROMIUM_ARGS
+
+    base = demo["base"]
+    sdk = Client(base, (demo["tmp"] / "var" / "demo-worker-token").read_text().strip())
+    otto = httpx.Client(
+        base_url=f"{base}/api/v1",
+        headers={"Authorization": f"Bearer {_operator_token(demo, 'otto')}"},
+        timeout=30,
+    )
+
+    def queued() -> str:
+        """A run waiting for a worker (the demo here has no agents): nothing else moves it."""
+        return str(sdk.create_run("purchasing", "fleet target", input={})["id"])
+
+    def states(ids: list[str]) -> list[str]:
+        return [sdk.get_run(i)["state"] for i in ids]
+
+    doomed = None
+    try:
+        ids = [queued() for _ in range(5)]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = browser.new_context()
+            page = context.new_page()
+            page.goto(f"{base}/?attention=1")
+            page.fill("#id_username", "otto")
+            page.fill("#id_password", PASSWORD)
+            page.click("button[type=submit]")
+            expect(page.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
+            page.evaluate(SEEN_JS)
+            recovered = context.new_page()
+            recovered.goto(f"{base}/?recovered=1")
+            expect(recovered.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
+            recovered.evaluate(SEEN_JS)
+
+            # A worker dies (SIGKILL): beat's scan orphans its run, the worker's job recovers it.
+            doomed, doomed_id = _doomed_worker(demo)
+            os.killpg(doomed.pid, signal.SIGKILL)
+
+            # The fleet: waves of one, 2 s apart, decided by the Celery worker.
+            started = otto.post(
+                "/fleet",
+                json={
+                    "kind": "pause",
+                    "filter": "&".join(f"id={i}" for i in ids),
+                    "reason": "payments incident",
+                    "wave_size": 1,
+                    "pause_s": 2,
+                },
+            )
+            assert started.status_code == 202, started.text
+            op_id = started.json()["id"]
+            fleet = context.new_page()
+            fleet.goto(f"{base}/fleet/{op_id}/")
+            expect(fleet.locator("#fleet-live.ws-open")).to_have_count(1, timeout=15_000)
+            fleet.evaluate(SEEN_JS)
+            reason = fleet.locator("#fleet-halt-reason")
+            reason.click()
+            fleet.evaluate("document.querySelector('#fleet-halt-reason').__still = 1")
+            typed = "wave two paused the wrong pool; stop the rollout now"  # ~5 s of typing
+            reason.press_sequentially(typed, delay=100)
+            pushed = fleet.evaluate("window.__pushes")
+            assert pushed >= 1, "no wave was pushed while otto typed"
+            assert reason.input_value() == typed
+            assert fleet.evaluate("!!document.querySelector('#fleet-halt-reason').__still")
+            assert fleet.evaluate("document.activeElement.id") == "fleet-halt-reason"
+            fleet.locator("#fleet-progress").get_by_role("button", name="Halt").click()
+            expect(fleet.locator("#fleet-progress")).to_contain_text("Halted", timeout=15_000)
+            at_halt = states(ids)
+            time.sleep(5)  # two more wave intervals: none comes
+            assert states(ids) == at_halt, (at_halt, states(ids))
+            assert 1 <= at_halt.count("paused") < len(ids), at_halt
+            assert set(at_halt) == {"paused", "queued"}, at_halt
+            op = otto.get(f"/fleet/{op_id}").json()
+            assert op["state"] == "halted", op
+
+            # A held operation, cancelled from its page: nothing is touched.
+            still = [i for i, s in zip(ids, at_halt, strict=True) if s == "queued"]
+            kept = otto.post(
+                "/fleet",
+                json={
+                    "kind": "pause",
+                    "filter": "&".join(f"id={i}" for i in still),
+                    "reason": "change window",
+                    "hold": True,
+                },
+            )
+            assert kept.status_code == 202, kept.text
+            fleet.goto(f"{base}/fleet/{kept.json()['id']}/")
+            expect(fleet.locator("#fleet-progress")).to_contain_text("Recorded, not started")
+            fleet.locator("#fleet-cancel-reason").press_sequentially("not tonight", delay=50)
+            fleet.locator("#fleet-progress").get_by_role("button", name="Cancel").click()
+            expect(fleet.locator("#fleet-progress")).to_contain_text(
+                "Cancelled before any run was touched", timeout=15_000
+            )
+            time.sleep(2)
+            assert states(still) == ["queued"] * len(still)
+
+            # The triage views filled live (no reload) while all this went on.
+            row = f"run-row-{doomed_id}"
+            page.wait_for_function(f"() => '{row}' in window.__seen", timeout=30_000)
+            recovered.wait_for_function(f"() => '{row}' in window.__seen", timeout=30_000)
+            why = page.evaluate(f"window.__seen['{row}'].why")  # in words, from the first push
+            assert why and re.search(r"lease ran out|reconciling it with the world", why), why
+            browser.close()
+    finally:
+        if doomed is not None and doomed.poll() is None:
+            os.killpg(doomed.pid, signal.SIGKILL)
+        if doomed is not None:
+            doomed.wait(timeout=10)
