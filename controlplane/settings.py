@@ -206,8 +206,8 @@ else:
     }
 
 # Seconds between the heartbeats a process with console sockets sends them (core/live.py); a page
-# that hears none for 3 of them says it is not live. 0 turns them off (the in-process tests).
-LIVE_HEARTBEAT_S = float(env_str("LIVE_HEARTBEAT_S", "2"))
+# that hears none for 3.5 s (static/console/liveness.js) says it is not live. 0 turns them off (the in-process tests).
+LIVE_HEARTBEAT_S = float(env_str("LIVE_HEARTBEAT_S", "1"))
 
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

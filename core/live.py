@@ -44,8 +44,13 @@ GATHER_S = 0.02
 # thread and channel layer as the hints (on the embedded bus, through the bus file too): a page that
 # has not heard one for a few beats says it is not live (static/console/liveness.js).
 # settings.LIVE_HEARTBEAT_S overrides it (0: no heartbeat, the in-process tests' default).
-HEARTBEAT_S = 2.0
+HEARTBEAT_S = 1.0
 BEAT_GROUP = "live.beat"
+# The "runs" group's share of the hints (every console process's list hub hears each of its
+# messages) goes out at most this often, gathered over the interval; a run's own group still gets
+# its hint at once. At protocol rates, one list message per batch cost the list hubs more than the
+# pages they redraw (bench/console.py, 10 open list pages: the effects/s drop).
+LIST_EVERY_S = 0.25
 
 
 def run_group(run_id: Any) -> str:
@@ -169,6 +174,8 @@ class _Sender:
         self.thread: threading.Thread | None = None
         self.beats = 0.0  # seconds between heartbeats; 0 until this process has console sockets
         self.beat_at = 0.0
+        self.listed: Facts = {}  # the list group's share, waiting for its window (LIST_EVERY_S)
+        self.listed_at = 0.0
 
     def start(self) -> None:  # under self.lock
         if self.thread is None:
@@ -199,13 +206,21 @@ class _Sender:
     def _beat_in(self) -> float | None:
         return None if not self.beats else self.beat_at + self.beats - time.monotonic()
 
+    def _list_in(self) -> float | None:
+        return None if not self.listed else self.listed_at + LIST_EVERY_S - time.monotonic()
+
+    def _due(self) -> float | None:
+        """Seconds until the next timed send (heartbeat, the list's window); None: none due."""
+        due = [d for d in (self._beat_in(), self._list_in()) if d is not None]
+        return min(due) if due else None
+
     def run(self) -> None:
         loop = asyncio.new_event_loop()
         while True:
             with self.lock:
                 self.busy = False
                 self.changed.notify_all()
-                while not self.pending and not ((due := self._beat_in()) is not None and due <= 0):
+                while not self.pending and not ((due := self._due()) is not None and due <= 0):
                     self.changed.wait(due)
                 self.busy = True
             if self.pending:
@@ -215,11 +230,20 @@ class _Sender:
                 beat = (due := self._beat_in()) is not None and due <= 0
                 if beat:
                     self.beat_at = time.monotonic()
-            deliver(batch, loop, beat=beat)
+                for run_id, listed in batch.items():
+                    if not run_id.startswith(FLEET_PREFIX):
+                        _merge(self.listed, run_id, listed)
+                to_list: Facts = {}
+                if self.listed and time.monotonic() - self.listed_at >= LIST_EVERY_S:
+                    to_list, self.listed = self.listed, {}
+                    self.listed_at = time.monotonic()
+            deliver(batch, loop, beat=beat, listed=to_list)
 
     def flush(self, timeout: float) -> bool:
         with self.lock:
-            return self.changed.wait_for(lambda: not self.pending and not self.busy, timeout)
+            return self.changed.wait_for(
+                lambda: not self.pending and not self.listed and not self.busy, timeout
+            )
 
 
 _sender = _Sender()
@@ -266,12 +290,18 @@ def _layer() -> Any:
 
 
 def deliver(
-    facts: Facts, loop: asyncio.AbstractEventLoop | None = None, beat: bool = False
+    facts: Facts,
+    loop: asyncio.AbstractEventLoop | None = None,
+    beat: bool = False,
+    listed: Facts | None = None,
 ) -> None:
-    """Send one message per run, to the run's group and the list's, and the heartbeat if ``beat``:
-    on ``loop`` (the sender's), or inline as before the sender existed (``loop`` None). Never
-    raises."""
-    if not facts and not beat:
+    """Send one message per run to the run's group, the list's share in one batch, and the
+    heartbeat if ``beat``: on ``loop`` (the sender's), or inline as before the sender existed
+    (``loop`` None). The list's share is ``listed`` (the sender's window) or, when None, ``facts``
+    themselves. Never raises."""
+    if listed is None:
+        listed = {k: v for k, v in facts.items() if not k.startswith(FLEET_PREFIX)}
+    if not facts and not beat and not listed:
         return
     try:
         from channels.layers import InMemoryChannelLayer
@@ -283,16 +313,18 @@ def deliver(
         async def send_all() -> None:
             if beat:
                 await layer.group_send(BEAT_GROUP, {"type": "live.beat", "at": time.time()})
-            listed_runs: list[list[Any]] = []
-            for run_id, listed in facts.items():
+            for run_id, known in facts.items():
                 if run_id.startswith(FLEET_PREFIX):
                     await layer.group_send(run_id, {"type": "fleet.changed"})
                     continue
-                wire = None if listed is None else [list(f) for f in listed]
+                wire = None if known is None else [list(f) for f in known]
                 await layer.group_send(
                     run_group(run_id), {"type": "run.changed", "run_id": run_id, "facts": wire}
                 )
-                listed_runs.append([run_id, wire])
+            listed_runs = [
+                [run_id, None if known is None else [list(f) for f in known]]
+                for run_id, known in listed.items()
+            ]
             # The list's group gets the whole batch in one message, not one per run: every list
             # hub (one per console process) receives each message, and at protocol rates one per
             # run cost the console processes more than the rows they redraw.

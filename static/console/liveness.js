@@ -1,11 +1,13 @@
 /* The "live" indicator tells the truth: green only while this page hears the server. The server sends
-   every open socket a heartbeat (an HTML comment, every LIVE_HEARTBEAT_S = 2 s, core/live.py) through
+   every open socket a heartbeat (an HTML comment, every LIVE_HEARTBEAT_S = 1 s, core/live.py) through
    the same path as its pushes; any frame counts as heard. Silent for STALE_S, or a closed socket, and
    the page says in words that it is not live (docs/concepts/architecture.md, "Live pages").
    No state, no requests. */
 (function () {
   "use strict";
-  var STALE_S = 7; // three missed heartbeats and some slack for a busy machine
+  // Two and a half missed heartbeats: red within about 3 s of the last push path that worked (issue
+  // 18: the dot turns red "when pushes are not arriving"), with slack for a busy machine's jitter.
+  var STALE_S = 3.5;
   var heard = new WeakMap(); // socket element -> last time a frame (or the open) was heard
 
   function status() {
@@ -49,5 +51,5 @@
   document.addEventListener("htmx:wsOpen", function (event) { hear(event); setTimeout(check, 0); });
   document.addEventListener("htmx:wsBeforeMessage", hear);
   document.addEventListener("htmx:wsClose", function () { setTimeout(check, 0); });
-  setInterval(check, 1000);
+  setInterval(check, 500);
 })();

@@ -193,6 +193,27 @@ def test_the_list_group_gets_one_message_per_batch_in_bounded_chunks(layer, monk
     assert len([g for g, _ in layer.sent if g.startswith("run.")]) == 5
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_list_share_goes_out_at_most_every_window_while_run_groups_hear_at_once(layer):
+    """Every console process's list hub hears each "runs" message: under a stream of commits it gets
+    one message per LIST_EVERY_S window (the runs of the window gathered), while each run's own group
+    still hears its hint at once; the first hint after a quiet spell is not held back."""
+    layer.gate.set()
+    assert live.flush(10)
+    started = time.monotonic()
+    for i in range(12):  # 12 commits over about 0.6 s: 2-4 windows
+        with transaction.atomic():
+            live.announce(f"w-{i}", "checkpoint", i)
+        time.sleep(0.05)
+    assert live.flush(10)
+    to_list = [m for group, m in layer.sent if group == "runs"]
+    to_runs = [g for g, _ in layer.sent if g.startswith("run.w-")]
+    assert sorted(to_runs) == sorted(f"run.w-{i}" for i in range(12))
+    assert [r for m in to_list for r, _ in m["runs"]] == [f"w-{i}" for i in range(12)]
+    elapsed = time.monotonic() - started
+    assert 2 <= len(to_list) <= elapsed / live.LIST_EVERY_S + 2, (len(to_list), elapsed)
+
+
 def test_the_consumer_merges_hints_per_run_and_kind():
     pending: dict = {}
     note_facts(pending, "a", [["effect_intent", "e1"], ["run", ""]])

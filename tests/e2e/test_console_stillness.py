@@ -9,7 +9,9 @@ daphne, under live load: a worker commits about three facts a second to the run 
    the open page, an intervention confirmed in the dialog, a run orphaned by its lease's expiry and
    recovering, an in-flight effect reconciled), every live region of the run page is compared with the
    same region of a fresh render of the page (fetched in the same browser session); they must agree.
-   The time from the last fact to agreement is recorded in reports/live_agreement.json.
+   The facts come from other processes (a second daphne, the API; the lease scan in this process),
+   on the embedded live bus and on Redis. The time from the last fact to agreement is recorded in
+   reports/live_agreement.json (Redis) and reports/live_agreement_embedded.json.
 
 Needs Debian's chromium at /usr/bin/chromium (``make browser``); ``playwright install`` is never used.
 """
@@ -84,6 +86,7 @@ def servers(tmp_path_factory, e2e_redis):  # noqa: F811 (the imported fixture)
                 )
         return started[layer, role]
 
+    start.tmp = procs.tmp  # type: ignore[attr-defined]  (the embedded daphnes' var/ and bus file)
     try:
         yield start
     finally:
@@ -333,16 +336,29 @@ def _diff(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, servers):
+@pytest.mark.parametrize("layer", ["embedded", "redis"])
+def test_the_live_run_page_shows_what_a_reload_would_show(
+    cast, worker_token, servers, layer, monkeypatch
+):
+    """The worker's and the operator's calls go to a second daphne (the API process), and the lease
+    scan runs in this test process: every fact crosses processes, on the embedded live bus (this
+    process writes through the daphnes' SQLite bus file) and on Redis."""
+    from channels.layers import channel_layers
+
+    from core.live_bus import SQLiteBusLayer
     from interventions.recover import scan_expired_leases
     from runs.models import ExecutionLease
 
-    console = servers("redis")
+    console, api = servers(layer), servers(layer, "api")
+    if layer == "embedded":
+        # Not override_settings: core.live's sender thread reads the manager's shared cache.
+        bus = servers.tmp / "var" / "live-bus.sqlite3"
+        monkeypatch.setitem(channel_layers.backends, "default", SQLiteBusLayer(path=str(bus)))
     server_password(cast["otto"][0], "pw-otto")
-    sdk, run_id, claim = _running(console, worker_token)
+    sdk, run_id, claim = _running(api, worker_token)
     token = claim.lease.fencing_token
     operator = httpx.Client(
-        base_url=f"{console}/api/v1",
+        base_url=f"{api}/api/v1",
         headers={"Authorization": f"Bearer {cast['otto'][1]}"},
         timeout=20,
     )
@@ -408,12 +424,13 @@ def test_the_live_run_page_shows_what_a_reload_would_show(cast, worker_token, se
         browser.close()
 
     REPORT.parent.mkdir(exist_ok=True)
-    REPORT.write_text(
+    report = REPORT.with_name(f"live_agreement_{layer}.json") if layer == "embedded" else REPORT
+    report.write_text(
         json.dumps(
             {
                 "what": "seconds from the last fact of each step to the moment every live region "
                 "of the run page equals the same region of a fresh render (Chromium, daphne, "
-                "Redis layer, polled every 0.1 s)",
+                f"{layer} layer, facts from another process, polled every 0.1 s)",
                 "rule_s": 1.0,
                 "within_rule": all(v <= 1.0 for v in agree.samples.values()),
                 "asserted_s": AGREE_SANITY_S,

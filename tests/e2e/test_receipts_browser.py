@@ -1,4 +1,5 @@
-"""Issue 18, items 3 and 4, in a real browser on a real daphne and the demo world: the pause receipt's
+"""Issue 18, items 3 and 4, in a real browser on a real daphne (embedded live bus, and Redis) and the
+demo world, with the worker writing about 3 facts a second while it drains: the pause receipt's
 headline moves from "Pausing — waiting for 1 effect in flight" to "Paused — drained at …" while the
 dialog stays open (no reload), and the resume preview reads the world's price through the adapter's
 read-only checker and says "will be blocked: price of sku-2 changed 12.00 → 14.50"; ticking
@@ -10,6 +11,7 @@ Needs Debian's chromium at /usr/bin/chromium and the `playwright` package (never
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -28,15 +30,30 @@ from tests.e2e.test_console_browser import CHROMIUM_ARGS, _server_password  # no
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def console_and_world(postgres_only, tmp_path):
+@pytest.fixture(params=["embedded", "redis"])
+def console_and_world(postgres_only, tmp_path, request):
+    """daphne on the embedded live bus (no Redis) or on Redis, and the demo world."""
+    if request.param == "redis" and not os.environ.get("REDIS_URL"):
+        pytest.skip("needs Redis (REDIS_URL)")
     procs = Procs(tmp_path)
     try:
         world = start_world(procs, server_env(tmp_path))
         env = server_env(tmp_path, LEASE_TTL_S="300", WORLD_URL=world)
+        if request.param == "embedded":
+            env["REDIS_URL"] = ""
         yield start_daphne(procs, env, ready_path="/accounts/login/"), world
     finally:
         procs.stop()
+
+
+def _checkpoints(sdk: Client, run_id: str, token: int, seconds: float, rate: float = 3.0) -> int:
+    """The worker keeps writing (checkpoints while it drains), about ``rate`` facts a second."""
+    written, until = 0, time.monotonic() + seconds
+    while time.monotonic() < until:
+        sdk.checkpoint(run_id, token, f"draining-{written}", {"i": written})
+        written += 1
+        time.sleep(1 / rate)
+    return written
 
 
 def test_the_receipt_headline_moves_live_and_the_resume_preview_says_it_will_be_blocked(
@@ -85,6 +102,18 @@ def test_the_receipt_headline_moves_live_and_the_resume_preview_says_it_will_be_
             "Recorded at the decision"
         )
         page.evaluate("window.__noReload = 'still here'")
+        page.evaluate("document.querySelector('#dialog').__still = 1")
+        # Live load while the receipt is open: the worker writes about 3 facts a second as it
+        # drains; the receipt stays, its headline still the truth ("Pausing").
+        page.evaluate(
+            "window.__pushes = 0;"
+            "document.addEventListener('htmx:wsAfterMessage', () => window.__pushes++)"
+        )
+        written = _checkpoints(sdk, run_id, token, seconds=4)
+        assert written >= 8, written
+        expect(now).to_contain_text("Pausing — waiting for 1 effect in flight")
+        page.wait_for_function("() => window.__pushes > 0", timeout=10_000)
+        assert page.evaluate("!!document.querySelector('#dialog').__still")  # not replaced
 
         sdk.record_outcome(charge.id, token, "committed")
         sdk.release_lease(claim.lease.id, token, "paused at a boundary")
