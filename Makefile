@@ -89,7 +89,8 @@ faults-test: venv haproxy  ## faults across hosts in network namespaces (issue 2
 	$(PY) -m pytest -s -p no:randomly tests/deploy/test_faults.py $(PYTEST_ARGS)
 
 check-deploy: venv  ## Django's deployment checks against the production settings
-	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
+	@# env -u: a shell that exports the suite's DB_SYNCHRONOUS_COMMIT=off would make production settings refuse to load
+	env -u DB_SYNCHRONOUS_COMMIT CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(PY) manage.py check --deploy --fail-level WARNING
 
 image:  ## the container images: Dockerfile on a base built from Debian's packages (BASE_IMAGE=python:3.13-slim-trixie where a registry is reachable)

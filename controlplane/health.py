@@ -27,6 +27,7 @@ from typing import Any
 from django.conf import settings
 
 from core import drain
+from core.pg import reach
 
 PATHS = frozenset({"/healthz", "/readyz"})
 CHECK_TIMEOUT_S = float(os.environ.get("READY_CHECK_TIMEOUT_S", "2"))
@@ -46,7 +47,7 @@ def expected_migrations() -> set[tuple[str, str]]:
 
 async def _postgres() -> dict[str, Any]:
     db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
+    if not settings.IS_POSTGRES:
         return await _sqlite()
     import psycopg
 
@@ -58,11 +59,16 @@ async def _postgres() -> dict[str, Any]:
         "port": db.get("PORT") or None,
     }
     expected = expected_migrations()
-    conn = await psycopg.AsyncConnection.connect(
-        connect_timeout=max(int(CHECK_TIMEOUT_S), 1),
-        autocommit=True,
-        **{k: v for k, v in params.items() if v},
-    )
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            connect_timeout=max(int(CHECK_TIMEOUT_S), 1),
+            autocommit=True,
+            **{k: v for k, v in params.items() if v},
+        )
+    except Exception as err:
+        reach.note_refused(err)  # the request pool's checkouts refuse at once meanwhile
+        raise
+    reach.note_reached()
     async with conn:
         cur = await conn.execute(
             "SELECT app, name FROM django_migrations WHERE app = ANY(%s)",

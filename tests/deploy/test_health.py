@@ -86,9 +86,14 @@ def test_it_is_not_ready_while_postgres_is_unreachable_then_ready_again(procs, t
         assert not body["checks"]["database"]["ok"], body
         assert body["checks"]["broker"]["ok"]
         assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
-        # an API call that needs the database is refused by name, in JSON (not resent: a 500)
+        # an API call that needs the database is refused by name, in JSON, at once; it did
+        # nothing, so it is marked for the SDK to resend (core/pg/backend/base.py)
+        sent = time.monotonic()
         got = httpx.get(f"{base}/api/v1/runs", headers={"Authorization": "Bearer x"}, timeout=20)
-        assert (got.status_code, got.json()["error"]) == (500, "database_unavailable"), got.text
+        answered_in = time.monotonic() - sent
+        assert (got.status_code, got.json()["error"]) == (503, "database_unavailable"), got.text
+        assert got.headers.get("X-Controlplane-Draining") == "1", got.headers
+        assert answered_in < 5, answered_in  # the pool's checkout timeout alone is 10 s
 
         path.heal()
         took, body = _becomes(base, 200, within=10)
