@@ -11,7 +11,9 @@ replica within one probe interval and comes back as soon as the dependency does.
 Both are answered here, in front of Django, not by a view: no middleware, session, audit event, host
 check (a probe asks by IP, not by the public name in ALLOWED_HOSTS), request thread or metric. Every
 check opens its own short connection with a timeout of ``READY_CHECK_TIMEOUT_S``: the request pool
-would make a probe wait its 10 s checkout timeout while PostgreSQL is down. Operators: see
+would make a probe wait its 10 s checkout timeout while PostgreSQL is down. A failed database check
+is remembered for the request pool (core/pg/reach.py): its waiting checkouts are refused at once,
+not after 10 s, for ``DB_DOWN_MEMORY_S`` after the last failed probe. Operators: see
 docs/operations/health.md.
 """
 
@@ -59,16 +61,12 @@ async def _postgres() -> dict[str, Any]:
         "port": db.get("PORT") or None,
     }
     expected = expected_migrations()
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            connect_timeout=max(int(CHECK_TIMEOUT_S), 1),
-            autocommit=True,
-            **{k: v for k, v in params.items() if v},
-        )
-    except Exception as err:
-        reach.note_refused(err)  # the request pool's checkouts refuse at once meanwhile
-        raise
-    reach.note_reached()
+    conn = await psycopg.AsyncConnection.connect(
+        connect_timeout=max(int(CHECK_TIMEOUT_S), 1),
+        autocommit=True,
+        **{k: v for k, v in params.items() if v},
+    )
+    reach.note_reached()  # (a failure, a timeout included, is noted by readiness())
     async with conn:
         cur = await conn.execute(
             "SELECT app, name FROM django_migrations WHERE app = ANY(%s)",
@@ -152,6 +150,10 @@ async def readiness() -> tuple[int, dict[str, Any]]:
     checks = _checks()
     results = await asyncio.gather(*(_run(c) for c in checks.values()))
     body: dict[str, Any] = {"checks": dict(zip(checks, results, strict=True))}
+    if not body["checks"]["database"]["ok"]:
+        # the request pool's waiting checkouts refuse at once meanwhile (core/pg/reach.py): each
+        # probe (HAProxy's, every 0.5-1 s) renews that memory while the database stays away
+        reach.note_refused(body["checks"]["database"].get("error", "no answer"))
     if drain.is_draining():
         body["checks"]["draining"] = {"ok": False, "error": "this process is shutting down"}
     ready = all(r["ok"] for r in body["checks"].values())
