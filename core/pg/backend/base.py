@@ -110,7 +110,7 @@ class _Marking:
         db = self.db
         if not db.maybe_applied and db.autocommit and not _read_only(sql):
             db.maybe_applied = True
-        return super()._execute_with_wrappers(sql, params, many, executor)  # type: ignore[misc]
+        return super()._execute_with_wrappers(sql, params, many, executor)
 
 
 class MarkingCursor(_Marking, CursorWrapper):
