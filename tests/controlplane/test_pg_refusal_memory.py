@@ -133,3 +133,39 @@ def test_a_cut_link_refuses_within_a_second_or_two_and_heals(postgres_only, memo
     finally:
         pool.close()
         link.cut()
+
+
+def test_while_refused_an_idle_connection_that_gets_no_answer_is_not_handed_out(
+    postgres_only, memory, monkeypatch
+):
+    """A black-holed link: the idle connection has nothing to read and looks healthy. While a
+    refusal is fresh (a probe timed out), the checkout asks it a bounded round trip first, instead
+    of handing it out to hang."""
+    monkeypatch.setattr(reach, "DB_DOWN_MEMORY_S", 5.0)
+    db = connection.settings_dict
+    link = Forwarder((db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)))
+    pool = _pool(link.port, size=1, timeout=10)
+    try:
+        with pool.connection() as conn:  # healthy: handed out with no round trip
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        link.frozen = True  # bytes vanish both ways
+        reach.note_refused("connection timeout expired")  # what the readiness probe notes
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match="unreachable"):
+            pool.getconn()
+        took = time.monotonic() - started
+        assert took < 4, took
+        link.frozen = False
+        reach.note_reached()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with pool.connection(timeout=3) as conn:
+                    assert conn.execute("SELECT 1").fetchone() == (1,)
+                break
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, "the pool did not come back"
+                time.sleep(0.2)
+    finally:
+        pool.close()
+        link.cut()

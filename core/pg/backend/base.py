@@ -12,7 +12,9 @@ from "unknown" (docs/operations/faults.md, fault (d): the database link cut).
    unchecked unless its socket is readable: a healthy idle connection has nothing to read, while a
    server's termination notice, a reset or an EOF makes it readable. Then (only then) an empty query
    checks it, and a dead one is discarded instead of failing the request's first statement. No
-   round trip for the healthy case.
+   round trip for the healthy case. While a refusal is fresh (1.), every idle connection is checked
+   by an empty query answered within ``SUSPECT_CHECK_S`` (1 s): on a black-holed link nothing tells
+   an idle connection it is dead.
 3. **What was sent.** ``maybe_applied`` records whether, since the request started, a COMMIT was
    sent or a statement that could write ran outside a transaction. The API's handler for an
    unreachable database (api/app.py) answers 503 + ``X-Controlplane-Draining: 1`` (the SDK resends,
@@ -38,11 +40,15 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from core.pg import reach
 
 SLICE_S = 0.25  # how often a waiting checkout looks at the refusal memory
+SUSPECT_CHECK_S = 1.0  # an idle connection's round trip while the database refused a moment ago
 _READ_ONLY = ("SELECT", "SHOW", "SET", "RESET", "EXPLAIN", "BEGIN", "DEALLOCATE")
 
 
 def _checked_when_bytes_wait(conn: Any) -> None:
-    """The pool's ``check``: a round trip only for an idle connection whose socket is readable."""
+    """The pool's ``check``: a round trip only for an idle connection whose socket is readable, or,
+    while the database refused a moment ago, a round trip bounded by ``SUSPECT_CHECK_S``: on a
+    black-holed link an idle connection has nothing to read and looks healthy, and a request on it
+    would wait for TCP to give up (``tcp_user_timeout``) instead of being refused."""
     if conn.closed or conn.broken:
         raise conn.OperationalError("the connection is closed")
     try:
@@ -53,6 +59,36 @@ def _checked_when_bytes_wait(conn: Any) -> None:
         from psycopg_pool import ConnectionPool
 
         ConnectionPool.check_connection(conn)
+    elif reach.refused_recently():
+        _answers_within(conn, SUSPECT_CHECK_S)
+
+
+def _answers_within(conn: Any, timeout: float) -> None:
+    """An empty query, its answer awaited at most ``timeout`` s; the connection is closed (so the
+    pool replaces it) when none comes."""
+    from psycopg import pq
+
+    pgconn, fd = conn.pgconn, conn.fileno()
+    deadline = time.monotonic() + timeout
+    try:
+        pgconn.send_query(b"")
+        while pgconn.flush() != 0:
+            if not select.select([], [fd], [], max(deadline - time.monotonic(), 0))[1]:
+                raise TimeoutError
+        while True:
+            if not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+                raise TimeoutError
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+        while (result := pgconn.get_result()) is not None:
+            if result.status not in (pq.ExecStatus.EMPTY_QUERY, pq.ExecStatus.COMMAND_OK):
+                raise conn.OperationalError(f"the check query failed: {result.status.name}")
+    except (TimeoutError, OSError, pq.PQerror) as err:
+        conn.close()
+        raise conn.OperationalError(
+            f"no answer from the database within {timeout:g} s on an idle connection"
+        ) from err
 
 
 @lru_cache(maxsize=1)
