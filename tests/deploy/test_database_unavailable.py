@@ -96,3 +96,45 @@ def test_a_write_to_a_host_without_its_database_is_refused_fast_and_the_sdk_rese
     finally:
         link.cut()
         procs.stop()
+
+
+@pytest.mark.slow
+def test_a_black_holed_database_link_is_refused_within_seconds(
+    postgres_only, tmp_path, worker_token
+):
+    """Bytes to the database vanish (no refusal, no reset): once a readiness probe has timed out,
+    a write is refused 503 within a few seconds, though the pool holds idle connections that look
+    healthy (each would have waited for TCP to give up)."""
+    db = connection.settings_dict
+    link = Forwarder((db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)))
+    url = test_database_url().replace(f":{db.get('PORT') or 5432}/", f":{link.port}/")
+    procs = Procs(tmp_path)
+    try:
+        port = start_redis(procs)
+        env = server_env(
+            tmp_path, DATABASE_URL=url, REDIS_URL=f"redis://127.0.0.1:{port}/0", DB_POOL_MIN="6"
+        )
+        base, log = start_api(procs, env)
+        body = {"agent": "purchasing", "goal": "unavail-hole", "authority": []}
+        headers = {"Authorization": f"Bearer {worker_token}"}
+        with httpx.Client(timeout=30) as client:
+            for _ in range(6):  # the pool fills with idle connections
+                assert (
+                    client.post(f"{base}/api/v1/runs", json=body, headers=headers).status_code
+                    == 201
+                )
+            link.frozen = True
+            probe = client.get(f"{base}/readyz")
+            assert probe.status_code == 503, probe.text
+            took = []
+            for _ in range(2):
+                sent = time.monotonic()
+                got = client.post(f"{base}/api/v1/runs", json=body, headers=headers)
+                took.append(round(time.monotonic() - sent, 2))
+                assert (got.status_code, got.json()["error"]) == (503, "database_unavailable")
+        print(f"black hole: writes refused 503 in {took} s")
+        assert max(took) < 4, (took, log.read_text()[-3000:])
+    finally:
+        link.frozen = False
+        link.cut()
+        procs.stop()

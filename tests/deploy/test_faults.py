@@ -132,7 +132,7 @@ def _cut_the_database_link(link, api: str, token: str, acks, acked) -> dict:
     return figures
 
 
-def _blackhole_the_database_link(network, host, address, api, token, acks, acked) -> dict:
+def _blackhole_the_database_link(network, host, address, api, token, acks, acked, log) -> dict:
     """(e): the host's packets to the database vanish (dropped, not refused): its /readyz goes 503
     once the probe's connect times out, a write sent to it is not acknowledged (a checkout that has
     to connect is refused once a probe failed; one on an idle pooled connection waits for TCP to
@@ -151,6 +151,9 @@ def _blackhole_the_database_link(network, host, address, api, token, acks, acked
             [*_write(api, token, "direct-during-blackhole"), round(time.monotonic() - sent, 1)]
         )
     figures["writes_during"] = writes
+    figures["server_said"] = [
+        line[-240:] for line in log.read_text().splitlines() if "database unavailable on" in line
+    ][-4:] if log.is_file() else []  # fmt: skip
     acked(before + 20, "load to go on through the host that reaches the database")
     figures["acks_during"] = acks() - before
     figures["hole_s"] = round(time.monotonic() - at, 1)
@@ -387,7 +390,7 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
         # (e) the same link black-holed: packets dropped, not refused
         figures["e_db_blackhole"] = _blackhole_the_database_link(
             network, apis[0], pg_addresses[0], f"http://{apis[0].ip}:8000", token,
-            lambda: len(_acks(loads)), acked,
+            lambda: len(_acks(loads)), acked, tmp_path / "api0.log",
         )  # fmt: skip
 
         stop.touch()

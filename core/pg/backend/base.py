@@ -41,6 +41,7 @@ from core.pg import reach
 
 SLICE_S = 0.25  # how often a waiting checkout looks at the refusal memory
 SUSPECT_CHECK_S = 1.0  # an idle connection's round trip while the database refused a moment ago
+_silent = [float("-inf")]  # when an idle connection last got no answer within SUSPECT_CHECK_S
 _READ_ONLY = ("SELECT", "SHOW", "SET", "RESET", "EXPLAIN", "BEGIN", "DEALLOCATE")
 
 
@@ -60,7 +61,16 @@ def _checked_when_bytes_wait(conn: Any) -> None:
 
         ConnectionPool.check_connection(conn)
     elif reach.refused_recently():
-        _answers_within(conn, SUSPECT_CHECK_S)
+        if time.monotonic() - _silent[0] < SUSPECT_CHECK_S * 2:
+            # another idle connection got no answer a moment ago: this one shares its link
+            conn.close()
+            raise conn.OperationalError("an idle connection to the database got no answer just now")
+        try:
+            _answers_within(conn, SUSPECT_CHECK_S)
+        except conn.OperationalError as err:
+            _silent[0] = time.monotonic()
+            reach.note_refused(err)
+            raise
 
 
 def _answers_within(conn: Any, timeout: float) -> None:
