@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 
 from core.pg import reach
+from core.pg.backend import base as backend
 from core.pg.backend.base import _checked_when_bytes_wait, _pool_class
 from tests.deploy.hosts import Forwarder
 
@@ -155,6 +156,9 @@ def test_while_refused_an_idle_connection_that_gets_no_answer_is_not_handed_out(
             pool.getconn()
         took = time.monotonic() - started
         assert took < 4, took
+        # the bounded round trip said so (not some other failure), so the other idle connections
+        # of this link are dropped unasked for a moment
+        assert time.monotonic() - backend._silent[0] < 5
         link.frozen = False
         reach.note_reached()
         deadline = time.monotonic() + 20

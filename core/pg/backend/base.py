@@ -76,6 +76,7 @@ def _checked_when_bytes_wait(conn: Any) -> None:
 def _answers_within(conn: Any, timeout: float) -> None:
     """An empty query, its answer awaited at most ``timeout`` s; the connection is closed (so the
     pool replaces it) when none comes."""
+    import psycopg
     from psycopg import pq
 
     pgconn, fd = conn.pgconn, conn.fileno()
@@ -91,14 +92,19 @@ def _answers_within(conn: Any, timeout: float) -> None:
             pgconn.consume_input()
             if not pgconn.is_busy():
                 break
-        while (result := pgconn.get_result()) is not None:
-            if result.status not in (pq.ExecStatus.EMPTY_QUERY, pq.ExecStatus.COMMAND_OK):
-                raise conn.OperationalError(f"the check query failed: {result.status.name}")
-    except (TimeoutError, OSError, pq.PQerror) as err:
+        failed = [
+            result.status.name
+            for result in iter(pgconn.get_result, None)
+            if result.status not in (pq.ExecStatus.EMPTY_QUERY, pq.ExecStatus.COMMAND_OK)
+        ]
+    except (TimeoutError, OSError, psycopg.Error) as err:
         conn.close()
         raise conn.OperationalError(
             f"no answer from the database within {timeout:g} s on an idle connection"
         ) from err
+    if failed:
+        conn.close()
+        raise conn.OperationalError(f"the check query on an idle connection failed: {failed}")
 
 
 @lru_cache(maxsize=1)
@@ -124,7 +130,10 @@ def _pool_class() -> type:
                             f"the database is unreachable: a connection was refused: {refused}"
                         ) from None
                     if time.monotonic() >= deadline:
-                        raise
+                        waited = self.timeout if timeout is None else timeout
+                        raise PoolTimeout(
+                            f"couldn't get a connection after {waited:.2f} sec"
+                        ) from None
 
         def _connect(self, timeout: float | None = None) -> Any:
             try:
