@@ -150,10 +150,11 @@ async def readiness() -> tuple[int, dict[str, Any]]:
     checks = _checks()
     results = await asyncio.gather(*(_run(c) for c in checks.values()))
     body: dict[str, Any] = {"checks": dict(zip(checks, results, strict=True))}
-    if not body["checks"]["database"]["ok"]:
+    database = body["checks"]["database"]
+    if not database["ok"] and not database.get("error", "").startswith("migrations not applied"):
         # the request pool's waiting checkouts refuse at once meanwhile (core/pg/reach.py): each
         # probe (HAProxy's, every 0.5-1 s) renews that memory while the database stays away
-        reach.note_refused(body["checks"]["database"].get("error", "no answer"))
+        reach.note_refused(database.get("error", "no answer"))
     if drain.is_draining():
         body["checks"]["draining"] = {"ok": False, "error": "this process is shutting down"}
     ready = all(r["ok"] for r in body["checks"].values())
