@@ -13,7 +13,7 @@ from "unknown" (docs/operations/faults.md, fault (d): the database link cut).
    server's termination notice, a reset or an EOF makes it readable. Then (only then) an empty query
    checks it, and a dead one is discarded instead of failing the request's first statement. No
    round trip for the healthy case. While a refusal is fresh (1.), every idle connection is checked
-   by an empty query answered within ``SUSPECT_CHECK_S`` (1 s): on a black-holed link nothing tells
+   by an empty query answered within ``SUSPECT_CHECK_S`` (2 s): on a black-holed link nothing tells
    an idle connection it is dead.
 3. **What was sent.** ``maybe_applied`` records whether, since the request started, a COMMIT was
    sent or a statement that could write ran outside a transaction. The API's handler for an
@@ -40,7 +40,7 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from core.pg import reach
 
 SLICE_S = 0.25  # how often a waiting checkout looks at the refusal memory
-SUSPECT_CHECK_S = 1.0  # an idle connection's round trip while the database refused a moment ago
+SUSPECT_CHECK_S = 2.0  # an idle connection's round trip while the database refused a moment ago
 _silent = [float("-inf")]  # when an idle connection last got no answer within SUSPECT_CHECK_S
 _READ_ONLY = ("SELECT", "SHOW", "SET", "RESET", "EXPLAIN", "BEGIN", "DEALLOCATE")
 
@@ -67,9 +67,10 @@ def _checked_when_bytes_wait(conn: Any) -> None:
             raise conn.OperationalError("an idle connection to the database got no answer just now")
         try:
             _answers_within(conn, SUSPECT_CHECK_S)
-        except conn.OperationalError as err:
+        except conn.OperationalError:
+            # not a renewal of the refusal memory: on a machine so loaded that a healthy round
+            # trip takes longer, only real connection failures and probes keep it alive
             _silent[0] = time.monotonic()
-            reach.note_refused(err)
             raise
 
 
