@@ -44,7 +44,7 @@ READY_S = 120  # a worker's start-up (imports, broker) took over 30 s at load 12
 
 
 def _recovery_in_flight(
-    worker, world: WorldClient, tmp_path, name: str, broker_url: str, world_url
+    worker, world: WorldClient, tmp_path, name: str, broker_url: str, world_url, processes: list
 ):
     """An orphaned run whose recovery job is in the middle of its (slow) call to the world."""
     run = start_run(worker, authority=[{"scope": "payments:charge", "ttl_s": 3600}])
@@ -57,10 +57,11 @@ def _recovery_in_flight(
     assert expire_leases(actor=system_actor("test")) == [run["id"]]
     world.set_fault("payments", "slow", action="by_key", count=1, delay_ms=SLOW_MS)
     proc = start_celery(tmp_path, name, broker_url, world_url, ready_s=READY_S)
+    processes.append(proc)  # stopped by the test even if what follows fails
     intervention = on_orphaned(run["id"])  # enqueues the recovery job on commit
     assert intervention is not None
     wait_for(
-        "the recovery's call to be in flight", lambda: not world.faults(), 30, logs=(proc.log,)
+        "the recovery's call to be in flight", lambda: not world.faults(), 90, logs=(proc.log,)
     )
     return proc, run, effect, intervention
 
@@ -69,7 +70,13 @@ def _recovered_once(run, effect, intervention, world: WorldClient) -> None:
     done = Intervention.objects.get(pk=intervention.pk)
     assert done.status == Intervention.COMPLETED, (done.status, done.receipt)
     settled = Effect.objects.get(pk=effect["id"])
-    assert settled.status == "committed" and settled.reconciled
+    job = Job.objects.get(kind="recovery", target_id=str(intervention.pk))
+    assert settled.status == "committed" and settled.reconciled, (
+        settled.status,
+        settled.reconciled,
+        done.receipt,
+        (job.status, job.attempts, job.failures, job.last_error),
+    )
     reconciled = AuditEvent.objects.filter(action="effect.reconcile", object_id=str(settled.pk))
     assert reconciled.count() == 1  # recorded once
     assert Run.objects.get(pk=run["id"]).state == "queued"
@@ -87,9 +94,8 @@ def test_sigterm_mid_job_finishes_the_job_once_and_exits_0(worker, broker, tmp_p
         processes.append(world_proc)
         with WorldClient(world_url, timeout=5) as world:
             proc, run, effect, intervention = _recovery_in_flight(
-                worker, world, tmp_path, "drain-term", broker, world_url
+                worker, world, tmp_path, "drain-term", broker, world_url, processes
             )
-            processes.append(proc)
             sent = time.monotonic()
             proc.proc.send_signal(signal.SIGTERM)
             rc = proc.proc.wait(timeout=60)
@@ -117,9 +123,8 @@ def test_sigterm_then_sigkill_leaves_the_job_to_the_sweep_and_a_second_worker(
         processes.append(world_proc)
         with WorldClient(world_url, timeout=5) as world:
             first, run, effect, intervention = _recovery_in_flight(
-                worker, world, tmp_path, "drain-kill-1", broker, world_url
+                worker, world, tmp_path, "drain-kill-1", broker, world_url, processes
             )
-            processes.append(first)
             first.proc.send_signal(signal.SIGTERM)
             time.sleep(0.5)  # a grace period far shorter than the job
             first.sigkill()

@@ -170,7 +170,11 @@ def start_celery(
         tmp / f"{name}.log",
         env,
     )
-    worker.wait_for_line(r"ready\.", ready_s)
+    try:
+        worker.wait_for_line(r"ready\.", ready_s)
+    except BaseException:
+        worker.stop()  # a worker left running would take later tests' messages from the broker
+        raise
     return worker
 
 
