@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test walk lint docs venv browser haproxy migrate seed bench bench-console bench-multihost faults-test check-deploy clean
+.PHONY: run test walk lint docs venv browser haproxy migrate seed bench bench-console bench-multihost faults-test worker-drain-test rolling-restart-test check-deploy clean
 
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (Django 6); set PYTHON=/path/to/python3.12"; exit 1; }
@@ -85,6 +85,10 @@ rolling-restart-test: venv haproxy  ## two API replicas behind HAProxy restarted
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_ROLLING_TEST=1; \
 	$(PY) -m pytest tests/deploy/test_rolling_restart.py $(PYTEST_ARGS)
 
+worker-drain-test: venv  ## a Celery worker's drain with real workers: SIGTERM mid-job finishes it once; SIGTERM+SIGKILL leaves it to the sweep (issue 22, ~145 s under load, outside the suite)
+	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_WORKER_DRAIN_TEST=1; \
+	$(PY) -m pytest -p no:randomly tests/deploy/test_worker_drain.py $(PYTEST_ARGS)
+
 bench-multihost: venv  ## issue 22 item 8: effects/s and CPU per effect with 1 and 2 API hosts (network namespaces, root) behind HAProxy (BENCH_QUICK=1 ~1 min); bench/results/multihost.json, also in make bench's summary
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.multihost
 
@@ -93,7 +97,8 @@ faults-test: venv haproxy  ## faults across hosts in network namespaces (issue 2
 	$(PY) -m pytest -s -p no:randomly tests/deploy/test_faults.py $(PYTEST_ARGS)
 
 check-deploy: venv  ## Django's deployment checks against the production settings
-	CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
+	@# env -u: a shell that exports the suite's DB_SYNCHRONOUS_COMMIT=off would make production settings refuse to load
+	env -u DB_SYNCHRONOUS_COMMIT CONTROLPLANE_PRODUCTION=1 SECRET_KEY=$$(head -c 48 /dev/urandom | base64) ALLOWED_HOSTS=controlplane.example.com \
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(PY) manage.py check --deploy --fail-level WARNING
 
 image:  ## the container images: Dockerfile on a base built from Debian's packages (BASE_IMAGE=python:3.13-slim-trixie where a registry is reachable)

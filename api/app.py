@@ -96,13 +96,42 @@ def unstorable(request: HttpRequest, exc: DataError):
 @api.exception_handler(OperationalError)
 @api.exception_handler(InterfaceError)
 def database_unavailable(request: HttpRequest, exc: Exception):
-    """PostgreSQL did not answer (docs/operations/faults.md, the database link cut). A 500, not a
-    503: the SDK and the load balancer resend a 503, and a call whose connection broke during its
-    COMMIT may have taken effect; the caller reads back or resends with the same idempotency key."""
+    """PostgreSQL did not answer (docs/operations/faults.md, the database link cut).
+
+    When this request certainly changed nothing (no COMMIT sent, no write outside a transaction:
+    ``core.pg.reach.nothing_applied``, typically a checkout refused at once by the backend), a 503
+    marked ``X-Controlplane-Draining: 1``: the SDK sends it again, and through the load balancer it
+    lands on a replica that reaches the database. Otherwise a 500: a call whose connection broke
+    during its COMMIT may have taken effect; the caller reads back or resends with the same
+    idempotency key."""
+    from django.db import connection
+
+    from core.pg import reach
+
     sqlstate = getattr(exc.__cause__, "sqlstate", None)
     if sqlstate and not sqlstate.startswith(("08", "57P")):  # a query's own failure (a deadlock...)
         raise exc  # not an unreachable database: Django's 500, as before
-    logger.error("database unavailable on %s %s: %s", request.method, request.path, exc)
+    did_nothing = reach.nothing_applied(connection)
+    logger.error(
+        "database unavailable on %s %s (%s): %s",
+        request.method,
+        request.path,
+        "nothing applied: 503" if did_nothing else "outcome unknown: 500",
+        exc,
+    )
+    if did_nothing:
+        response = api.create_response(
+            request,
+            {
+                "error": "database_unavailable",
+                "detail": "this replica could not reach the database and did nothing with the "
+                "call: send it again",
+                "field": "",
+            },
+            status=503,
+        )
+        response["X-Controlplane-Draining"] = "1"  # "refused unread": the SDK resends any call
+        return response
     return api.create_response(
         request,
         {

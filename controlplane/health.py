@@ -11,7 +11,9 @@ replica within one probe interval and comes back as soon as the dependency does.
 Both are answered here, in front of Django, not by a view: no middleware, session, audit event, host
 check (a probe asks by IP, not by the public name in ALLOWED_HOSTS), request thread or metric. Every
 check opens its own short connection with a timeout of ``READY_CHECK_TIMEOUT_S``: the request pool
-would make a probe wait its 10 s checkout timeout while PostgreSQL is down. Operators: see
+would make a probe wait its 10 s checkout timeout while PostgreSQL is down. A failed database check
+is remembered for the request pool (core/pg/reach.py): its waiting checkouts are refused at once,
+not after 10 s, for ``DB_DOWN_MEMORY_S`` after the last failed probe. Operators: see
 docs/operations/health.md.
 """
 
@@ -27,6 +29,7 @@ from typing import Any
 from django.conf import settings
 
 from core import drain
+from core.pg import reach
 
 PATHS = frozenset({"/healthz", "/readyz"})
 CHECK_TIMEOUT_S = float(os.environ.get("READY_CHECK_TIMEOUT_S", "2"))
@@ -46,7 +49,7 @@ def expected_migrations() -> set[tuple[str, str]]:
 
 async def _postgres() -> dict[str, Any]:
     db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
+    if not settings.IS_POSTGRES:
         return await _sqlite()
     import psycopg
 
@@ -63,6 +66,7 @@ async def _postgres() -> dict[str, Any]:
         autocommit=True,
         **{k: v for k, v in params.items() if v},
     )
+    reach.note_reached()  # (a failure, a timeout included, is noted by readiness())
     async with conn:
         cur = await conn.execute(
             "SELECT app, name FROM django_migrations WHERE app = ANY(%s)",
@@ -146,6 +150,11 @@ async def readiness() -> tuple[int, dict[str, Any]]:
     checks = _checks()
     results = await asyncio.gather(*(_run(c) for c in checks.values()))
     body: dict[str, Any] = {"checks": dict(zip(checks, results, strict=True))}
+    database = body["checks"]["database"]
+    if not database["ok"] and not database.get("error", "").startswith("migrations not applied"):
+        # the request pool's waiting checkouts refuse at once meanwhile (core/pg/reach.py): each
+        # probe (HAProxy's, every 0.5-1 s) renews that memory while the database stays away
+        reach.note_refused(database.get("error", "no answer"))
     if drain.is_draining():
         body["checks"]["draining"] = {"ok": False, "error": "this process is shutting down"}
     ready = all(r["ok"] for r in body["checks"].values())

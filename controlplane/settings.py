@@ -114,13 +114,31 @@ DATABASE_URL = env_str("DATABASE_URL", "")
 if DATABASE_URL:
     _db = dj_database_url.parse(DATABASE_URL)
     if _db["ENGINE"] == "django.db.backends.postgresql":
+        # Django's backend with a fast refusal while the database is unreachable, and a record of
+        # whether a failed request may have written (core/pg/backend/base.py; docs/operations/faults.md).
+        _db["ENGINE"] = "core.pg.backend"
         # psycopg 3's pool: connections are reused across requests instead of one per request.
         _db["CONN_MAX_AGE"] = 0
         _db.setdefault("OPTIONS", {})["pool"] = {
             "min_size": env_int("DB_POOL_MIN", 2),
             "max_size": env_int("DB_POOL_MAX", 20),
             "timeout": 10,
+            # the pool's background reconnection of a lost connection gives up after 5 s (psycopg's
+            # default: 5 minutes of retrying); the next checkout tries again
+            "reconnect_timeout": env_int("DB_RECONNECT_TIMEOUT_S", 5),
         }
+        # libpq: a connection attempt gives up after 3 s; TCP keepalives notice a silent peer; a
+        # write unacknowledged for 10 s (a black-holed link) fails the connection instead of
+        # hanging for the kernel's ~15 minutes of retransmissions.
+        for _key, _value in (
+            ("connect_timeout", env_int("DB_CONNECT_TIMEOUT_S", 3)),
+            ("keepalives", 1),
+            ("keepalives_idle", 10),
+            ("keepalives_interval", 3),
+            ("keepalives_count", 3),
+            ("tcp_user_timeout", env_int("DB_TCP_USER_TIMEOUT_MS", 10000)),
+        ):
+            _db["OPTIONS"].setdefault(_key, _value)
         _db["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_controlplane")}
         # `make test` sets DB_SYNCHRONOUS_COMMIT=off: a commit then returns before its WAL reaches
         # the disk (0.14 ms instead of 3.8 ms a commit on this machine; the suite commits ~10^5 times).
@@ -158,7 +176,7 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+IS_POSTGRES = DATABASES["default"]["ENGINE"] in ("core.pg.backend", "django.db.backends.postgresql")
 
 # --- redis: celery broker and channel layer ---------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")

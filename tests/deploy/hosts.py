@@ -92,10 +92,12 @@ def wait_alive(base: str, name: str, log: Path, within: float) -> None:
 
 class Forwarder:
     """A TCP forwarder on 127.0.0.1:<port> to ``target``. ``cut()`` closes the listener and every
-    forwarded connection; ``heal()`` listens again on the same port."""
+    forwarded connection; ``heal()`` listens again on the same port; ``frozen = True`` drops every
+    byte it reads, both ways (a black hole as the ends see it: no answer, no reset)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target, self.port = target, free_port()
+        self.frozen = False
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
@@ -144,12 +146,14 @@ class Forwarder:
                     return
                 self._conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=_pipe, args=(a, b, self), daemon=True).start()
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, via: Forwarder | None = None) -> None:
     try:
         while data := src.recv(65536):
+            if via is not None and via.frozen:
+                continue
             dst.sendall(data)
     except OSError:
         pass

@@ -82,6 +82,28 @@ class Network:
         ip("-n", ns, "link", "set", "lo", "up")
         return host
 
+    def service_address(self, host: Host) -> str:
+        """A second address of the network on ``host``'s link (for the database's forwarder), so
+        :meth:`blackhole` can drop the host's packets to it alone, not its traffic with HAProxy."""
+        i = self.hosts.index(host)
+        address = f"10.{self.subnet}.{100 + i}.1"
+        ip("addr", "add", f"{address}/32", "dev", host.root_if)
+        ip("-n", host.ns, "route", "add", f"{address}/32", "dev", self._ns_if(host))
+        return address
+
+    def blackhole(self, host: Host, address: str) -> None:
+        """Packets from ``host`` to ``address`` vanish without a trace: they are sent to a link
+        address nobody has, so the network drops them (no refusal, no reset, no ICMP). Connections
+        hang: a new one until its connect timeout, an open one until TCP gives up on it."""
+        ip("-n", host.ns, "neigh", "replace", address, "lladdr", "02:00:00:00:00:01",
+           "dev", self._ns_if(host), "nud", "permanent")  # fmt: skip
+
+    def unblackhole(self, host: Host, address: str) -> None:
+        ip("-n", host.ns, "neigh", "del", address, "dev", self._ns_if(host), check=False)
+
+    def _ns_if(self, host: Host) -> str:
+        return host.root_if[:-1] + "n"
+
     def partition(self, host: Host) -> None:
         """The host's link goes down: every packet to and from it is dropped, connections included."""
         ip("link", "set", host.root_if, "down")
@@ -99,8 +121,8 @@ class Network:
         )
         return None if done.returncode == 0 else done.stderr.strip() or "tc failed"
 
-    def link(self, host: Host, target: tuple[str, int]) -> Link:
-        link = Link(host.root_ip, target)
+    def link(self, host: Host, target: tuple[str, int], bind: str | None = None) -> Link:
+        link = Link(bind or host.root_ip, target)
         self.links.append(link)
         return link
 

@@ -95,7 +95,7 @@ def _write(url: str, token: str, goal: str) -> list:
             f"{url}/api/v1/runs",
             json={"agent": "fault-load", "goal": goal, "authority": []},
             headers={"Authorization": f"Bearer {token}"},
-            timeout=60,  # the request pool waits its 10 s checkout timeout for a connection
+            timeout=60,  # a refusal takes ~1 s (core/pg/backend); before it, 2 x 10 s pool waits
         )
     except httpx.HTTPError as err:
         return [None, repr(err)[:200], None]
@@ -108,6 +108,7 @@ def _cut_the_database_link(link, api: str, token: str, acks, acked) -> dict:
     is refused by name (never acknowledged); the load goes on through the other host; after the
     link heals the host is ready and acknowledges writes again."""
     before, cut_at = acks(), time.monotonic()
+    window = [time.time(), None]  # wall clock, as the workers' lines: errors inside are expected
     link.cut()
     wait_for("the cut host's /readyz to go 503", lambda: _readyz(api)[0] == 503, 20)
     figures: dict = {"s_to_readyz_503": round(time.monotonic() - cut_at, 1)}
@@ -122,10 +123,51 @@ def _cut_the_database_link(link, api: str, token: str, acks, acked) -> dict:
     link.heal()
     wait_for("the healed host's /readyz to go 200", lambda: _readyz(api)[0] == 200, 30)
     figures["s_to_readyz_200_after_heal"] = round(time.monotonic() - healed_at, 1)
+    window[1] = time.time()
+    figures["window"] = window
     figures["write_after_heal"] = wait_for(
         "a write on the healed host", lambda: (w := _write(api, token, "direct-after-heal"))[0]
         == 201 and w, 30,
     )  # fmt: skip
+    return figures
+
+
+def _blackhole_the_database_link(network, host, address, api, token, acks, acked, log) -> dict:
+    """(e): the host's packets to the database vanish (dropped, not refused): its /readyz goes 503
+    once the probe's connect times out, a write sent to it is not acknowledged (a checkout that has
+    to connect is refused once a probe failed; one on an idle pooled connection waits for TCP to
+    give up, ``tcp_user_timeout`` 10 s), load goes on through the other host; after healing the host
+    serves again (its broken pooled connections are replaced)."""
+    before, at = acks(), time.monotonic()
+    window = [time.time(), None]
+    network.blackhole(host, address)
+    wait_for("the black-holed host's /readyz to go 503", lambda: _readyz(api)[0] == 503, 30)
+    figures: dict = {"s_to_readyz_503": round(time.monotonic() - at, 1)}
+    figures["readyz_during"] = list(_readyz(api))
+    writes = []
+    for _ in range(2):  # the first may take an idle pooled connection and wait for TCP
+        sent = time.monotonic()
+        writes.append(
+            [*_write(api, token, "direct-during-blackhole"), round(time.monotonic() - sent, 1)]
+        )
+    figures["writes_during"] = writes
+    figures["server_said"] = [
+        line[-240:] for line in log.read_text().splitlines() if "database unavailable on" in line
+    ][-4:] if log.is_file() else []  # fmt: skip
+    acked(before + 20, "load to go on through the host that reaches the database")
+    figures["acks_during"] = acks() - before
+    figures["hole_s"] = round(time.monotonic() - at, 1)
+    healed_at = time.monotonic()
+    network.unblackhole(host, address)
+    wait_for("the healed host's /readyz to go 200", lambda: _readyz(api)[0] == 200, 30)
+    figures["s_to_readyz_200_after_heal"] = round(time.monotonic() - healed_at, 1)
+    figures["write_after_heal"] = wait_for(
+        "a write on the healed host", lambda: (w := _write(api, token, "direct-after-blackhole"))[0]
+        == 201 and w, 60,
+    )  # fmt: skip
+    figures["s_to_write_after_heal"] = round(time.monotonic() - healed_at, 1)
+    window[1] = time.time()
+    figures["window"] = window
     return figures
 
 
@@ -159,7 +201,13 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
         db = test_database_url()
         pg_port = int(db.rsplit(":", 1)[1].split("/")[0])
         db_name = db.rsplit("/", 1)[1]
-        pg_links = [network.link(h, ("127.0.0.1", pg_port)) for h in apis]
+        # the database's address on each API host's link is an address of its own, so (e) can
+        # black-hole it without touching the host's traffic with HAProxy
+        pg_addresses = [network.service_address(h) for h in apis]
+        pg_links = [
+            network.link(h, ("127.0.0.1", pg_port), bind=a)
+            for h, a in zip(apis, pg_addresses, strict=True)
+        ]
         redis_links = [network.link(h, ("127.0.0.1", redis_port)) for h in apis]
         hosts_allowed = ",".join(
             ["127.0.0.1", "localhost"] + [h.ip for h in apis] + [h.root_ip for h in workers]
@@ -175,11 +223,11 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
         api_envs = [
             server_env(
                 tmp_path,
-                DATABASE_URL=f"postgresql://postgres@{h.root_ip}:{pg.port}/{db_name}",
+                DATABASE_URL=f"postgresql://postgres@{a}:{pg.port}/{db_name}",
                 REDIS_URL=f"redis://{h.root_ip}:{rl.port}/0",
                 **common,
             )
-            for h, pg, rl in zip(apis, pg_links, redis_links, strict=True)
+            for h, a, pg, rl in zip(apis, pg_addresses, pg_links, redis_links, strict=True)
         ]
         for i, (h, env) in enumerate(zip(apis, api_envs, strict=True)):
             _serve(procs, h, env, f"api{i}")
@@ -339,6 +387,12 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
             pg_links[0], f"http://{apis[0].ip}:8000", token, lambda: len(_acks(loads)), acked
         )
 
+        # (e) the same link black-holed: packets dropped, not refused
+        figures["e_db_blackhole"] = _blackhole_the_database_link(
+            network, apis[0], pg_addresses[0], f"http://{apis[0].ip}:8000", token,
+            lambda: len(_acks(loads)), acked, tmp_path / "api0.log",
+        )  # fmt: skip
+
         stop.touch()
         for name in ("load0", "load1", "victim", "recoverer"):
             wait_for(
@@ -419,8 +473,9 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
                 for e in charges
                 if e.status == Effect.COMMITTED and e.idempotency_key != "victim-held-charge"
             ],
-            "database cut: direct write not refused database_unavailable": []
-            if figures["d_db_cut"]["write_during_cut"][:2] == [500, "database_unavailable"]
+            # it did nothing (no connection): 503 marked for the SDK to resend elsewhere
+            "database cut: direct write not refused 503 database_unavailable": []
+            if figures["d_db_cut"]["write_during_cut"][:2] == [503, "database_unavailable"]
             else [figures["d_db_cut"]["write_during_cut"]],
             "database cut: /readyz not 503 during it": []
             if figures["d_db_cut"]["readyz_during_cut"][0] == 503
@@ -428,17 +483,46 @@ def test_faults_across_hosts_lose_nothing_and_do_nothing_twice(postgres_only, ne
             "database cut: direct write after healing not acknowledged": []
             if figures["d_db_cut"]["write_after_heal"][0] == 201
             else [figures["d_db_cut"]["write_after_heal"]],
+            "black hole: /readyz not 503 during it": []
+            if figures["e_db_blackhole"]["readyz_during"][0] == 503
+            else [figures["e_db_blackhole"]["readyz_during"]],
+            "black hole: a direct write acknowledged": [
+                w for w in figures["e_db_blackhole"]["writes_during"] if w[0] == 201
+            ],
+            "black hole: direct write after healing not acknowledged": []
+            if figures["e_db_blackhole"]["write_after_heal"][0] == 201
+            else [figures["e_db_blackhole"]["write_after_heal"]],
             "audit_verify failed": []
             if audit.returncode == 0
             else [audit.stdout[-1500:], audit.stderr[-1500:]],
         }
         failed = {k: v for k, v in checks.items() if v}
+        # Fencing refusals (409 lease_lost) are the system working: a 4 s test lease on a loaded
+        # machine lapses between calls now and then, and recovery takes the run back. Listed, never
+        # counted as a failure. Other unanswered calls are listed with their text; a create_run
+        # outside the database cut's window is worth reading (it is no failure of the bar either:
+        # it was not acknowledged, and "runs created twice" checks its effect).
+        fenced = [e for e in errors if "lease_lost" in e.get("error", "")]
+        cut_from, cut_to = figures["d_db_cut"].pop("window")
+        hole_from, hole_to = figures["e_db_blackhole"].pop("window")
+        creates_outside_cut = [
+            [round(e["t"] - cut_from, 1), e["kind"], e.get("error", "")]
+            for e in errors
+            if e["at"] == "create"
+            and not cut_from <= e["t"] <= cut_to
+            and not hole_from <= e["t"] <= hole_to
+        ]
         figures.update(
+            fencing_refusals=len(fenced),
+            fenced=[[e["at"], e.get("error", "")[:120]] for e in fenced],
+            create_run_errors_outside_cut=creates_outside_cut,
             runs_acknowledged=len(runs),
             effects_acknowledged=len(effects),
             runs_finished_acknowledged=len(finished),
-            indeterminate_calls=len(errors),
-            indeterminate=[[e["at"], e["kind"]] for e in errors],
+            indeterminate_calls=len(errors) - len(fenced),
+            indeterminate=[
+                [e["at"], e["kind"], e.get("error", "")[:160]] for e in errors if e not in fenced
+            ],
             runs_in_db=len(stored),
             states=dict(
                 Counter(

@@ -138,7 +138,9 @@ def start_world(tmp: Path) -> tuple[Process, str]:
     return world, world.wait_for_line(r"listening on (http://\S+)", 15).group(1)
 
 
-def start_celery(tmp: Path, name: str, broker_url: str, world_url: str) -> Process:
+def start_celery(
+    tmp: Path, name: str, broker_url: str, world_url: str, ready_s: float = 30
+) -> Process:
     env = {
         **os.environ,
         "DATABASE_URL": test_database_url(),
@@ -168,7 +170,11 @@ def start_celery(tmp: Path, name: str, broker_url: str, world_url: str) -> Proce
         tmp / f"{name}.log",
         env,
     )
-    worker.wait_for_line(r"ready\.", 30)
+    try:
+        worker.wait_for_line(r"ready\.", ready_s)
+    except BaseException:
+        worker.stop()  # a worker left running would take later tests' messages from the broker
+        raise
     return worker
 
 
