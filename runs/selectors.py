@@ -358,6 +358,11 @@ def effect_dict(e: Effect) -> dict[str, Any]:
     }
 
 
+def agent_with_policies(name: str) -> Agent | None:
+    """An agent and its approval policies (prefetched), or None."""
+    return Agent.objects.prefetch_related("approval_policies").filter(name=name).first()
+
+
 def agent_names() -> QuerySet:
     """Registered agents' names, for the run list's agent filter."""
     return Agent.objects.order_by("name").values_list("name", flat=True)
