@@ -18,7 +18,7 @@ moves a run to needs_attention; the channel and run pages show it instead.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
@@ -202,6 +202,49 @@ def escalate_due(*, actor: Actor, now=None) -> list[str]:
                     context={
                         "from_channel": source.name,
                         "escalated_to": source.escalate_to,
+                        "channels": added,
+                        "required_role": approval.required_role,
+                    },
+                )
+                escalated.append(str(approval.pk))
+    escalated += _escalate_steps(actor=actor, now=now)
+    return escalated
+
+
+def _escalate_steps(*, actor: Actor, now) -> list[str]:
+    """A policy's own escalation (``2*approver escalate after 15m to oncall``): a step of the open
+    stage still pending ``escalate_after_s`` after the stage opened is re-sent to the channels serving
+    ``escalate_to``. Once per approval and channel (the unique delivery), audited like a channel's."""
+    escalated = []
+    channels = list(Channel.objects.filter(enabled=True))
+    pending = Approval.objects.filter(status=Approval.PENDING).exclude(steps=[])
+    for approval in pending:
+        for step in approval.steps:
+            after, to = step.get("escalate_after_s"), step.get("escalate_to")
+            if not (after and to and step.get("stage") == approval.stage and step.get("opened_at")):
+                continue
+            opened = datetime.fromisoformat(step["opened_at"])
+            if opened + timedelta(seconds=after) > now:
+                continue
+            with transaction.atomic():
+                added = [
+                    str(c.pk)
+                    for c in channels
+                    if to in c.roles and _add_delivery(c, approval, Delivery.ESCALATED)
+                ]
+                if not added:
+                    continue
+                record_audit(
+                    actor=actor,
+                    action="approval.notification_escalated",
+                    object_type="approval",
+                    object_id=approval.pk,
+                    run_id=approval.run_id,
+                    reason=f"step {step.get('role')} pending {after}s without a decision",
+                    context={
+                        "from_policy_step": step.get("role"),
+                        "stage": approval.stage,
+                        "escalated_to": to,
                         "channels": added,
                         "required_role": approval.required_role,
                     },
