@@ -86,7 +86,9 @@ def test_the_test_send_button_shows_its_result_in_place(cast, tmp_path):
     assert b'data-test="failed"' in failed.content and b"ConnectError" in failed.content
 
 
-def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker, cast, tmp_path):
+def test_the_link_opens_the_approval_after_login_and_carries_no_authority(
+    worker, cast, as_user, tmp_path
+):
     receiver = http_receiver(tmp_path).start()
     try:
         services.create_channel(
@@ -122,6 +124,23 @@ def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker
     assert after_login.status_code == 302 and after_login["Location"] == path
     page = client.get(path)
     assert page.status_code == 200 and approval_id.encode() in page.content
+    # The exact approval is marked (and scrolled to by static/console/console.js).
+    marked = f'id="approval-{approval_id}" class="linked-approval" data-linked-approval'
+    assert marked.encode() in page.content
+    assert b"?kind=approve&amp;approval_id=" + approval_id.encode() in page.content
+    # The link carries no authority: a viewer sees the marked approval, no buttons, and is refused.
+    viewer_page = _login("vera").get(path)
+    assert marked.encode() in viewer_page.content
+    assert b"?kind=approve&amp;approval_id=" not in viewer_page.content
+    decision = {
+        "kind": "approve",
+        "reason": "from the link",
+        "options": {"approval_id": approval_id},
+    }
+    assert as_user("vera").post(f"/runs/{run['id']}/interventions", decision).status_code == 403
+    # Decided once; a second decision (another approver following the same link) is refused 409.
+    assert as_user("april").post(f"/runs/{run['id']}/interventions", decision).status_code == 202
+    assert as_user("ian").post(f"/runs/{run['id']}/interventions", decision).status_code == 409
 
 
 def test_a_failing_channel_shows_on_the_run_page(worker, cast):
