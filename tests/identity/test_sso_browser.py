@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from django.contrib.auth import get_user_model
 
 from audit.models import AuditEvent
