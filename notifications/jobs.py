@@ -29,10 +29,11 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor, system_actor
+from core.live import announce
 from interventions import jobs
 from interventions.models import Job
 from notifications.messages import message_for
-from notifications.models import Channel, Delivery
+from notifications.models import FAILING_AFTER, Channel, Delivery
 from notifications.transports import send
 from runs.models import Approval
 
@@ -110,12 +111,31 @@ def attempt(delivery_id: Any) -> dict[str, Any]:
             last_failure_at=now,
         )
         failures = delivery.attempts + 1
+        if channel.consecutive_failures + 1 >= FAILING_AFTER:  # failing (now or still): say so live
+            announce_channel_health(channel.pk, delivery.run_id)
         return {"finished": False, "error": error, "countdown": backoff_s(failures)}
     Delivery.objects.filter(pk=delivery.pk).update(
         attempts=F("attempts") + 1, status=Delivery.SENT, sent_at=now, last_error=""
     )
     Channel.objects.filter(pk=channel.pk).update(consecutive_failures=0, last_success_at=now)
+    if channel.failing:  # it was failing: the banners go away
+        announce_channel_health(channel.pk, delivery.run_id)
     return {"finished": True, "sent": True}
+
+
+def announce_channel_health(channel_id: Any, run_id: Any) -> None:
+    """The channel's health changed what the run pages of its undelivered approvals show (the
+    "channel failing" banner): a live fact to each of those runs, so an open page redraws its header
+    (console/run_page.py) without a reload."""
+    runs = set(
+        Delivery.objects.filter(channel_id=channel_id)
+        .exclude(status=Delivery.SENT)
+        .values_list("run_id", flat=True)
+        .distinct()[:500]
+    )
+    for rid in runs | {run_id}:
+        if rid is not None:
+            announce(rid, "notification", channel_id)
 
 
 @shared_task(acks_late=True)

@@ -162,3 +162,58 @@ def test_a_failing_channel_shows_on_the_run_page(worker, cast):
     assert b'data-testid="notification-failing"' in page.content and b"ConnectError" in page.content
     channel_page = _login("ada").get(f"/channels/{channel.pk}/")
     assert b'data-health="failing"' in channel_page.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_failing_banner_is_pushed_live_to_an_open_run_page(worker, cast, monkeypatch):
+    """The run page's socket (the real consumer, in-memory channel layer) gets the header with the
+    banner when the fifth failure in a row makes the channel failing; no reload. Without
+    jobs.announce_channel_health nothing is pushed and this test fails."""
+    from asgiref.sync import async_to_sync
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.test import override_settings
+
+    from controlplane.asgi import application
+    from core import live
+    from notifications.models import Delivery
+
+    services.create_channel(
+        actor=system_actor("t"),
+        data={"name": "down", "kind": "webhook", "url": "http://127.0.0.1:9/h", "secret": KEY},
+    )
+    run, _ = running_run(worker)
+    worker.post(
+        f"/runs/{run['id']}/approvals",
+        {"fencing_token": 1, "tool": "payments", "action": "charge", "args": {"amount": 5}},
+    )
+    from interventions.models import Job
+
+    jobs.notify_approval(Job.objects.get(kind=jobs.FAN_OUT).target_id)
+    delivery = Delivery.objects.get()
+    for _ in range(4):
+        jobs.attempt(delivery.pk)  # four failures: not failing yet
+    client = _login("otto")
+    headers = [
+        (b"origin", b"http://testserver"),
+        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        (b"host", b"testserver"),
+    ]
+    assert live.flush()
+
+    async def scenario():
+        page = WebsocketCommunicator(application, f"/ws/runs/{run['id']}/", headers=headers)
+        assert (await page.connect(timeout=5))[0]
+        first = await page.receive_from(timeout=5)  # connect: everything
+        assert 'id="run-header"' in first and "notification-failing" not in first
+        await database_sync_to_async(jobs.attempt)(delivery.pk)  # the fifth
+        pushed = await page.receive_from(timeout=5)
+        assert (
+            'data-testid="notification-failing"' in pushed and "Channel down is failing" in pushed
+        )
+        await page.disconnect()
+
+    with override_settings(
+        CHANNEL_LAYERS={"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    ):
+        async_to_sync(scenario)()
