@@ -154,6 +154,7 @@ def world(worker, cast, as_user) -> dict:
     assert channel.status_code == 201, channel.content
     return {
         "channel_id": channel.json()["id"],
+        "agent_name": "purchasing",  # an agent: its approval-policies routes reach it
         "hold_id": hold.json()["id"],
         "freeze_id": frozen.json()["freeze"]["id"],
         "operation_id": held.json()["id"],
