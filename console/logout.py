@@ -24,6 +24,8 @@ class LogoutView(auth_views.LogoutView):
         if user_id is not None:
             push_session_check(user_id)
         if user_id is not None and idp_url is not None:
-            sso.record_idp_logout(user_id=user_id, username=username, request=request)
+            sso.record_idp_logout(
+                user_id=user_id, username=username, request=request, endpoint=idp_url
+            )
             return HttpResponseRedirect(idp_url)
         return response

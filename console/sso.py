@@ -6,9 +6,11 @@ user's roles and writes the audit rows; these classes only adapt the library's h
 
 from __future__ import annotations
 
+import logging
 import time
 from urllib.parse import urlencode
 
+import httpx
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth import views as auth_views
@@ -22,6 +24,8 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 
 from audit.access import sso
 from core.roles import ADMIN, roles_of
+
+log = logging.getLogger(__name__)
 
 
 def sso_enabled() -> bool:
@@ -163,11 +167,37 @@ class SessionRefresh(LibrarySessionRefresh):
         return super().process_request(request)
 
 
+_DISCOVERED: dict[str, str] = {}
+
+
+def discovered_end_session_endpoint() -> str:
+    """The IdP's ``end_session_endpoint`` from its discovery document (OIDC_OP_DISCOVERY_ENDPOINT),
+    read once per process and document address. Unreachable or absent: "" (logout is then local
+    only, and the next logout tries again)."""
+    url = settings.OIDC_OP_DISCOVERY_ENDPOINT
+    if not url:
+        return ""
+    if url not in _DISCOVERED:
+        try:
+            answer = httpx.get(url, timeout=5, follow_redirects=True)
+            answer.raise_for_status()
+            endpoint = str(answer.json().get("end_session_endpoint") or "")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("could not read the IdP's discovery document %s: %s", url, exc)
+            return ""
+        if not endpoint.startswith(("https://", "http://")):
+            return ""
+        _DISCOVERED[url] = endpoint
+    return _DISCOVERED[url]
+
+
 def idp_logout_url(request, id_token: str) -> str | None:
     """Where to send a person signed in through the IdP at logout (RP-initiated logout), or None
     when OIDC_OP_END_SESSION_ENDPOINT is not set."""
-    endpoint = settings.OIDC_OP_END_SESSION_ENDPOINT
-    if not (sso_enabled() and endpoint and id_token):
+    if not (sso_enabled() and id_token):
+        return None
+    endpoint = settings.OIDC_OP_END_SESSION_ENDPOINT or discovered_end_session_endpoint()
+    if not endpoint:
         return None
     query = urlencode(
         {

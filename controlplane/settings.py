@@ -323,6 +323,8 @@ OIDC_SESSION_REFRESH_S = env_int("OIDC_SESSION_REFRESH_S", 900)
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = OIDC_SESSION_REFRESH_S
 # RP-initiated logout: the IdP's end_session_endpoint; empty: logout ends the controlplane session only.
 OIDC_OP_END_SESSION_ENDPOINT = env_str("OIDC_OP_END_SESSION_ENDPOINT", "")
+# Else read from the IdP's discovery document (its /.well-known/openid-configuration), once per process.
+OIDC_OP_DISCOVERY_ENDPOINT = env_str("OIDC_OP_DISCOVERY_ENDPOINT", "")
 OIDC_STORE_ID_TOKEN = True  # the id_token_hint of that logout
 # IdP group -> roles: "payments-ops=operator,sec=security_responder+approver" (roles joined by +).
 OIDC_GROUP_ROLES: dict[str, list[str]] = {}

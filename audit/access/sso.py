@@ -102,7 +102,9 @@ def refuse(*, username: str, reason: str, request: HttpRequest | None, **context
     )
 
 
-def record_idp_logout(*, user_id: int, username: str, request: HttpRequest) -> None:
+def record_idp_logout(
+    *, user_id: int, username: str, request: HttpRequest, endpoint: str = ""
+) -> None:
     """The person was sent to the IdP's end-session endpoint to end their session there too."""
     meta = request_meta(request)
     record_audit(
@@ -110,7 +112,7 @@ def record_idp_logout(*, user_id: int, username: str, request: HttpRequest) -> N
         action=SSO_IDP_LOGOUT,
         object_type="user",
         object_id=user_id,
-        context={"method": "oidc", "endpoint": settings.OIDC_OP_END_SESSION_ENDPOINT[:200]},
+        context={"method": "oidc", "endpoint": endpoint.split("?", 1)[0][:200]},
     )
 
 

@@ -156,8 +156,12 @@ def test_the_session_is_refreshed_with_prompt_none_and_roles_follow_the_idp(
     assert not roles_of(user)
 
 
-def test_logout_ends_the_idp_session_too(live_server, sso, settings):
-    settings.OIDC_OP_END_SESSION_ENDPOINT = f"{sso.url}/o/logout/"
+@pytest.mark.parametrize("configured", ["endpoint", "discovery"])
+def test_logout_ends_the_idp_session_too(live_server, sso, settings, configured):
+    if configured == "endpoint":
+        settings.OIDC_OP_END_SESSION_ENDPOINT = f"{sso.url}/o/logout/"
+    else:  # read from the IdP's discovery document
+        settings.OIDC_OP_DISCOVERY_ENDPOINT = f"{sso.url}/o/.well-known/openid-configuration/"
     sso.set_users({"ana": ["payments-ops"]})
     http, _ = sign_in(live_server.url, "ana")
     answer = http.post(
@@ -170,6 +174,7 @@ def test_logout_ends_the_idp_session_too(live_server, sso, settings):
     assert any(r.url.startswith(f"{sso.url}/o/logout/") for r in answer.history)
     event = _events("sso_idp_logout")[-1]
     assert event.actor == "ana" and event.context["method"] == "oidc"
+    assert event.context["endpoint"] == f"{sso.url}/o/logout/"
     assert _events("logout")
     # Signed out at the IdP as well: starting a login asks for the password again.
     again = http.get(f"{live_server.url}/oidc/authenticate/", timeout=20)
