@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 # Django 6 needs Python >= 3.12: take the first suitable interpreter on this machine.
 PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+# This machine exports PYTHONDONTWRITEBYTECODE=1: no process would cache the project's compiled modules, and
+# each of the few hundred processes the suite starts would compile them again (~0.3 s CPU a start,
+# docs/operations/tests.md).
+unexport PYTHONDONTWRITEBYTECODE
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 

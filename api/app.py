@@ -203,6 +203,7 @@ def _register_routers() -> None:
     from api.intake import router as intake_router
     from api.interventions import router as interventions_router
     from api.runs import router as runs_router
+    from api.teams import router as teams_router
     from api.work import router as work_router
 
     api.add_router("", runs_router)
@@ -213,6 +214,7 @@ def _register_routers() -> None:
     api.add_router("", fleet_router)
     api.add_router("", intake_router)
     api.add_router("", channels_router)
+    api.add_router("", teams_router)
     api.add_router("", agents_router)
 
 

@@ -14,6 +14,7 @@ from audit.models import AuditEvent
 from audit.selectors import audit_events, outside_runs, settled_seq
 from core.actors import Actor
 from core.roles import may, reads_whole_audit_log
+from runs.team_scope import hidden_runs
 
 router = Router(tags=["audit"])
 
@@ -65,6 +66,7 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
         after_seq=filters.after_seq,
         before_seq=None if horizon is None else horizon + 1,
         runs_only=not whole,
+        hidden_runs=hidden_runs(actor),
     )
     events = [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]
     return {"events": events, "scope": "all" if whole else "runs"}

@@ -46,6 +46,7 @@ class TokenAuth(HttpBearer):
                 agents=tuple(row.agents),
                 last_used_at=row.last_used_at,
                 read_at=time.monotonic(),
+                team=row.team_id or 0,
             )
             tokens.remember(token_hash, known, since)
         known.last_used_at = _touch(known.pk, known.last_used_at)
@@ -55,6 +56,7 @@ class TokenAuth(HttpBearer):
             role="worker",
             token_id=known.pk,
             agents=known.agents,
+            teams=frozenset({known.team}),
             component="worker-api",
             **request_meta(request),
         )

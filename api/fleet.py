@@ -28,6 +28,7 @@ from interventions.fleet.operations import (
 )
 from interventions.fleet.selectors import operation_dict, recent_operations
 from interventions.models import FleetOperation
+from interventions.selectors import operation_by_id
 
 router = Router(tags=["fleet operations"])
 
@@ -176,21 +177,21 @@ def start(request: HttpRequest, body: FleetStartIn) -> Any:
 
 @router.get("/fleet", response={200: FleetListOut, **ERRORS_READ})
 def list_operations(request: HttpRequest) -> Any:
-    _operator(request)
-    return {"operations": [operation_dict(op, targets=False) for op in recent_operations()]}
+    actor = _operator(request)
+    ops = recent_operations(actor=actor)
+    return {"operations": [operation_dict(op, targets=False) for op in ops]}
 
 
-def _get(operation_id: UUID) -> FleetOperation:
-    op = FleetOperation.objects.filter(pk=operation_id).first()
-    if op is None:
+def _get(operation_id: UUID, actor: Actor) -> FleetOperation:
+    op = operation_by_id(operation_id, actor)
+    if op is None:  # or another team's: as absent
         raise NotFound(f"fleet operation {operation_id} does not exist", object="fleet_operation")
     return op
 
 
 @router.get("/fleet/{operation_id}", response={200: FleetOperationOut, **ERRORS_READ})
 def get_operation(request: HttpRequest, operation_id: UUID) -> Any:
-    _operator(request)
-    return operation_dict(_get(operation_id))
+    return operation_dict(_get(operation_id, _operator(request)))
 
 
 @router.post("/fleet/{operation_id}/halt", response={200: FleetOperationOut, **ERRORS_WRITE})

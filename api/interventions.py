@@ -20,7 +20,7 @@ from interventions.contracts import contracts_document
 from interventions.models import Intervention
 from interventions.plugins import Request
 from interventions.selectors import receipt_dict, tree_page
-from runs.selectors import get_visible_run
+from runs.selectors import get_visible_run, visible_run
 
 router = Router(tags=["run control"])
 
@@ -30,6 +30,13 @@ def _operator(request: HttpRequest) -> Actor:
     if actor.is_worker:
         raise Forbidden("a worker token can never issue an intervention")
     return actor
+
+
+def _its_run(actor: Actor, intervention: Intervention | None) -> None:
+    """The intervention's run, for one the actor may see; 404 naming the intervention otherwise
+    (never its run: another team's run id is not the caller's to learn)."""
+    if intervention is None or visible_run(actor, intervention.run_id) is None:
+        raise NotFound("intervention does not exist", object="intervention")
 
 
 def _req(body: InterventionIn) -> Request:
@@ -75,7 +82,7 @@ def get_intervention(request: HttpRequest, intervention_id: UUID):
     intervention = Intervention.objects.filter(pk=intervention_id).first()
     if intervention is None:
         raise NotFound(f"intervention {intervention_id} does not exist", object="intervention")
-    get_visible_run(actor, intervention.run_id)
+    _its_run(actor, intervention)
     return receipt_dict(intervention)
 
 
@@ -96,7 +103,7 @@ def intervention_children(request: HttpRequest, intervention_id: UUID, page: Que
     intervention = Intervention.objects.filter(pk=intervention_id).first()
     if intervention is None:
         raise NotFound(f"intervention {intervention_id} does not exist", object="intervention")
-    get_visible_run(actor, intervention.run_id)
+    _its_run(actor, intervention)
     listed = cascade_page(intervention, page.after, page.limit)
     path = f"/interventions/{intervention_id}/children"
     return listed | {"next": _next(path, page, len(listed["children"]), listed["total"])}

@@ -78,11 +78,11 @@ class _Fixed:
         self.known[str(key)] = value
 
 
-# run id -> the name of its agent, for the scope check below. A run's agent is fixed when the run is
-# created and never changes, and agents are registered by name (never renamed; runs PROTECT them).
-# It saves the check's query on every call but a run's first per server process.
+# run id -> (the name of its agent, its team id or 0), for the scope check below. A run's agent and
+# team are fixed when the run is created and never change, and agents are registered by name (never
+# renamed; runs PROTECT them). It saves the check's query on every call but a run's first per process.
 _run_agent = _Fixed(
-    lambda run_id: Run.objects.filter(pk=run_id).values_list("agent__name", flat=True).first()
+    lambda run_id: Run.objects.filter(pk=run_id).values_list("agent__name", "team_id").first()
 )
 # effect id -> its run's id (an effect never moves to another run), for the outcome's run lock and
 # scope check: learnt from the declaration's own answer, so an outcome sent to the server that
@@ -92,12 +92,20 @@ _effect_run = _Fixed(effects.effect_run_id)
 _lease_run = _Fixed(lifecycle.lease_run_id)
 
 
-def _worker_for_run(request: HttpRequest, run_id) -> Actor:
+def _worker_for_run(request: HttpRequest, run_id, absent: NotFound | None = None) -> Actor:
+    """``absent``: the 404 to answer for a run the token may not know of, when the caller named
+    another object (a lease, an effect) -- never one that names the run."""
     actor = _worker(request)
-    # A token scoped to some agents must not learn of other agents' runs: 404, as if absent. An
-    # unscoped token needs no check here: the service's row lock answers 404 for a missing run.
-    if actor.agents and _run_agent(run_id) not in actor.agents:
-        raise NotFound(f"run {run_id} does not exist", object="run")
+    # A token scoped to some agents, and every token to its team, must not learn of other agents'
+    # or teams' runs: 404, as if absent -- and a missing run answers here too, before the service
+    # checks the body, so a bad body cannot tell an absent run from a hidden one.
+    known = _run_agent(run_id) if run_id is not None else None
+    if (
+        known is None
+        or (actor.agents and known[0] not in actor.agents)
+        or not actor.in_team(known[1])
+    ):
+        raise absent or NotFound(f"run {run_id} does not exist", object="run")
     return actor
 
 
@@ -187,8 +195,18 @@ def claim(request: HttpRequest, run_id: UUID, body: ClaimIn):
 
 def _lease_run_id(request: HttpRequest, lease_id: UUID):
     run_id = _lease_run(lease_id)
-    _worker_for_run(request, run_id)
+    absent = NotFound(f"lease {lease_id} does not exist", object="lease")
+    _person_knows(request, run_id, absent)
+    _worker_for_run(request, run_id, absent)
     return str(run_id)
+
+
+def _person_knows(request: HttpRequest, run_id, absent: NotFound) -> None:
+    """A person at a worker write named by a lease or an effect: the lookup already told a missing
+    one (404), so another team's answers 404 too; their own team's, the usual 403 (``_worker``)."""
+    actor = caller(request)
+    if not actor.is_worker and selectors.visible_run(actor, run_id) is None:
+        raise absent
 
 
 @router.post("/leases/{lease_id}/heartbeat", response={200: out.HeartbeatOut, **ERRORS_WRITE})
@@ -310,7 +328,9 @@ def _declare(actor: Actor, run_id, body: EffectIn) -> tuple[int, dict]:
 @router.post("/effects/{effect_id}/outcome", response={200: out.OutcomeOut, **ERRORS_WRITE})
 def record_outcome(request: HttpRequest, effect_id: UUID, body: OutcomeIn):
     run_id = _effect_run(effect_id)
-    actor = _worker_for_run(request, run_id)
+    gone = NotFound(f"effect {effect_id} does not exist", object="effect")
+    _person_knows(request, run_id, gone)
+    actor = _worker_for_run(request, run_id, gone)
     if body.checkpoint is not None and body.fencing_token is None:
         raise Invalid("a checkpoint needs the lease's fencing_token", field="fencing_token")
     recorded = effects.record_outcome_with(

@@ -40,12 +40,13 @@ def _agents(request: HttpRequest, body: WorkIn) -> dict[str, int]:
     if not actor.is_worker:
         raise refuse(request, "only worker tokens may claim work")
     if body.agents:
-        return work.agent_ids([n for n in body.agents if not actor.agents or n in actor.agents])
-    return work.agent_ids(list(actor.agents) or None)
+        names = [n for n in body.agents if not actor.agents or n in actor.agents]
+        return work.agent_ids(names, actor)
+    return work.agent_ids(list(actor.agents) or None, actor)
 
 
 def _try_claim(actor: Actor, ids: list[int], body: WorkIn) -> dict[str, Any] | None:
-    for run_id in work.claimable_runs(ids, body.worker):
+    for run_id in work.claimable_runs(ids, body.worker, actor=actor):
         try:
             claim = lifecycle.claim_run(
                 actor=actor, run_id=run_id, worker=body.worker, versions=body.versions
@@ -75,7 +76,9 @@ async def claim_work(request: HttpRequest, body: WorkIn):
             remaining = deadline - time.monotonic()
             if claimed is not None or remaining <= 0 or is_draining():
                 return {"claim": claimed}
-            due = await sync_to_async(work.next_due)(list(ids.values()), body.worker)
+            due = await sync_to_async(work.next_due)(
+                list(ids.values()), body.worker, caller(request)
+            )
             if due is not None:  # a run in retry backoff: wake when it becomes claimable
                 remaining = min(remaining, max(due.timestamp() - time.time(), 0.05))
             await bus.wait(event, remaining, listening)

@@ -18,6 +18,7 @@ AnchorCheck = Callable[[list[tuple[str, Any]]], dict[str, Any]]
 _checks: dict[str, Check] = {}
 _append_only: dict[str, type[Model]] = {}
 _anchor_parts: dict[str, tuple[Callable[[], Any], AnchorCheck]] = {}
+_run_team: list[Callable[[Any], int | None]] = []  # run id -> its team id (0 = default), or None
 
 
 def register_check(name: str, check: Check) -> None:
@@ -45,3 +46,13 @@ def checks() -> dict[str, Check]:
 
 def append_only_tables() -> list[str]:
     return sorted(m._meta.db_table for m in _append_only.values())
+
+
+def register_run_team(lookup: Callable[[Any], int | None]) -> None:
+    """How the audit learns a run's team (0 = the default team; None: no such run yet), to mark
+    events written under the cross_team right on another team's run (audit.services)."""
+    _run_team[:] = [lookup]
+
+
+def run_team(run_id: Any) -> int | None:
+    return _run_team[0](run_id) if _run_team else None

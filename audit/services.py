@@ -18,6 +18,7 @@ from .chain.append import append, chain_for
 from .chain.hashing import normalise
 from .chain.verify import ChainReport, verify_chains
 from .models import AuditEvent
+from .registry import run_team
 
 
 def record_audit(
@@ -72,7 +73,15 @@ def audit_event(
     context: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """The event ``record_audit`` appends, not yet written: for a decision that writes it in the same
-    statement as its other rows (``audit.chain.append.appending`` in ``core.pg.rows.write_rows``)."""
+    statement as its other rows (``audit.chain.append.appending`` in ``core.pg.rows.write_rows``).
+
+    An event of a run outside the actor's teams, written by someone holding the cross_team right,
+    says so: ``context.cross_team = true`` (docs/operator/teams.md)."""
+    if actor.cross_team and actor.teams is not None and run_id is not None:
+        if "cross_team" not in (context or {}):
+            team = run_team(run_id)
+            if team is not None and team not in actor.teams:
+                context = (context or {}) | {"cross_team": True}
     return AuditEvent(
         chain=chain_for(run_id),
         event_id=uuid.uuid4(),
@@ -120,7 +129,7 @@ def verify_chain(batch: int = 2000) -> ChainReport:
         return verify_chains(batch)
 
 
-def export_jsonl(stream, since_seq: int = 0) -> int:
+def export_jsonl(stream, since_seq: int = 0, hidden_runs=None) -> int:
     """One line per event in reading order (global ``seq`` after ``since_seq``). Each line carries what
     its link needs (the hashed fields, ``prev_hash``, ``hash``) under ``link``-checkable keys, plus
     ``order`` (the global seq)."""
@@ -133,6 +142,8 @@ def export_jsonl(stream, since_seq: int = 0) -> int:
     settled = (
         AuditEvent.objects.all() if horizon is None else AuditEvent.objects.filter(seq__lte=horizon)
     )
+    if hidden_runs is not None:  # a team-scoped reader: not other teams' runs' events
+        settled = settled.exclude(run_id__in=hidden_runs)
     count, last = 0, since_seq
     while True:
         rows = list(settled.filter(seq__gt=last).order_by("seq")[:2000])

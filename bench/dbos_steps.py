@@ -1,15 +1,18 @@
 """The peer the protocol is compared with: DBOS durable workflows on the same PostgreSQL.
 
-    .venv/bin/python -m bench.dbos_steps [--workflows 16] [--runs 32] [--steps 20]
-                                         [--database-url postgresql://…/controlplane_bench_dbos]
+    .venv/bin/python -m bench.dbos_steps [--workload transaction|step] [--workflows 16] [--runs 32]
+                                         [--steps 20] [--database-url postgresql://…/controlplane_bench_dbos]
 
-Each workflow runs `--steps` steps; each step is a ``@DBOS.transaction`` that inserts one row, and
-DBOS records the step's output in the same transaction: one durable commit per step, in-process, no
-HTTP, no audit chain. `--workflows` threads start together and share a pool of `--runs` workflows
-(the protocol phase's shape: 16 workers sharing 32 runs of 20 effects). Reports steps/s (steps ÷ wall
-time, workflow start and end included), this process's CPU and the CPU of the PostgreSQL backends of
-its database, per step. Prints one JSON object on the last line of stdout. Needs the ``bench`` extra
-(``pip install -e '.[bench]'``); without DBOS it prints ``{"error": …}`` and exits 2.
+Each workflow runs `--steps` steps. ``--workload transaction`` (the default): each step is a
+datasource transaction that inserts one row, and DBOS records the step's output in the same
+transaction. ``--workload step``: each step is a plain ``@DBOS.step`` that returns a small document,
+which DBOS records in its system database -- DBOS's cheapest durable step. Either way one durable
+commit per step, in-process, no HTTP, no audit chain. `--workflows` threads start together and
+share a pool of `--runs` workflows (the protocol phase's shape: 16 workers sharing 32 runs of 20
+effects). Reports steps/s (steps ÷ wall time, workflow start and end included), this process's CPU
+and the CPU of the PostgreSQL backends of its database, per step. Prints one JSON object on the
+last line of stdout. Needs the ``bench`` extra (``pip install -e '.[bench]'``); without DBOS it
+prints ``{"error": …}`` and exits 2.
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ def dbos_database_url(bench_database_url: str) -> str:
     return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}_dbos"))
 
 
-def _setup(database_url: str, isolation: str):
+WORKLOADS = ("transaction", "step")
+
+
+def _setup(database_url: str, isolation: str, workload: str = "transaction"):
     """Configure DBOS, its datasource and the workflow; returns (DBOS, the workflow function).
 
     DBOS 3 has no application database of its own: a ``SQLAlchemyDatasource``'s ``transaction`` step
@@ -53,19 +59,30 @@ def _setup(database_url: str, isolation: str):
             "log_level": "WARNING",
         }
     )
-    datasource = SQLAlchemyDatasource.create(database_url)
-    insert = sa.text(f"INSERT INTO {ROW_TABLE} (workflow, step, payload) VALUES (:w, :s, :p)")
+    if workload == "step":
 
-    @datasource.transaction(isolation_level=isolation)  # type: ignore[call-overload, unused-ignore]
-    def write_row(workflow: str, step: int) -> int:
-        datasource.sql_session().execute(insert, {"w": workflow, "s": step, "p": "x" * 64})
-        return step
+        @DBOS.step()
+        def plain_step(workflow: str, step: int) -> dict[str, Any]:
+            # What an effect's outcome carries, roughly: DBOS stores it as the step's output.
+            return {"workflow": workflow, "step": step, "payload": "x" * 64}
+
+        step_fn: Any = plain_step
+    else:
+        datasource = SQLAlchemyDatasource.create(database_url)
+        insert = sa.text(f"INSERT INTO {ROW_TABLE} (workflow, step, payload) VALUES (:w, :s, :p)")
+
+        @datasource.transaction(isolation_level=isolation)  # type: ignore[call-overload, unused-ignore]
+        def write_row(workflow: str, step: int) -> int:
+            datasource.sql_session().execute(insert, {"w": workflow, "s": step, "p": "x" * 64})
+            return step
+
+        step_fn = write_row
 
     @DBOS.workflow()
     def bench_workflow(name: str, steps: int) -> int:
         done = 0
         for i in range(steps):
-            write_row(name, i)
+            step_fn(name, i)
             done += 1
         return done
 
@@ -73,7 +90,12 @@ def _setup(database_url: str, isolation: str):
 
 
 def measure(
-    database_url: str, workflows: int, runs: int, steps: int, isolation: str = ISOLATION
+    database_url: str,
+    workflows: int,
+    runs: int,
+    steps: int,
+    isolation: str = ISOLATION,
+    workload: str = "transaction",
 ) -> dict[str, Any]:
     import psycopg
 
@@ -83,7 +105,8 @@ def measure(
             f"CREATE TABLE IF NOT EXISTS {ROW_TABLE} (id bigserial PRIMARY KEY, workflow text NOT NULL, "
             "step int NOT NULL, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
         )
-    dbos, bench_workflow = _setup(database_url, isolation)
+        synchronous_commit = harness.scalar(conn, "SHOW synchronous_commit")
+    dbos, bench_workflow = _setup(database_url, isolation, workload)
     dbos.launch()
     try:
         tag = f"{int(time.time())}"
@@ -124,8 +147,12 @@ def measure(
     pg = sum(max(v - pg0.get(pid, 0.0), 0.0) for pid, v in pg1.items())
     total_steps = sum(done)
     out: dict[str, Any] = {
+        "workload": workload,
         "workflows_concurrent": workflows,
-        "isolation_level": isolation,
+        "isolation_level": isolation if workload == "transaction" else None,
+        # Read on a connection made like DBOS's (same URL, same PGOPTIONS): bench.suite sets the
+        # commit behaviour of both sides explicitly (harness.commit_env).
+        "synchronous_commit": synchronous_commit,
         "workflows": len(done),
         "steps_per_workflow": steps,
         "steps": total_steps,
@@ -149,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.dbos_steps", description=__doc__.split("\n\n")[0]
     )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="transaction",
+        help="transaction: a datasource transaction inserting one row per step; step: a plain "
+        "@DBOS.step whose output DBOS records",
+    )
     parser.add_argument("--workflows", type=int, default=16, help="concurrent workflows (threads)")
     parser.add_argument("--runs", type=int, default=32, help="workflows in the shared pool")
     parser.add_argument("--steps", type=int, default=20, help="steps (one row each) per workflow")
@@ -164,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": f"DBOS is not installed ({exc}): pip install -e '.[bench]'"}))
         return 2
     result = measure(
-        database_url, args.workflows, max(args.runs, args.workflows), args.steps, args.isolation
+        database_url,
+        args.workflows,
+        max(args.runs, args.workflows),
+        args.steps,
+        args.isolation,
+        args.workload,
     )
     result["dbos_version"] = _version()
     result["database"] = harness.redact(database_url)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -29,8 +30,37 @@ SCOPES = ["bench:*"]
 # --- environment ---------------------------------------------------------------------------------
 
 
+COMMIT_SETTINGS = ("on", "off", "local", "remote_write", "remote_apply")
+
+
+def synchronous_commit() -> str:
+    """The commit behaviour every side of a benchmark runs with: ``BENCH_SYNCHRONOUS_COMMIT``, else
+    ``on`` (PostgreSQL's default and production's). Never the test shell's ``DB_SYNCHRONOUS_COMMIT``:
+    a server inheriting ``off`` while the DBOS peer commits with ``on`` compares unlike commits."""
+    value = os.environ.get("BENCH_SYNCHRONOUS_COMMIT", "") or "on"
+    if value not in COMMIT_SETTINGS:
+        raise SystemExit(f"BENCH_SYNCHRONOUS_COMMIT={value!r}: one of {', '.join(COMMIT_SETTINGS)}")
+    return value
+
+
+def commit_env(env: dict[str, str]) -> str:
+    """Set the commit behaviour explicitly and equally in ``env`` (the API servers read
+    ``DB_SYNCHRONOUS_COMMIT``; DBOS, raw PostgreSQL and the meters' libpq connections ``PGOPTIONS``)
+    and in this process's environment (its spawned workers inherit it). Returns the value."""
+    value = synchronous_commit()
+    kept = re.sub(
+        r"(?:-c\s*|--)synchronous[_-]commit=\S*", "", os.environ.get("PGOPTIONS", "")
+    ).split()
+    pgoptions = " ".join([*kept, f"-c synchronous_commit={value}"])
+    for target in (env, os.environ):
+        target["DB_SYNCHRONOUS_COMMIT"] = value
+        target["PGOPTIONS"] = pgoptions
+    return value
+
+
 def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
-    """Environment for manage.py and the servers: PostgreSQL + Redis, DEBUG off (no query log), quiet."""
+    """Environment for manage.py and the servers: PostgreSQL + Redis, DEBUG off (no query log), quiet,
+    the commit behaviour set explicitly (``commit_env``)."""
     env = dict(os.environ)
     env.update(
         {
@@ -47,6 +77,7 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
         }
     )
     env.pop("CONTROLPLANE_PRODUCTION", None)
+    commit_env(env)
     return env
 
 
@@ -414,8 +445,12 @@ def run_workers(
     try:
         for p in procs:
             p.start()
-        barrier.wait(timeout=120)
+        # The first reading while every worker waits at the barrier, not after their release: the
+        # reading asks the servers for their statement counts over HTTP, which on a loaded machine
+        # can take longer than a tiny workload, whose statements would then fall before it.
+        _await_arrivals(barrier, procs, count, timeout=120)
         meter.start()
+        barrier.wait(timeout=120)
         reports: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while len(reports) < count:
@@ -441,6 +476,22 @@ def run_workers(
     if fatal:
         raise RuntimeError(f"{what}: worker failed: {fatal[0]}")
     return reports, cpu
+
+
+def _await_arrivals(barrier, procs, count: int, timeout: float) -> None:
+    """Until ``count`` parties wait at ``barrier``; raises if a worker dies first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while barrier.n_waiting < count:
+        dead = [p for p in procs if not p.is_alive()]
+        if dead:
+            raise RuntimeError(
+                f"{len(dead)} worker process(es) died before the start (exit {dead[0].exitcode})"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"only {barrier.n_waiting} of {count} workers ready after {timeout:.0f}s"
+            )
+        time.sleep(0.01)
 
 
 # --- CPU accounting (Linux /proc) ----------------------------------------------------------------

@@ -36,6 +36,13 @@ def _other_pct(phase: dict[str, Any], cores: int) -> float | None:
     return 100 * phase["other_cpu_s"] / (phase["wall_s"] * cores)
 
 
+def _goal_row(g: dict[str, Any]) -> str:
+    unit = f" {g['unit']}" if g["unit"] == "ms" else g["unit"]
+    op = g["op"].replace("<=", "≤").replace(">=", "≥")
+    measured = f"{_n(g['measured'], 2)}{unit}" if g["measured"] is not None else "–"
+    return f"| {g['goal']} | {op} {_n(g['target'])}{unit} | {measured} | {VERDICT[g['met']]} |"
+
+
 def render(s: dict[str, Any]) -> str:
     m, machine = s["measured"], s["machine"]
     pg = machine.get("postgres", {})
@@ -50,12 +57,24 @@ def render(s: dict[str, Any]) -> str:
         "|---|---:|---:|---|",
     ]
     for g in s["goals"]:
-        unit = f" {g['unit']}" if g["unit"] == "ms" else g["unit"]
-        op = g["op"].replace("<=", "≤").replace(">=", "≥")
-        measured = f"{_n(g['measured'], 2)}{unit}" if g["measured"] is not None else "–"
-        lines.append(
-            f"| {g['goal']} | {op} {_n(g['target'])}{unit} | {measured} | {VERDICT[g['met']]} |"
-        )
+        lines.append(_goal_row(g))
+    if s.get("goals_24"):
+        lines += [
+            "",
+            "| goal (issue 24: ahead of DBOS on the same PostgreSQL, this run) | target | measured | |",
+            "|---|---:|---:|---|",
+        ]
+        for g in s["goals_24"]:
+            lines.append(_goal_row(g))
+        lines += [
+            "",
+            f"Every side committed with synchronous_commit={m.get('synchronous_commit')} (set by the bench, "
+            "the same for the API servers, DBOS and raw PostgreSQL). Total CPU per effect "
+            f"{_n(m.get('total_cpu_ms_per_effect'), 2)} ms against DBOS's CPU per step (process + "
+            f"PostgreSQL) of {_n(m.get('dbos_cpu_ms_per_step'), 2)} ms (transaction) and "
+            f"{_n(m.get('dbos_step_cpu_ms_per_step'), 2)} ms (plain step). The console goals are "
+            "`make bench-console`'s, not this run's.",
+        ]
     phases = s["protocol"]["phases"]
     cores = machine.get("cpu_count") or 1
     top = phases[max(phases, key=int)]
@@ -105,13 +124,27 @@ def render(s: dict[str, Any]) -> str:
         or "–"
     )
     dbos_error = next((r["error"] for r in dbos["runs"].values() if "error" in r), None)
+    step = s.get("dbos_step")
+    step_runs = [r for r in (step or {}).get("runs", {}).values() if "steps_per_s" in r]
+    step_text = (
+        f"; plain @DBOS.step {' / '.join(_n(r['steps_per_s']) for r in step_runs)} steps/s (CPU per "
+        "step: "
+        + ", ".join(
+            f"{_n(r['cpu'].get('dbos_cpu_ms_per_step'), 2)} + {_n(r['cpu'].get('postgres_cpu_ms_per_step'), 2)} ms"
+            for r in step_runs
+        )
+        + ")"
+        if step_runs
+        else ""
+    )
+    step_ratio = f", plain DBOS step {_n(m.get('dbos_step_ratio'), 3)}" if step is not None else ""
     lines += [
         "",
         "Peers in the same run (before / after the protocol): DBOS "
         f"{' / '.join(_n(r['steps_per_s']) for r in dbos_runs) or '–'} "
-        f"steps/s (CPU per step in-process + PostgreSQL: {dbos_cpu}); raw PostgreSQL "
+        f"steps/s (CPU per step in-process + PostgreSQL: {dbos_cpu}){step_text}; raw PostgreSQL "
         f"{' / '.join(_n(r['commits_per_s']) for r in raw['runs'].values())} single-row INSERT+COMMIT/s over "
-        f"{raw['connections']} connections. Ratios at 16: DBOS {_n(m['dbos_ratio'], 3)}, raw PostgreSQL "
+        f"{raw['connections']} connections. Ratios at 16: DBOS {_n(m['dbos_ratio'], 3)}{step_ratio}, raw PostgreSQL "
         f"{_n(m['raw_pg_ratio'], 3)}."
         + (f" DBOS did not run: {dbos_error[:200]}" if dbos_error else ""),
     ]

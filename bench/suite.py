@@ -5,8 +5,9 @@
 In order, on one scratch PostgreSQL database (DATABASE_URL, default controlplane_bench) and its
 sibling ``<name>_dbos`` on the same server:
 
-1. raw PostgreSQL single-row INSERT+COMMIT/s over 16 connections (bench/rawpg.py) and the DBOS
-   workload (bench/dbos_steps.py: 16 concurrent workflows, one committed row per step) — *before*;
+1. raw PostgreSQL single-row INSERT+COMMIT/s over 16 connections (bench/rawpg.py) and the two DBOS
+   workloads (bench/dbos_steps.py: 16 concurrent workflows; ``transaction``: one committed row per
+   step; ``step``: a plain ``@DBOS.step`` whose output DBOS records) — *before*;
 2. 2 API processes (daphne): the protocol phases at 1, 4 and 16 workers (bench/protocol.py: CPU per
    effect of servers, PostgreSQL and client, SQL statements, transactions and rows per effect,
    latencies), the floor (bench/floor.py), then long-poll wake-up while 16 protocol workers run
@@ -18,8 +19,12 @@ sibling ``<name>_dbos`` on the same server:
 7. the multi-host phase (bench/multihost.py): 1 and 2 API hosts in network namespaces behind
    HAProxy, effects/s and CPU per effect (``multihost`` in the summary; skipped without ``ip netns``).
 
+Every side commits the same way, set explicitly (``harness.commit_env``: ``BENCH_SYNCHRONOUS_COMMIT``,
+default ``on``), never inherited from a test shell's ``DB_SYNCHRONOUS_COMMIT=off``.
+
 Writes ``bench/results/summary.json`` (``goals``: each target of issue 11 with the measured value and
-``met``); ``python -m bench.report`` turns it into the README's table. See bench/README.md.
+``met``; ``goals_24``: issue 24's, from the same invocation); ``python -m bench.report`` turns it into
+the README's table. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -106,6 +111,81 @@ GOALS: list[dict[str, Any]] = [
     },
 ]
 
+# The goals of issue 24 (ahead of DBOS on the same PostgreSQL), each measured in the same invocation.
+# The console's at 1,000,000 runs are `make bench-console`'s, not this run's: listed, not measured.
+GOALS_24: list[dict[str, Any]] = [
+    {
+        "key": "dbos_ratio",
+        "goal": "effects/s ÷ transactional DBOS steps/s (16 each)",
+        "op": ">=",
+        "target": 1.2,
+        "unit": "×",
+    },
+    {
+        "key": "dbos_step_ratio",
+        "goal": "effects/s ÷ plain @DBOS.step steps/s (16 each)",
+        "op": ">=",
+        "target": 1.0,
+        "unit": "×",
+    },
+    {
+        "key": "server_cpu_ms_per_effect",
+        "goal": "server CPU per effect",
+        "op": "<=",
+        "target": 4.0,
+        "unit": "ms",
+    },
+    {
+        "key": "postgres_cpu_ms_per_effect",
+        "goal": "PostgreSQL CPU per effect",
+        "op": "<=",
+        "target": 1.5,
+        "unit": "ms",
+    },
+    {
+        "key": "total_cpu_ms_per_effect",
+        "goal": "total CPU per effect (server + PostgreSQL + SDK client)",
+        "op": "<=",
+        "target": 5.0,
+        "unit": "ms",
+    },
+    {
+        "key": "declare_p99_ms_1",
+        "goal": "p99 declare at 1 worker",
+        "op": "<=",
+        "target": 10.0,
+        "unit": "ms",
+    },
+    {
+        "key": "declare_p99_ms_16",
+        "goal": "p99 declare at 16 workers",
+        "op": "<=",
+        "target": 25.0,
+        "unit": "ms",
+    },
+    {
+        "key": "longpoll_p99_ms_16",
+        "goal": "long-poll wake-up p99 while 16 workers run",
+        "op": "<=",
+        "target": 50.0,
+        "unit": "ms",
+    },
+    {
+        "key": "console_list_p95_ms_1m",
+        "goal": "console list p95 at 1,000,000 runs, every depth (make bench-console)",
+        "op": "<=",
+        "target": 150.0,
+        "unit": "ms",
+    },
+    {
+        "key": "console_run_page_p95_ms_1m",
+        "goal": "console run page p95 at 1,000,000 runs (make bench-console)",
+        "op": "<=",
+        "target": 300.0,
+        "unit": "ms",
+    },
+]
+
 
 def sizes(quick: bool) -> dict[str, Any]:
     """How much of each measurement: the full run takes ~6–8 minutes on the 2-core machine, the quick
@@ -179,11 +259,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- pieces --------------------------------------------------------------------------------------
 
 
-def run_dbos(database_url: str, size: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """The DBOS workload in its own process (its CPU is its own); an `error` if DBOS cannot run."""
+def run_dbos(
+    database_url: str, size: dict[str, Any], env: dict[str, str], workload: str = "transaction"
+) -> dict[str, Any]:
+    """A DBOS workload in its own process (its CPU is its own); an `error` if DBOS cannot run."""
     cmd = [
         harness.python_exe(),
         *("-m", "bench.dbos_steps", "--database-url", dbos_database_url(database_url)),
+        *("--workload", workload),
         *("--workflows", str(size["concurrency"]), "--runs", str(size["dbos_runs"])),
         *("--steps", str(size["dbos_steps"])),
     ]
@@ -350,6 +433,23 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+PER_EFFECT_CPU = (
+    "server_cpu_ms_per_effect",
+    "postgres_cpu_ms_per_effect",
+    "client_cpu_ms_per_effect",
+)
+
+
+def _mean_cpu(runs) -> float | None:
+    """A DBOS workload's total CPU per step (its process + its PostgreSQL backends), mean of runs."""
+    got = [
+        r["cpu"]["dbos_cpu_ms_per_step"] + r["cpu"]["postgres_cpu_ms_per_step"]
+        for r in runs
+        if "dbos_cpu_ms_per_step" in r.get("cpu", {})
+    ]
+    return round(sum(got) / len(got), 2) if got else None
+
+
 def compact_phase(p: dict[str, Any]) -> dict[str, Any]:
     c, q = p["cpu"], p["sql"]
     return {
@@ -382,9 +482,11 @@ def audit_scaling(audit: dict[str, Any] | None) -> float | None:
     return _ratio(rates[hi], rates[lo]) if hi != lo else None
 
 
-def goals_table(measured: dict[str, Any]) -> list[dict[str, Any]]:
+def goals_table(
+    measured: dict[str, Any], goals: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     rows = []
-    for g in GOALS:
+    for g in GOALS if goals is None else goals:
         value = measured.get(g["key"])
         if value is None:
             met = None
@@ -403,6 +505,7 @@ def build_summary(
     facts: dict[str, Any],
     raw: dict[str, Any],
     dbos: dict[str, Any],
+    dbos_step: dict[str, Any],
     main_block: dict[str, Any],
     scale: dict[int, Any],
     asgi: dict[str, Any],
@@ -415,6 +518,11 @@ def build_summary(
     raw_rate = _mean(*(r.get("commits_per_s") for r in raw.values()))
     dbos_ok = {k: v for k, v in dbos.items() if "steps_per_s" in v}
     dbos_rate = _mean(*(v["steps_per_s"] for v in dbos_ok.values()))
+    step_ok = {k: v for k, v in dbos_step.items() if "steps_per_s" in v}
+    step_rate = _mean(*(v["steps_per_s"] for v in step_ok.values()))
+    head_cpu = head["cpu"]
+    parts = [head_cpu.get(k) for k in PER_EFFECT_CPU]
+    total_cpu = round(sum(parts), 2) if all(v is not None for v in parts) else None
     lp = main_block["longpoll"]
     scale_out = {str(k): compact_phase(v) for k, v in sorted(scale.items())}
     measured = {
@@ -429,6 +537,13 @@ def build_summary(
         "top_workers": int(top),
         "dbos_steps_per_s": dbos_rate,
         "dbos_ratio": _ratio(head["effects_per_s"], dbos_rate),
+        "dbos_step_steps_per_s": step_rate,
+        "dbos_step_ratio": _ratio(head["effects_per_s"], step_rate),
+        "total_cpu_ms_per_effect": total_cpu,
+        "dbos_cpu_ms_per_step": _mean_cpu(dbos_ok.values()),
+        "dbos_step_cpu_ms_per_step": _mean_cpu(step_ok.values()),
+        "declare_p99_ms_16": head["declare_p99_ms"],
+        "synchronous_commit": facts.get("synchronous_commit"),
         "raw_pg_commits_per_s": raw_rate,
         "raw_pg_ratio": _ratio(head["effects_per_s"], raw_rate),
         "declare_p99_ms_1": one["declare_p99_ms"] if one else None,
@@ -457,6 +572,7 @@ def build_summary(
             for k, v in args.size.items()
         },
         "goals": goals_table(measured),
+        "goals_24": goals_table(measured, GOALS_24),
         "measured": measured,
         "protocol": {
             "servers": 2,
@@ -481,6 +597,13 @@ def build_summary(
             f"{args.size['dbos_runs']} workflows of {args.size['dbos_steps']} steps; each step a "
             "SQLAlchemyDatasource.transaction inserting one row (+ DBOS's step record, same commit)",
         },
+        "dbos_step": {
+            "runs": dbos_step,
+            "steps_per_s": step_rate,
+            "workload": f"{args.size['concurrency']} concurrent DBOS workflows (threads, in-process) sharing "
+            f"{args.size['dbos_runs']} workflows of {args.size['dbos_steps']} steps; each step a plain "
+            "@DBOS.step returning a small document, which DBOS records in its system database",
+        },
         "raw_pg": {"connections": args.size["concurrency"], "runs": raw, "commits_per_s": raw_rate},
         "longpoll": lp,
         "floor": main_block["floor"],
@@ -496,17 +619,20 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         f"bench summary ({'quick' if summary['quick'] else 'full'}, {summary['duration_s']:.0f} s, "
         f"commit {summary['git_commit']})"
     )
-    for g in summary["goals"]:
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
-        print(
-            f"  {g['goal']:<52} {g['op']} {g['target']:<6} measured {g['measured']!s:<8} {verdict}"
-        )
+    for title, goals in (("issue 11", summary["goals"]), ("issue 24", summary["goals_24"])):
+        print(f" {title}:")
+        for g in goals:
+            verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
+            print(
+                f"  {g['goal']:<58} {g['op']} {g['target']:<6} measured {g['measured']!s:<8} {verdict}"
+            )
     m = summary["measured"]
     print(
         f"  effects/s by workers {m['effects_per_s']}; by API processes {m['scale_out_effects_per_s']}"
     )
     print(
-        f"  DBOS {m['dbos_steps_per_s']} steps/s; raw PostgreSQL {m['raw_pg_commits_per_s']} commits/s "
+        f"  DBOS {m['dbos_steps_per_s']} (transaction) / {m['dbos_step_steps_per_s']} (plain step) "
+        f"steps/s; raw PostgreSQL {m['raw_pg_commits_per_s']} commits/s "
         f"(ratio {m['raw_pg_ratio']})"
     )
     print(f"wrote {out}")
@@ -521,8 +647,11 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         timings[name] = round(time.monotonic() - t0, 1)
 
 
-def baselines(ctx, database_url, size, env, when: str, raw: dict, dbos: dict) -> None:
-    """Raw PostgreSQL commits/s and DBOS steps/s, each at 16; run before and after the protocol."""
+def baselines(
+    ctx, database_url, size, env, when: str, raw: dict, dbos: dict, dbos_step: dict
+) -> None:
+    """Raw PostgreSQL commits/s and both DBOS workloads' steps/s, each at 16; run before and after
+    the protocol."""
     print(
         f"raw PostgreSQL INSERT+COMMIT over {size['concurrency']} connections ({when}) …",
         flush=True,
@@ -531,11 +660,12 @@ def baselines(ctx, database_url, size, env, when: str, raw: dict, dbos: dict) ->
         ctx, database_url, size["raw_seconds"], connections=size["concurrency"]
     )
     print(f"  {raw[when]['commits_per_s']} commits/s", flush=True)
-    print(f"DBOS: {size['concurrency']} concurrent workflows ({when}) …", flush=True)
-    dbos[when] = run_dbos(database_url, size, env)
-    print(
-        f"  {dbos[when].get('steps_per_s', dbos[when].get('error', '')[:300])} steps/s", flush=True
-    )
+    for workload, into in (("transaction", dbos), ("step", dbos_step)):
+        print(
+            f"DBOS ({workload}): {size['concurrency']} concurrent workflows ({when}) …", flush=True
+        )
+        into[when] = got = run_dbos(database_url, size, env, workload)
+        print(f"  {got.get('steps_per_s', got.get('error', '')[:300])} steps/s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -546,6 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     env = harness.bench_env(database_url, redis_url)
     env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     facts: dict[str, Any] = {
+        "synchronous_commit": env["DB_SYNCHRONOUS_COMMIT"],
         "started_at": datetime.now(UTC).isoformat(),
         "t0": time.monotonic(),
         "git_commit": harness.git_commit(),
@@ -560,13 +691,14 @@ def main(argv: list[str] | None = None) -> int:
     facts["machine"] = harness.machine_info(database_url)
     raw: dict[str, Any] = {}
     dbos: dict[str, Any] = {}
+    dbos_step: dict[str, Any] = {}
     scale: dict[int, Any] = {}
     asgi: dict[str, Any] = {}
     top = max(size["workers"])
     timings = facts["timings_s"] = {"prepare": round(time.monotonic() - facts["t0"], 1)}
     try:
         with timed(timings, "baselines_before"):
-            baselines(ctx, database_url, size, env, "before", raw, dbos)
+            baselines(ctx, database_url, size, env, "before", raw, dbos, dbos_step)
         with timed(timings, "protocol_floor_longpoll"):
             main_block = main_servers_block(ctx, env, token, facts["machine"], args)
         with timed(timings, "scale_out"):
@@ -582,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
                 for kind in ("uvicorn", "granian"):
                     asgi[kind] = compact_phase(one_phase_on(ctx, env, token, args, 2, kind))
         with timed(timings, "baselines_after"):
-            baselines(ctx, database_url, size, env, "after", raw, dbos)
+            baselines(ctx, database_url, size, env, "after", raw, dbos, dbos_step)
     except KeyboardInterrupt:
         print("\ninterrupted: servers and workers stopped", file=sys.stderr)
         return 130
@@ -595,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
             audit = run_audit_append(env, size, Path(args.out).parent)
         if audit is None:
             print("  bench/audit_append.py not present: skipped", flush=True)
-    summary = build_summary(args, facts, raw, dbos, main_block, scale, asgi, audit)
+    summary = build_summary(args, facts, raw, dbos, dbos_step, main_block, scale, asgi, audit)
     if not args.no_multihost:
         print(
             "multi-host (bench/multihost.py: 1 and 2 API hosts in network namespaces) …", flush=True

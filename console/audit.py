@@ -31,6 +31,7 @@ from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
 from core.roles import may, reads_whole_audit_log
+from runs.team_scope import hidden_runs
 
 PAGE = 100
 FILTERS = ("action", "actor", "outcome", "object_type", "component", "run", "since", "until")
@@ -123,6 +124,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
         runs_only=not whole,
+        hidden_runs=hidden_runs(request.actor),
     )
     newer_first = not newest or after is None
     rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)
@@ -196,7 +198,7 @@ def audit_export(request: ConsoleRequest) -> FileResponse:
     since = _seq_param(request, "since_seq") or 0
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024, mode="w+b")
     writer = _Utf8Writer(spool)
-    export_jsonl(writer, since)
+    export_jsonl(writer, since, hidden_runs=hidden_runs(request.actor))
     spool.seek(0)
     name = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}.jsonl"
     return FileResponse(

@@ -32,6 +32,7 @@ from django.conf import settings
 
 from console import socket_cap
 from console.common import off_view_thread
+from core.auth import teams_of
 from core.live import (  # note_facts: imported from here by tests
     BEAT_GROUP,
     RUNS_GROUP,
@@ -69,6 +70,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=UNAUTHENTICATED)
             return
         self.roles: frozenset[str] = await database_sync_to_async(roles_of)(user)
+        self.teams: frozenset[int] = await database_sync_to_async(teams_of)(user)
         if not may(self.roles, "view"):
             await self.close(code=FORBIDDEN)
             return
@@ -197,6 +199,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if code is None:
             # renders see the roles as they are now, not as they were at connect
             self.user, self.roles = user, roles
+            self.teams = await off_view_thread(teams_of)(user)
             return True
         if not self.closed:
             self.closed = True
@@ -319,7 +322,7 @@ class RunListConsumer(LiveConsumer):
         from console.list_live import view_key
 
         assert self.view is not None  # only list sockets with a view subscribe to the hub
-        return view_key(self.view, self.user, self.roles)
+        return view_key(self.view, self.user, self.roles, self.teams)
 
     def render(self) -> str:
         if self._inbox():
@@ -432,7 +435,13 @@ class FleetConsumer(LiveConsumer):
         from interventions.selectors import operation_exists
 
         self.operation_id = str(self.scope["url_route"]["kwargs"]["operation_id"])
-        exists = await database_sync_to_async(operation_exists)(self.operation_id)
+        from core.auth import actor_for_user
+
+        def exists_for_user() -> bool:  # another team's operation: as absent
+            actor = actor_for_user(self.user, None, component="console")
+            return operation_exists(self.operation_id, actor)
+
+        exists = await database_sync_to_async(exists_for_user)()
         return [fleet_group(self.operation_id)] if exists else None
 
     async def fleet_changed(self, event: dict[str, Any]) -> None:

@@ -102,7 +102,7 @@ def fleet_page(request: ConsoleRequest) -> HttpResponse:
         "kinds": _kinds(request.roles),
         "filter": _filter_of(request.GET),
         "form": request.GET,
-        "operations": list(recent_operations()),
+        "operations": list(recent_operations(actor=request.actor)),
     } | freezes_context(request.roles)
     return render(request, "console/fleet_operations.html", ctx)
 
@@ -197,8 +197,8 @@ def _start_refused(request: ConsoleRequest, err: DomainError) -> HttpResponse:
     return reswap(retarget(response, "#fleet-start-error"), "innerHTML")
 
 
-def _operation_or_404(operation_id: UUID) -> FleetOperation:
-    op = operation_by_id(operation_id)
+def _operation_or_404(request: ConsoleRequest, operation_id: UUID) -> FleetOperation:
+    op = operation_by_id(operation_id, request.actor)  # another team's: as absent
     if op is None:
         raise Http404("no such fleet operation")
     return op
@@ -229,7 +229,7 @@ def progress_context(user_id: Any, roles: frozenset[str], op: FleetOperation) ->
 @console_view
 @require_GET
 def fleet_operation(request: ConsoleRequest, operation_id: UUID) -> HttpResponse:
-    ctx = _progress_ctx(request, _operation_or_404(operation_id))
+    ctx = _progress_ctx(request, _operation_or_404(request, operation_id))
     template = (
         "console/fleet_operation.html#progress"
         if is_fragment(request)
@@ -240,7 +240,7 @@ def fleet_operation(request: ConsoleRequest, operation_id: UUID) -> HttpResponse
 
 def _decide(request: ConsoleRequest, operation_id: UUID, service, **kwargs) -> HttpResponse:
     """Halt, confirm or cancel; the progress fragment answers, with the refusal if there was one."""
-    op = _operation_or_404(operation_id)
+    op = _operation_or_404(request, operation_id)
     status, error = 200, None
     try:
         op = service(actor=request.actor, operation_id=op.pk, **kwargs)

@@ -74,11 +74,14 @@ class View:
         return not (self.after or self.before)
 
 
-def view_key(view: View, user: Any, roles: frozenset[str]) -> tuple:
-    """Sockets with equal keys see the same thing: same query, same roles, and — where the filter
-    names the user ("owner=me") — the same user."""
+def view_key(
+    view: View, user: Any, roles: frozenset[str], teams: frozenset[int] = frozenset()
+) -> tuple:
+    """Sockets with equal keys see the same thing: same query, same roles, same teams (another
+    team's runs do not exist for them: docs/operator/teams.md) and — where the filter names the
+    user ("owner=me") — the same user."""
     who = user.pk if view.flt.owner == "me" else None
-    return (view.query, tuple(sorted(roles)), who)
+    return (view.query, tuple(sorted(roles)), tuple(sorted(teams)), who)
 
 
 @dataclass

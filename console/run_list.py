@@ -26,7 +26,7 @@ from console.common import (
 from core.filters import BadFilter, check_text
 from interventions.triage import attention_reasons
 from runs.freezes import covering, freeze_dict, live_standing
-from runs.models import Run, StandingFreeze
+from runs.models import DEFAULT_TEAM, Run, StandingFreeze
 from runs.search import (
     RunFilter,
     attention_count,
@@ -36,6 +36,8 @@ from runs.search import (
 )
 from runs.selectors import active_usernames, agent_names, run_summary
 from runs.states import State
+from runs.team_scope import slugs as team_slugs
+from runs.team_scope import teams_for
 
 # --- run list -------------------------------------------------------------------------------------
 # What the list shows is runs/search.py's RunFilter (the same filter the API and fleet operations
@@ -71,7 +73,9 @@ def run_rows(runs: list[Run], flt: RunFilter, now: datetime | None = None) -> li
     (interventions/triage.py: a query per kind of trouble for the whole page)."""
     now = now or timezone.now()
     frozen = covering(runs)  # the standing freezes over each run, read once for the page
-    rows = [run_row(r, now, frozen[r.pk]) for r in runs]
+    # team id -> slug: one query for the page, none where every run is the default team's
+    names = team_slugs() if any(r.team_id for r in runs) else {0: DEFAULT_TEAM}
+    rows = [run_row(r, now, frozen[r.pk]) | {"team": names.get(r.team_id or 0)} for r in runs]
     if flt.attention:
         reasons = attention_reasons(runs, now)
         for row in rows:
@@ -163,6 +167,15 @@ def _filter_or_400(params: QueryDict) -> tuple[RunFilter, str, str]:
     return flt, after, before
 
 
+def team_switcher(actor) -> dict[str, Any] | None:
+    """The team switcher's choices with their run counts: for people in two teams or more, or with
+    the cross_team right (docs/operator/teams.md); None for everyone else."""
+    if not actor.cross_team and len(actor.teams or ()) < 2:
+        return None  # asked before any query: most people are in one team
+    rows = teams_for(actor)
+    return {"teams": rows, "total": sum(r["runs"] for r in rows)}
+
+
 @console_view
 @require_GET
 def run_list(request: ConsoleRequest) -> HttpResponse:
@@ -174,8 +187,9 @@ def run_list(request: ConsoleRequest) -> HttpResponse:
     if is_fragment(request):
         return render(request, "console/run_list.html#run-live", ctx)
     ctx |= {
-        "agents": agent_names(),
-        "owners": active_usernames(),
+        "agents": agent_names(request.actor),
+        "owners": active_usernames(request.actor),
+        "team_switcher": team_switcher(request.actor),
         "states": [s.value for s in State],
     }
     return render(request, "console/run_list.html", ctx)

@@ -58,6 +58,7 @@ from runs.selectors import (
     visible_run,
 )
 from runs.states import State, allowed_events
+from runs.team_scope import team_slug
 
 EFFECTS_PAGE = 50  # a screenful; older effects are a click away ("older", keyset on declared_at)
 CHECKPOINTS_SHOWN = 20
@@ -190,6 +191,7 @@ def header_context(run: Run, user, roles: frozenset[str]) -> dict[str, Any]:
         "roles": roles,
         "user": user,
         "nav": "runs",
+        "team": team_slug(run.team_id),  # docs/operator/teams.md
         "facets": holders(run),
         "failed_jobs": attention(run),  # the banner: a job gave up; what failed and how often
         # Approval notifications of this run whose channel is failing (5 failures in a row).

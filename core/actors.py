@@ -20,6 +20,11 @@ class Actor:
     user_agent: str = ""
     request_id: str = ""
     roles: frozenset[str] = field(default_factory=frozenset)
+    # Team ids whose runs this actor acts on; 0 = the default team (rows with no team). None: not
+    # scoped by team (system actors, and callers built before teams existed). cross_team: the right
+    # to act on any team's runs (core.roles "cross_team"); the audit marks its use on other teams'.
+    teams: frozenset[int] | None = None
+    cross_team: bool = False
 
     @property
     def is_worker(self) -> bool:
@@ -31,6 +36,18 @@ class Actor:
 
     def may_act_for(self, agent_name: str) -> bool:
         return not self.agents or agent_name in self.agents
+
+    @property
+    def team_scoped(self) -> bool:
+        """True: only the runs of ``teams`` exist for this actor."""
+        return self.teams is not None and not self.cross_team
+
+    def in_team(self, team_id: int | None) -> bool:
+        """A row owned by ``team_id`` (None = the default team) is in one of the actor's teams."""
+        return self.teams is None or (team_id or 0) in self.teams
+
+    def sees_team(self, team_id: int | None) -> bool:
+        return self.cross_team or self.in_team(team_id)
 
     def as_dict(self) -> dict[str, Any]:
         return {

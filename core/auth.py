@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from core.actors import Actor
-from core.roles import primary_role, roles_of
+from core.roles import may, primary_role, roles_of
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -106,6 +106,8 @@ def actor_for_user(
     roles = roles_of(user)
     meta: RequestMeta = request_meta(request) if request is not None else {}
     return Actor(
+        teams=teams_of(user),
+        cross_team=may(roles, "cross_team"),
         kind="user",
         name=user.get_username(),
         role=primary_role(roles),
@@ -115,3 +117,15 @@ def actor_for_user(
         component=component,
         **meta,
     )
+
+
+DEFAULT_TEAM = "default"  # runs.models.teams.DEFAULT_TEAM (the kernel imports no app)
+
+
+def teams_of(user) -> frozenset[int]:
+    """The ids of the user's teams, 0 for the default team (no membership at all = the default
+    team). Read through the reverse relation of runs.TeamMembership: one query per call."""
+    if getattr(user, "pk", None) is None:
+        return frozenset({0})
+    rows = user.team_memberships.values_list("team_id", "team__slug")
+    return frozenset(0 if slug == DEFAULT_TEAM else pk for pk, slug in rows) or frozenset({0})

@@ -219,14 +219,29 @@ class RedactResponsesMiddleware:
         if kind in _JSON_TYPES:
             if response.streaming:
                 response.streaming_content = _json_lines(response.streaming_content)
+                # Masked lines have other lengths: a declared length would frame the stream wrongly.
+                del response["Content-Length"]
             else:
-                response.content = b"".join(_json_lines([response.content]))
+                _set_body(response, b"".join(_json_lines([response.content])))
         elif kind in _TEXT_TYPES and not response.streaming:
             text = response.content.decode(response.charset or "utf-8", "replace")
             masked = redact_text(text)
             if masked != text:
-                response.content = masked.encode(response.charset or "utf-8")
+                _set_body(response, masked.encode(response.charset or "utf-8"))
         return response
+
+
+def _set_body(response, body: bytes) -> None:
+    """The masked body, with its Content-Length (set by CommonMiddleware, which runs before this on
+    the way out) made to match. A mask is seldom as long as what it hides ("••••" is 12 bytes), and a
+    declared length a few bytes short leaves the rest of the body on a kept-alive connection, where
+    the client reads it as the next answer's status line (seen from daphne as
+    ``illegal status line: bytearray(b'tml>')``)."""
+    if body == response.content:
+        return
+    response.content = body
+    if response.has_header("Content-Length"):
+        response["Content-Length"] = str(len(body))
 
 
 def _json_lines(chunks):

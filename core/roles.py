@@ -26,6 +26,10 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     # standing_restore, declared by interventions/fleet/freezes.py), also with "fleet".
     "fleet": frozenset({OPERATOR, INCIDENT_COMMANDER, SECURITY_RESPONDER, ADMIN}),
     "take_command": frozenset({INCIDENT_COMMANDER, ADMIN}),
+    # Teams (docs/operator/teams.md): act on any team's runs, not only one's own teams'. Every run
+    # audit event written under it on another team's run carries context.cross_team = true.
+    "cross_team": frozenset({INCIDENT_COMMANDER, ADMIN}),
+    "manage_teams": frozenset({ADMIN}),
     "override": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "override_revalidation": frozenset({INCIDENT_COMMANDER, ADMIN}),
     "start_run": frozenset({OPERATOR, INCIDENT_COMMANDER, ADMIN}),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from django.utils import timezone
@@ -112,7 +113,11 @@ def is_unreadable(value: Any) -> bool:
     return isinstance(value, UnreadableTime)
 
 
+@lru_cache(maxsize=32)
 def _safe_loader_class(base: type, tz: Any) -> type:
+    """One class per (base, zone), built once: every pool checkout registers it again (Django sends
+    ``connection_created`` on each), and a class is costlier to build than to look up."""
+
     class SafeTzLoader(base):
         timezone = tz
 

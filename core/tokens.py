@@ -33,6 +33,7 @@ class KnownToken:
     agents: tuple[str, ...]
     last_used_at: datetime | None
     read_at: float  # time.monotonic() when the row was read
+    team: int = 0  # the token's team id, 0 = the default team (a token's team never changes)
 
 
 _known: dict[str, KnownToken] = {}

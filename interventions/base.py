@@ -20,7 +20,14 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor
-from core.errors import Conflict, Forbidden, Invalid, NotDecisionAuthority, PreviewStale
+from core.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotDecisionAuthority,
+    NotFound,
+    PreviewStale,
+)
 from core.live import announce
 from core.roles import may
 from interventions.models import Intervention
@@ -29,6 +36,7 @@ from runs.models import Approval, Run
 from runs.selectors import descendants, run_snapshot
 from runs.services.decisions import decision, lock_run
 from runs.states import Event, transition
+from runs.team_scope import may_know
 
 
 def children_in_scope(run: Run, req: Request, event: Event | None) -> list[dict[str, Any]]:
@@ -266,6 +274,8 @@ def issue(
             req.kind
         )  # inside: an unknown kind is a refused decision, audited too
         run = lock_run(run_id)
+        if not may_know(actor, run):  # another team's run: as absent (docs/operator/teams.md)
+            raise NotFound(f"run {run_id} does not exist", object="run")
         override: dict[str, Any] = (
             {"override": False, "policy": policy} if policy else authorize(actor, run, req)
         )

@@ -58,6 +58,10 @@ class FleetOperation(models.Model):
     )
     created_by_label = models.CharField(max_length=150)
     role = models.CharField(max_length=50, blank=True)
+    # The team whose runs it acts on (NULL = the default team); cross_team people: any team's.
+    team = models.ForeignKey(
+        "runs.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

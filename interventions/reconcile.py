@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor, system_actor
-from core.errors import Conflict, Forbidden, Invalid
+from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.roles import (
     ADMIN,
     INCIDENT_COMMANDER,
@@ -45,6 +45,7 @@ from runs.services.decisions import decision, lock_run, notify_run_changed
 from runs.services.effects import effect_run_id
 from runs.services.history import append_history
 from runs.states import LEASED_STATES
+from runs.team_scope import may_know
 
 
 def reconcile_effect(
@@ -69,6 +70,8 @@ def reconcile_effect(
     run_id = effect_run_id(effect_id)
     with decision(actor, "effect.reconcile", "effect", effect_id, run_id):
         run = lock_run(run_id)
+        if not may_know(actor, run):  # another team's run: as absent (docs/operator/teams.md)
+            raise NotFound(f"effect {effect_id} does not exist", object="effect")
         override = {"override": False}
         if actor.kind == "user":  # exactly the reconcile intervention's role + decision authority
             override = authorize(

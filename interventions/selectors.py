@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 from django.db.models import Count, Prefetch, QuerySet
 
 from audit.models import AuditEvent
+from core.actors import Actor
 from interventions.facts import in_flight_effects
 from interventions.models import (
     CascadeTarget,
@@ -19,6 +20,7 @@ from interventions.models import (
 )
 from runs.models import ExecutionLease, HistoryEvent, Run
 from runs.selectors import descendants, drain_after
+from runs.team_scope import scoped
 
 
 class CascadeProgress(TypedDict):
@@ -103,8 +105,10 @@ def intervention_by_id(intervention_id: Any) -> Intervention | None:
     return Intervention.objects.filter(pk=intervention_id).first()
 
 
-def operation_by_id(operation_id: Any) -> FleetOperation | None:
-    return FleetOperation.objects.filter(pk=operation_id).first()
+def operation_by_id(operation_id: Any, actor: Actor | None = None) -> FleetOperation | None:
+    """The operation; None also for another team's (``actor``'s teams: runs.team_scope)."""
+    qs = FleetOperation.objects.filter(pk=operation_id)
+    return (scoped(qs, actor) if actor is not None else qs).first()
 
 
 def recent_interventions(run: Any, limit: int) -> list[Intervention]:
@@ -133,8 +137,9 @@ def receipt_now(i: Intervention) -> dict[str, Any]:
     return now
 
 
-def operation_exists(operation_id: Any) -> bool:
-    return FleetOperation.objects.filter(pk=operation_id).exists()
+def operation_exists(operation_id: Any, actor: Actor | None = None) -> bool:
+    qs = FleetOperation.objects.filter(pk=operation_id)
+    return (scoped(qs, actor) if actor is not None else qs).exists()
 
 
 def compensation_plans(*, intervention: Any = None, run: Any = None) -> list[CompensationPlan]:

@@ -45,6 +45,7 @@ from core.filters import (
 from runs.models import Agent, Approval, Effect, Run, RunTally
 from runs.selectors import visible_runs
 from runs.states import State
+from runs.team_scope import scoped, team_id_for, team_q
 
 __all__ = [
     "BadFilter",
@@ -98,6 +99,7 @@ class RunFilter:
     agents: tuple[str, ...] = ()
     touched: tuple[tuple[str, str], ...] = ()  # (tool, action); action "" or "*" = any
     owner: str = ""
+    team: str = ""  # a team's slug (docs/operator/teams.md): the console's team switcher
     states: tuple[str, ...] = ()
     attention: bool = False
     recovered: bool = False  # runs that went through a recovery (orphaned, then recovered)
@@ -146,6 +148,7 @@ class RunFilter:
             agents=agents,
             touched=touched,
             owner=check_text("owner", get.one("owner"), max_len=150),
+            team=check_text("team", get.one("team"), max_len=50),
             states=states,
             attention=attention,
             recovered=recovered,
@@ -173,6 +176,7 @@ class RunFilter:
             "agent": list(self.agents),
             "touched": [f"{t}:{a}" if a else t for t, a in self.touched],
             "owner": [self.owner],
+            "team": [self.team],
             "state": list(self.states),
             "attention": ["1" if self.attention else ""],
             "recovered": ["1" if self.recovered else ""],
@@ -231,6 +235,11 @@ class RunFilter:
             # run against a hashed set instead.
             users = self._user_ids(name)
             qs = qs.filter(Q(assignee_id__in=users) | Q(decision_authority_id__in=users))
+        if self.team:
+            try:
+                qs = qs.filter(team_q(frozenset({team_id_for(self.team) or 0})))
+            except LookupError:
+                qs = qs.none()  # no such team: no runs (as for an agent nobody registered)
         if with_states and self.states:
             qs = qs.filter(state__in=self.states)
         if self.attention:
@@ -524,6 +533,11 @@ def _tally(actor: Actor, agents: tuple[str, ...]) -> dict[str, int]:
     rows = RunTally.objects.all()
     if names is not None:
         rows = rows.filter(agent_id__in=Agent.objects.filter(name__in=names).values("pk"))
+    if actor.team_scoped:
+        # By the agents of the actor's teams: the tally is per agent. Approximate where a run's
+        # team is not its agent's now (a child under another team's parent; an agent moved since):
+        # docs/operator/teams.md. The list itself filters by the run's own team.
+        rows = rows.filter(agent_id__in=scoped(Agent.objects.all(), actor).values("pk"))
     sums = rows.order_by().values_list("state").annotate(n=Sum("n"))
     return {state: n for state, n in sums if n}
 

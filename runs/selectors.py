@@ -28,15 +28,20 @@ from runs.models import (
     Timer,
 )
 from runs.states import allowed_events, directive_for
+from runs.team_scope import scoped
 
 
 def visible_runs(actor: Actor) -> QuerySet[Run]:
+    """The runs ``actor`` may know of: a worker token's agents' (if it names any), and only its own
+    team's; a person's role must grant viewing, and only their teams' runs exist for them (every
+    team's with cross_team: runs.team_scope)."""
     qs = Run.objects.select_related("agent", "assignee", "decision_authority")
     if actor.is_worker:
-        return qs.filter(agent__name__in=actor.agents) if actor.agents else qs
+        qs = qs.filter(agent__name__in=actor.agents) if actor.agents else qs
+        return scoped(qs, actor)
     if not may(actor.roles, "view"):
         raise Forbidden("no role grants viewing runs")
-    return qs
+    return scoped(qs, actor)
 
 
 def visible_run(actor: Actor, run_id: Any) -> Run | None:
@@ -363,19 +368,22 @@ def agent_with_policies(name: str) -> Agent | None:
     return Agent.objects.prefetch_related("approval_policies").filter(name=name).first()
 
 
-def agent_names() -> QuerySet:
-    """Registered agents' names, for the run list's agent filter."""
-    return Agent.objects.order_by("name").values_list("name", flat=True)
+def agent_names(actor: Actor | None = None) -> QuerySet:
+    """Registered agents' names (of the actor's teams), for the run list's agent filter."""
+    qs = Agent.objects.order_by("name")
+    return (scoped(qs, actor) if actor is not None else qs).values_list("name", flat=True)
 
 
-def active_usernames() -> QuerySet:
-    """Active people's usernames, for the run list's owner filter."""
-    return (
-        get_user_model()
-        .objects.filter(is_active=True)
-        .order_by("username")
-        .values_list("username", flat=True)
-    )
+def active_usernames(actor: Actor | None = None) -> QuerySet:
+    """Active people's usernames, for the run list's owner filter (of ``actor``'s teams)."""
+    users = get_user_model().objects.filter(is_active=True)
+    if actor is not None and actor.team_scoped:
+        assert actor.teams is not None
+        users = users.filter(
+            Q(team_memberships__team_id__in=[t for t in actor.teams if t])
+            | (Q(team_memberships__isnull=True) if 0 in actor.teams else Q(pk__in=[]))
+        ).distinct()
+    return users.order_by("username").values_list("username", flat=True)
 
 
 def effect_with_run(effect_id: Any) -> Effect | None:

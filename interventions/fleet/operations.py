@@ -41,6 +41,7 @@ from interventions.plugins import Request, get_contract
 from runs.models import Effect, Run
 from runs.services.decisions import decision
 from runs.states import transition
+from runs.team_scope import scoped
 
 PREVIEW_ROWS = 25  # runs whose full per-run preview is shown; the rest are counted
 MAX_WAVE_SIZE = 500
@@ -234,6 +235,7 @@ def start_fleet_operation(
             created_by=user_for(actor),
             created_by_label=actor.label,
             role=actor.role,
+            team_id=_team_of(actor, sel.targets),
             created_at=now,
             started_at=None if hold else now,
         )
@@ -300,9 +302,19 @@ def cancel_fleet_operation(*, actor: Actor, operation_id: Any, reason: str) -> F
     return op
 
 
+def _team_of(actor: Actor, targets: list[Run]) -> int | None:
+    """The team an operation belongs to: its runs' team when they share one, else the operator's
+    only team; else none (the default team's; across teams only cross_team people see it)."""
+    teams = {run.team_id for run in targets}
+    if len(teams) == 1:
+        return teams.pop()
+    mine = [t for t in actor.teams or () if t]
+    return mine[0] if len(mine) == 1 and len(actor.teams or ()) == 1 else None
+
+
 def _locked(actor: Actor, operation_id: Any) -> FleetOperation:
-    op = FleetOperation.objects.select_for_update().filter(pk=operation_id).first()
-    if op is None:
+    op = scoped(FleetOperation.objects.select_for_update().filter(pk=operation_id), actor).first()
+    if op is None:  # or another team's: as absent (docs/operator/teams.md)
         raise NotFound(f"fleet operation {operation_id} does not exist", object="fleet_operation")
     if op.created_by_id != actor.user_id:
         authorize_fleet(actor, op.kind, recorded=True)

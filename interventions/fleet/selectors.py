@@ -6,13 +6,17 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
+from core.actors import Actor
 from interventions.models import FleetOperation, FleetTarget
+from runs.team_scope import scoped
 
 STATUSES = (FleetTarget.SUCCEEDED, FleetTarget.FAILED, FleetTarget.SKIPPED, FleetTarget.PENDING)
 
 
-def recent_operations(limit: int = 50) -> QuerySet[FleetOperation]:
-    return FleetOperation.objects.order_by("-created_at")[:limit]
+def recent_operations(limit: int = 50, actor: Actor | None = None) -> QuerySet[FleetOperation]:
+    """The newest operations (of ``actor``'s teams, when given: runs.team_scope)."""
+    qs = FleetOperation.objects.order_by("-created_at")
+    return (scoped(qs, actor) if actor is not None else qs)[:limit]
 
 
 def wave_progress(op: FleetOperation) -> list[dict[str, Any]]:

@@ -4,8 +4,10 @@ from .history import Assumption, Checkpoint, HistoryEvent, Timer
 from .intake import IntakeHold
 from .ledger import AuthorityGrant, Effect, LedgerTally
 from .run import Approval, ApprovalDecision, Attempt, ExecutionLease, Run, RunTally
+from .teams import DEFAULT_TEAM, Team, TeamMembership
 
 __all__ = [
+    "DEFAULT_TEAM",
     "Agent",
     "ApiToken",
     "Approval",
@@ -24,5 +26,7 @@ __all__ = [
     "Run",
     "RunTally",
     "StandingFreeze",
+    "Team",
+    "TeamMembership",
     "Timer",
 ]

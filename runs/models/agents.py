@@ -22,6 +22,10 @@ class Agent(models.Model):
     # resume or recovery compares a run's pinned versions.
     current_versions = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Owning team (runs.models.teams): NULL = the default team. Expand-only: no backfill.
+    team = models.ForeignKey(
+        "runs.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
 
     def __str__(self) -> str:
         return self.name
@@ -89,6 +93,10 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Owning team (runs.models.teams): NULL = the default team. Expand-only: no backfill.
+    team = models.ForeignKey(
+        "runs.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
 
     class Meta:
         constraints = [

@@ -67,6 +67,16 @@ class Run(models.Model):
         related_name="decided_runs",
     )
     retry_policy = models.JSONField(default=dict, blank=True)
+    # The agent's team when the run was created (a child: its parent's); never changes after. No
+    # index of its own (see above: every history append writes each index); lists filter it.
+    team = models.ForeignKey(
+        "runs.Team",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+    )
     claimable_after = models.DateTimeField(null=True, blank=True)  # retry backoff
     execution_pin = models.CharField(
         max_length=150, blank=True

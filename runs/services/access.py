@@ -25,6 +25,8 @@ from core.roles import ROLES
 from core.tokens import forget_revoked
 from runs.models import Agent, ApiToken
 
+from .teams import team_for_new_row
+
 
 def _audit(actor: Actor, action: str, object_type: str, object_id: Any, **context: Any) -> None:
     record_audit(
@@ -56,22 +58,39 @@ def _roles(user) -> list[str]:
 
 
 def issue_token(
-    *, actor: Actor, kind: str, name: str, user=None, agents: Iterable[str] = ()
+    *,
+    actor: Actor,
+    kind: str,
+    name: str,
+    user=None,
+    agents: Iterable[str] = (),
+    team: str | None = None,
 ) -> tuple[ApiToken, str]:
-    """A new bearer token and its secret (shown once, never stored)."""
+    """A new bearer token and its secret (shown once, never stored). A worker token belongs to
+    ``team`` (default: the default team) and acts on that team's runs only; the agents it names must
+    be that team's."""
     agents = list(agents)
     with _change(actor, "token.issue", "token", name):
         if kind not in (ApiToken.WORKER, ApiToken.OPERATOR):
             raise Invalid("kind must be 'worker' or 'operator'", field="kind")
         if kind == ApiToken.OPERATOR and user is None:
             raise Invalid("an operator token acts as a user", field="user")
-        known = set(Agent.objects.filter(name__in=agents).values_list("name", flat=True))
+        owner = team_for_new_row(team)
+        if owner is not None and kind != ApiToken.WORKER:
+            raise Invalid("an operator token acts for its user's teams", field="team")
+        mine = Agent.objects.filter(name__in=agents, team=owner)
+        known = set(mine.values_list("name", flat=True))
         missing = sorted(set(agents) - known)
         if missing:
             raise NotFound(
-                f"unknown agent(s): {', '.join(missing)} (register_agent first)", field="agent"
+                f"unknown agent(s) of team {team or 'default'}: {', '.join(missing)}"
+                " (register_agent first, or --team the agents' team)",
+                field="agent",
             )
         token, secret = ApiToken.issue(kind=kind, name=name, user=user, agents=agents)
+        if owner is not None:
+            ApiToken.objects.filter(pk=token.pk).update(team=owner)
+            token.team = owner
         _audit(
             actor,
             "token.issued",
@@ -81,6 +100,7 @@ def issue_token(
             name=name,
             user=user.get_username() if user else None,
             agents=agents,
+            team=team or "default",
         )
     return token, secret
 

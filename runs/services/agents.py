@@ -23,6 +23,7 @@ from runs.conditions import (
 from runs.models import Agent, ApprovalPolicy
 
 from .decisions import decision
+from .teams import team_for_new_row
 
 
 def parse_scopes(scopes: list[str]) -> list[str]:
@@ -80,9 +81,11 @@ def register_agent(
     scopes: list[str],
     description: str = "",
     approvals: list[str] | None = None,
+    team: str | None = None,
 ) -> tuple[Agent, bool]:
     """Create or update an agent. ``approvals`` (policy specs, ``tool:action [condition] [role]``):
-    None keeps the agent's policies, a list (even empty) replaces them."""
+    None keeps the agent's policies, a list (even empty) replaces them. ``team`` (a slug): None keeps
+    the agent's team (a new agent: the default team)."""
     with decision(actor, "agent.register", "agent", name):  # a refusal is audited too
         if why := name_problem(name):  # a slug: it is matched in tokens, URLs and filters
             raise Invalid(f"agent name {name!r} {why}", field="name")
@@ -92,9 +95,10 @@ def register_agent(
         was = (
             {"scopes": before.allowed_scopes, "description": before.description} if before else None
         )
-        agent, created = Agent.objects.update_or_create(
-            name=name, defaults={"allowed_scopes": scopes, "description": description}
-        )
+        fields: dict[str, Any] = {"allowed_scopes": scopes, "description": description}
+        if team is not None:
+            fields["team"] = team_for_new_row(team)
+        agent, created = Agent.objects.update_or_create(name=name, defaults=fields)
         record_audit(
             actor=actor,
             action="agent.register",
@@ -104,6 +108,7 @@ def register_agent(
                 "name": name,
                 "before": was,
                 "after": {"scopes": scopes, "description": description},
+                **({"team": team} if team is not None else {}),
             },
         )
         if policies is not None:

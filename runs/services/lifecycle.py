@@ -77,11 +77,14 @@ def create_run(
 ) -> Run:
     with decision(actor, "run.create", "agent", agent):
         agent_row = Agent.objects.filter(name=agent).first()
-        if agent_row is None:
+        if agent_row is None or not actor.sees_team(agent_row.team_id):
+            # Another team's agent is answered as one never registered (docs/operator/teams.md).
             raise Invalid(f"agent {agent!r} is not registered", field="agent")
         if actor.is_worker and not actor.may_act_for(agent):
             raise Forbidden(f"this worker token may not act for agent {agent!r}")
         parent = lock_run(parent_run_id) if parent_run_id else None
+        if parent is not None and not actor.sees_team(parent.team_id):
+            raise NotFound(f"run {parent_run_id} does not exist", object="run")
         if parent is not None and actor.is_worker and not actor.may_act_for(parent.agent.name):
             # A child inherits (delegated) authority and the parent's tree: attaching one is acting
             # on the parent run, so the token must be allowed to act for the parent's agent too.
@@ -101,6 +104,8 @@ def create_run(
             versions=versions or {},
             deadline=deadline,
             retry_policy=retry_policy or {},
+            # A run belongs to its agent's team; a child to its parent's (one tree, one team).
+            team_id=parent.team_id if parent is not None else agent_row.team_id,
             created_by=actor.label,
             created_at=now,
             updated_at=now,
@@ -126,6 +131,8 @@ def create_run(
                 "agent": agent,
                 "parent": str(parent.pk) if parent else None,
                 "after": run_snapshot(run, new_grants=grants),
+                # Not yet in the table for the audit to look its team up (audit.services).
+                **({"cross_team": True} if not actor.in_team(run.team_id) else {}),
             },
         )
         # The run, its grants, its first history link, the audit event and the NOTIFYs: one statement.

@@ -152,7 +152,11 @@ def world(worker, cast, as_user) -> dict:
         {"name": "hostile", "kind": "slack", "url": "http://127.0.0.1:9/hook"},
     )
     assert channel.status_code == 201, channel.content
+    team = as_user("ada").post("/teams", {"slug": "hostile"})  # its routes reach a team, a member
+    assert team.status_code == 201, team.content
     return {
+        "slug": "hostile",
+        "username": "otto",
         "channel_id": channel.json()["id"],
         "agent_name": "purchasing",  # an agent: its approval-policies routes reach it
         "hold_id": hold.json()["id"],

@@ -111,6 +111,8 @@ def test_no_api_answer_to_a_person_shows_a_card_or_a_secret(exposed, as_user):
     for label, resp in answers.items():
         assert resp.status_code < 500, (label, resp.content[:300])
         assert_clean(label, resp.content)
+        # The masks changed the body's length: the declared one must follow (tests/core/test_response_framing.py).
+        assert int(resp["Content-Length"]) == len(resp.content), label
     (shown,) = answers["effects"].json()["effects"]
     assert shown["args"]["cardNumber"] == "••••1111" and shown["args"]["api_key"] == "••••"
     # The ledger keeps what the worker sent; the worker reads it back as declared.

@@ -172,3 +172,19 @@ def _walk(doc, key):
     elif isinstance(doc, list):
         for v in doc:
             yield from _walk(v, key)
+
+
+def test_the_safe_time_loader_class_is_built_once_per_zone():
+    """Every pool checkout registers the loader again: it is looked up, not rebuilt each time."""
+    from datetime import UTC
+    from zoneinfo import ZoneInfo
+
+    from django.db.backends.postgresql.psycopg_any import BaseTzLoader
+
+    from core import times
+
+    first = times._safe_loader_class(BaseTzLoader, UTC)
+    assert times._safe_loader_class(BaseTzLoader, UTC) is first
+    other = times._safe_loader_class(BaseTzLoader, ZoneInfo("Europe/Paris"))
+    assert other is not first and other.timezone == ZoneInfo("Europe/Paris")
+    assert first.timezone is UTC

@@ -36,10 +36,11 @@ def test_no_claim_starts_after_the_hold_commits(agent, cast, postgres_only):
     attempts: list[tuple[float, float, str, str]] = []  # start, end, run, outcome
     hold_times: dict[str, float] = {}
     lock = threading.Lock()
-    stop = time.monotonic() + 4.0
-    # On a loaded machine the hold may take longer than the 4 s window: the claimers go on until
-    # 0.5 s after it commits (the race needs claims after it), never past the hard stop.
-    hard_stop = time.monotonic() + 25.0
+    # Set when the race starts. On a loaded machine the hold may take longer than the 4 s window:
+    # the claimers go on until 0.5 s after it commits (the race needs claims after it), never past
+    # the hard stop.
+    stop = hard_stop = 0.0
+    go = threading.Event()
 
     def claimer(seed):
         rng = random.Random(seed)
@@ -63,8 +64,15 @@ def test_no_claim_starts_after_the_hold_commits(agent, cast, postgres_only):
         finally:
             connection.close()
 
+    holder_ready = threading.Event()
+
     def holder():
         try:
+            # Its connection taken before the claimers start: under load, a fifth connection from
+            # the pool while four claimers hammer it once took longer than the whole race.
+            connection.ensure_connection()
+            holder_ready.set()
+            go.wait(30)
             time.sleep(0.3)
             hold_times["start"] = time.monotonic()
             hold_intake(actor=ian, scope="agent", target="purchasing", reason="incident")
@@ -73,10 +81,16 @@ def test_no_claim_starts_after_the_hold_commits(agent, cast, postgres_only):
         finally:
             connection.close()
 
+    hold_thread = threading.Thread(target=holder)
+    hold_thread.start()
+    assert holder_ready.wait(30), "the holder got no connection"
+    stop = time.monotonic() + 4.0
+    hard_stop = time.monotonic() + 25.0
     threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
-    threads.append(threading.Thread(target=holder))
     for t in threads:
         t.start()
+    go.set()
+    threads.append(hold_thread)
     for t in threads:
         t.join(30)
     assert "hold" in hold_times, "the hold did not commit"

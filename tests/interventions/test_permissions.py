@@ -29,6 +29,8 @@ NOT_INTERVENTIONS = {
     "audit_read_all",
     "fleet",
     "take_command",
+    "cross_team",  # teams (docs/operator/teams.md): act on any team's runs
+    "manage_teams",  # teams: an admin right, not a contract
 }
 # Contracts over a scope of the fleet, not a run: their matrix is tests/interventions/test_intake.py's.
 KINDS = sorted(set(PERMISSIONS) - NOT_INTERVENTIONS - set(FLEET_REGISTRY))

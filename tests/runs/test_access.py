@@ -10,7 +10,12 @@ from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
 from audit.services import verify_chain
-from runs.management.commands.seed_demo import DEMO_AGENTS, DEMO_REQUESTERS, DEMO_USERS
+from runs.management.commands.seed_demo import (
+    DEMO_AGENTS,
+    DEMO_REQUESTERS,
+    DEMO_TEAM_PEOPLE,
+    DEMO_USERS,
+)
 from runs.models import Agent, ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +98,7 @@ def test_seed_roles_and_set_roles_are_audited():
 
 def test_seed_demo_writes_through_the_services_and_a_second_run_changes_nothing(settings, tmp_path):
     settings.VAR_DIR = tmp_path
-    people = len(DEMO_USERS) + len(DEMO_REQUESTERS)
+    people = len(DEMO_USERS) + len(DEMO_REQUESTERS) + len(DEMO_TEAM_PEOPLE)
     _call("seed_demo")
     assert len(_events("user.created")) == people
     assert len(_events("agent.register")) == len(DEMO_AGENTS)

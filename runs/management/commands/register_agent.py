@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from core.actors import system_actor
-from core.errors import Invalid
+from core.errors import Invalid, NotFound
 from runs.services.agents import register_agent
 
 
@@ -25,8 +25,13 @@ class Command(BaseCommand):
             "it replaces the agent's policies; --no-approvals removes them",
         )
         parser.add_argument("--no-approvals", action="store_true")
+        parser.add_argument(
+            "--team",
+            default=None,
+            help="the team the agent belongs to (default: keep; new: default)",
+        )
 
-    def handle(self, *args, name, scope, description, approval, no_approvals, **opts):
+    def handle(self, *args, name, scope, description, approval, no_approvals, team, **opts):
         approvals = [] if no_approvals else approval
         try:
             agent, created = register_agent(
@@ -35,8 +40,9 @@ class Command(BaseCommand):
                 scopes=scope,
                 description=description,
                 approvals=approvals,
+                team=team,
             )
-        except Invalid as err:
+        except (Invalid, NotFound) as err:
             raise CommandError(err.detail) from None
         policies = [p.spec for p in agent.approval_policies.all()]
         self.stdout.write(

@@ -1,5 +1,6 @@
-"""Seed the demo: role users (logins printed), agents with their scopes, and a worker token for the
-demo agents (written to var/demo-worker-token, mode 600). Idempotent.
+"""Seed the demo: role users (logins printed), agents with their scopes, the teams payments and
+support with their people, and a worker token for the demo agents (written to
+var/demo-worker-token, mode 600). Idempotent.
 
 Four eyes: rita, the demo's requester, starts some of the purchases that need an approval in person
 (the traffic uses her token, var/demo-requester-token). She holds the approver role too, so she sees
@@ -17,7 +18,8 @@ from django.core.management.base import BaseCommand
 
 from core.actors import system_actor
 from core.roles import ROLES
-from runs.models import ApiToken
+from runs.models import ApiToken, Team, TeamMembership
+from runs.services import teams
 from runs.services.access import create_user, ensure_roles, issue_token, set_user_roles
 from runs.services.agents import register_agent
 
@@ -57,6 +59,11 @@ DEMO_USERS = {
 }
 # People who start runs themselves (docs/operations/demo.md, "Four eyes and versions").
 DEMO_REQUESTERS = {"rita": ["operator", "approver"]}
+# Teams (docs/operator/teams.md, docs/operations/demo.md "Teams"): the demo's agents, its worker
+# token and the people above stay in the default team, so the demo runs as before; pat and sue each
+# see one team only (empty until an agent is moved there), mo is in all three and gets the switcher.
+DEMO_TEAMS = ["payments", "support"]
+DEMO_TEAM_PEOPLE = {"pat": ["payments"], "sue": ["support"], "mo": ["default", *DEMO_TEAMS]}
 REQUESTER_TOKEN_FILE = "demo-requester-token"
 
 
@@ -87,6 +94,7 @@ class Command(BaseCommand):
             elif set(roles) - set(user.groups.values_list("name", flat=True)):
                 have = user.groups.filter(name__in=ROLES).values_list("name", flat=True)
                 set_user_roles(actor=seeder, user=user, roles={*have, *roles})
+        _seed_teams(seeder, password)
         for name, (scopes, description) in DEMO_AGENTS.items():
             register_agent(
                 actor=seeder,
@@ -119,7 +127,25 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {username:6} {', '.join(roles)}: starts purchases herself; may not approve them"
             )
+        for username, team_slugs in DEMO_TEAM_PEOPLE.items():
+            self.stdout.write(f"  {username:6} operator in team(s) {', '.join(team_slugs)}")
         self.stdout.write(f"demo worker token in {token_file}")
+
+
+def _seed_teams(seeder, password: str) -> None:
+    """The demo's teams and their people, through the audited services; idempotent."""
+    for slug in DEMO_TEAMS:
+        if not Team.objects.filter(slug=slug).exists():
+            teams.create_team(actor=seeder, slug=slug, name=slug.capitalize())
+    for username, team_slugs in DEMO_TEAM_PEOPLE.items():
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            user = create_user(
+                actor=seeder, username=username, password=password, roles=["operator"]
+            )
+        for slug in team_slugs:
+            if not TeamMembership.objects.filter(user=user, team__slug=slug).exists():
+                teams.add_member(actor=seeder, team=slug, username=username)
 
 
 def _kept_token(path: Path, issue) -> None:

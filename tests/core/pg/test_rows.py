@@ -200,3 +200,34 @@ def test_extras_alone_run_their_fallback(db):
     extra = rows.Extra(parts=None, done=None, fallback=lambda: ran.append("fallback"))
     rows.write_rows([], [], [extra])
     assert ran == ["fallback"]
+
+
+@pytest.mark.django_db
+def test_a_statement_over_50_parameters_is_converted_once_per_text(postgres_only, monkeypatch):
+    """psycopg re-scans the placeholders of a statement with more than 50 parameters on every
+    execute; the hot-path cursor converts each statement text once, and the answer is the same."""
+    import psycopg._queries
+
+    scans: list[int] = []
+    real = psycopg._queries._query2pg_nocache
+
+    def counted(query, encoding):
+        scans.append(1)
+        return real(query, encoding)
+
+    monkeypatch.setattr(psycopg._queries, "_query2pg_nocache", counted)
+    rows._query_class.cache_clear()
+    rows._prepared_cursor_class.cache_clear()
+    rows._converted.clear()
+    values = list(range(60))
+    sql = "SELECT " + " + ".join(["%s::int"] * len(values)) + f" AS total_{uuid.uuid4().hex}"
+    try:
+        for shift in range(3):
+            with rows.hot_cursor(connection) as cursor:
+                cursor.execute(sql, [v + shift for v in values])
+                assert cursor.fetchone()[0] == sum(values) + 60 * shift
+        assert len(scans) == 1  # psycopg alone: 3
+    finally:
+        rows._query_class.cache_clear()
+        rows._prepared_cursor_class.cache_clear()
+        rows._converted.clear()

@@ -1,0 +1,107 @@
+"""Which team's rows an actor may know of (docs/operator/teams.md). Reads only.
+
+A row with no team belongs to the default team, written ``0`` in ``Actor.teams``. Whatever is
+outside the actor's teams does not exist for them: callers filter with ``scoped`` and answer 404
+exactly as for an id nobody ever used, never 403 (a 403 would say it exists).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+
+from core.actors import Actor
+from runs.models import DEFAULT_TEAM, Run, Team
+
+
+def team_q(teams: frozenset[int], field: str = "team") -> Q:
+    """Rows owned by one of ``teams`` (0 = no team = the default team)."""
+    q = Q(**{f"{field}_id__in": sorted(t for t in teams if t)})
+    if 0 in teams:
+        q |= Q(**{f"{field}__isnull": True})
+    return q
+
+
+def scoped[Q_T: QuerySet](qs: Q_T, actor: Actor, field: str = "team") -> Q_T:
+    """``qs`` narrowed to the rows ``actor`` may know of (all of them for cross_team people)."""
+    if not actor.team_scoped:
+        return qs
+    assert actor.teams is not None
+    return qs.filter(team_q(actor.teams, field))
+
+
+def team_id_for(slug: str) -> int | None:
+    """The id stored for team ``slug``: None for the default team. LookupError if there is none."""
+    if slug == DEFAULT_TEAM:
+        return None
+    pk = Team.objects.filter(slug=slug).values_list("pk", flat=True).first()
+    if pk is None:
+        raise LookupError(slug)
+    return pk
+
+
+def team_slug(team_id: int | None) -> str:
+    if not team_id:
+        return DEFAULT_TEAM
+    return Team.objects.filter(pk=team_id).values_list("slug", flat=True).first() or DEFAULT_TEAM
+
+
+def slugs() -> dict[int, str]:
+    """team id -> slug, 0 = the default team (for labelling rows)."""
+    return {0: DEFAULT_TEAM} | {
+        pk: slug for pk, slug in Team.objects.exclude(slug=DEFAULT_TEAM).values_list("pk", "slug")
+    }
+
+
+def teams_for(actor: Actor) -> list[dict[str, Any]]:
+    """The teams ``actor`` may see (theirs; every team for cross_team people) with their run counts,
+    the default team first. One grouped count over the runs they may see."""
+    names = slugs()
+    known = set(names) if not actor.team_scoped else set(actor.teams or ())
+    counts: dict[int, int] = {}
+    grouped = scoped(Run.objects.all(), actor).values_list("team_id").annotate(n=Count("id"))
+    for team_id, n in grouped.values_list("team_id", "n"):
+        counts[team_id or 0] = counts.get(team_id or 0, 0) + n
+    rows = [
+        {
+            "slug": names.get(t, DEFAULT_TEAM),
+            "id": t,
+            "runs": counts.get(t, 0),
+            "member": actor.teams is None or t in actor.teams,
+        }
+        for t in sorted(known, key=lambda t: (t != 0, names.get(t, "")))
+        if t in names
+    ]
+    return rows
+
+
+def members(slug: str) -> list[str]:
+    """Usernames in team ``slug`` (the default team: those in no team, or in its row)."""
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model().objects.filter(is_active=True)
+    if slug == DEFAULT_TEAM:
+        users = users.filter(
+            Q(team_memberships__isnull=True) | Q(team_memberships__team__slug=DEFAULT_TEAM)
+        )
+    else:
+        users = users.filter(team_memberships__team__slug=slug)
+    return sorted(set(users.values_list("username", flat=True)))
+
+
+def may_know(actor: Actor, run: Run) -> bool:
+    """Whether ``run`` exists for ``actor`` (visible_runs' rule for one locked row): a decision that
+    locked a run by id answers 404 for one outside the actor's teams, or a worker token's agents."""
+    if not actor.sees_team(run.team_id):
+        return False
+    return not (actor.is_worker and actor.agents and run.agent.name not in actor.agents)
+
+
+def hidden_runs(actor: Actor) -> QuerySet | None:
+    """The ids of the runs ``actor`` may not know of (other teams'), for filters that must leave
+    them out (the audit log and its export); None when there are none to leave out."""
+    if not actor.team_scoped:
+        return None
+    assert actor.teams is not None
+    return Run.objects.exclude(team_q(actor.teams)).values("pk")
