@@ -57,24 +57,24 @@ def _shown(agent: Any) -> dict[str, Any]:
     }
 
 
-@router.get("/agents/{agent_name}/approval-policies", response={200: PoliciesOut, **ERRORS_READ})
-def get_policies(request: HttpRequest, agent_name: str) -> Any:
+@router.get("/agents/{name}/approval-policies", response={200: PoliciesOut, **ERRORS_READ})
+def get_policies(request: HttpRequest, name: str) -> Any:
     actor = caller(request)
     if actor.is_worker or not may(actor.roles, "manage_approval_policies"):
         raise Forbidden("only an admin may read and change an agent's approval policies")
-    agent = selectors.agent_with_policies(agent_name)
+    agent = selectors.agent_with_policies(name)
     if agent is None:
         raise NotFound("no such agent", object="agent")
     return _shown(agent)
 
 
-@router.put("/agents/{agent_name}/approval-policies", response={200: PoliciesOut, **ERRORS_WRITE})
-def put_policies(request: HttpRequest, agent_name: str, body: PoliciesIn) -> Any:
+@router.put("/agents/{name}/approval-policies", response={200: PoliciesOut, **ERRORS_WRITE})
+def put_policies(request: HttpRequest, name: str, body: PoliciesIn) -> Any:
     agents.set_approval_policies(
         actor=caller(request),
-        agent=agent_name,
+        agent=name,
         approvals=list(body.approvals),
         field="approvals",
         check_right=True,
     )
-    return _shown(selectors.agent_with_policies(agent_name))
+    return _shown(selectors.agent_with_policies(name))
