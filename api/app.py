@@ -224,6 +224,7 @@ def body_too_large(request: HttpRequest, exc: Exception):
 
 
 def _register_routers() -> None:
+    from api.agents import router as agents_router
     from api.audit import router as audit_router
     from api.channels import router as channels_router
     from api.fleet import router as fleet_router
@@ -243,6 +244,7 @@ def _register_routers() -> None:
     api.add_router("", intake_router)
     api.add_router("", channels_router)
     api.add_router("", teams_router)
+    api.add_router("", agents_router)
 
 
 _register_routers()

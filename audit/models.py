@@ -106,3 +106,25 @@ class AuditChain(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}#{self.seq}"
+
+
+class SsoIdentity(models.Model):
+    """The person an identity provider vouches for, bound by what never changes at the IdP: its issuer
+    and the subject (``iss``, ``sub``). The username is only what the person is called here: an IdP
+    rename changes it (audited), never the account. Written by audit.access.sso only."""
+
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="sso_identities")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_login_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["issuer", "subject"], name="sso_identity_issuer_subject"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.issuer} {self.subject} -> {self.user_id}"

@@ -285,10 +285,25 @@ def with_preview(request: ConsoleRequest, run: Run, req: Request, ctx: dict[str,
         ctx["card"]["blocking"].append(
             "four eyes: you requested this approval or started the run; another approver decides"
         )
+    if req.kind in ("approve", "reject"):
+        ctx["card"]["progress"] = _multi_party_progress(run, req.options.get("approval_id"))
     ctx["digest"] = shown["digest"]
     ctx["section_digests"] = base.section_digests(shown)
     ctx["sections"] = json.dumps(ctx["section_digests"], separators=(",", ":"))
     return 200
+
+
+def _multi_party_progress(run: Run, approval_id: Any) -> dict[str, Any] | None:
+    """A multi-party approval's progress for the preview card: who approved, who is still needed
+    (None for a one-approver approval, which has nothing to show)."""
+    try:
+        wanted = UUID(str(approval_id))
+    except ValueError:
+        return None
+    approval = pending_approvals(run).filter(pk=wanted).first()
+    if approval is None or not approval.steps:
+        return None
+    return approval_progress(approval)
 
 
 def _dry_run(run: Run, reobserve: bool) -> dict[str, Any]:

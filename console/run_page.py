@@ -336,6 +336,8 @@ def run_page(request: ConsoleRequest, run_id: UUID) -> HttpResponse:
             return render(request, "console/run_detail.html#timeline-entries", ctx)
         return render(request, f"console/run_detail.html#{part}", ctx)
     ctx = detail_context(run, request.user, request.roles, params=request.GET)
+    # A notification's link: the approval it names is marked and scrolled to (static/console.js).
+    ctx["linked_approval"] = request.GET.get("approval", "")[:40]
     return render(request, "console/run_detail.html", ctx)
 
 

@@ -75,6 +75,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Signed in through the IdP: back to it with prompt=none every OIDC_SESSION_REFRESH_S (roles re-read).
+    "console.sso.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -332,6 +334,16 @@ OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT", "")
 OIDC_USE_PKCE = env_bool("OIDC_USE_PKCE", True)
 OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
 OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+# The IdP's issuer, when its ID tokens carry no "iss" (they should); else the authorization endpoint's origin.
+OIDC_OP_ISSUER = env_str("OIDC_OP_ISSUER", "")
+# A person signed in through the IdP is sent back to it (prompt=none) this often: roles re-read.
+OIDC_SESSION_REFRESH_S = env_int("OIDC_SESSION_REFRESH_S", 900)
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = OIDC_SESSION_REFRESH_S
+# RP-initiated logout: the IdP's end_session_endpoint; empty: logout ends the controlplane session only.
+OIDC_OP_END_SESSION_ENDPOINT = env_str("OIDC_OP_END_SESSION_ENDPOINT", "")
+# Else read from the IdP's discovery document (its /.well-known/openid-configuration), once per process.
+OIDC_OP_DISCOVERY_ENDPOINT = env_str("OIDC_OP_DISCOVERY_ENDPOINT", "")
+OIDC_STORE_ID_TOKEN = True  # the id_token_hint of that logout
 # IdP group -> roles: "payments-ops=operator,sec=security_responder+approver" (roles joined by +).
 OIDC_GROUP_ROLES: dict[str, list[str]] = {}
 for _pair in env_list("OIDC_GROUP_ROLES", []):

@@ -18,7 +18,7 @@ moves a run to needs_attention; the channel and run pages show it instead.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
@@ -29,10 +29,11 @@ from django.utils import timezone
 
 from audit.services import record_audit
 from core.actors import Actor, system_actor
+from core.live import announce
 from interventions import jobs
 from interventions.models import Job
 from notifications.messages import message_for
-from notifications.models import Channel, Delivery
+from notifications.models import FAILING_AFTER, Channel, Delivery
 from notifications.transports import send
 from runs.models import Approval
 
@@ -110,12 +111,31 @@ def attempt(delivery_id: Any) -> dict[str, Any]:
             last_failure_at=now,
         )
         failures = delivery.attempts + 1
+        if channel.consecutive_failures + 1 >= FAILING_AFTER:  # failing (now or still): say so live
+            announce_channel_health(channel.pk, delivery.run_id)
         return {"finished": False, "error": error, "countdown": backoff_s(failures)}
     Delivery.objects.filter(pk=delivery.pk).update(
         attempts=F("attempts") + 1, status=Delivery.SENT, sent_at=now, last_error=""
     )
     Channel.objects.filter(pk=channel.pk).update(consecutive_failures=0, last_success_at=now)
+    if channel.failing:  # it was failing: the banners go away
+        announce_channel_health(channel.pk, delivery.run_id)
     return {"finished": True, "sent": True}
+
+
+def announce_channel_health(channel_id: Any, run_id: Any) -> None:
+    """The channel's health changed what the run pages of its undelivered approvals show (the
+    "channel failing" banner): a live fact to each of those runs, so an open page redraws its header
+    (console/run_page.py) without a reload."""
+    runs = set(
+        Delivery.objects.filter(channel_id=channel_id)
+        .exclude(status=Delivery.SENT)
+        .values_list("run_id", flat=True)
+        .distinct()[:500]
+    )
+    for rid in runs | {run_id}:
+        if rid is not None:
+            announce(rid, "notification", channel_id)
 
 
 @shared_task(acks_late=True)
@@ -202,6 +222,49 @@ def escalate_due(*, actor: Actor, now=None) -> list[str]:
                     context={
                         "from_channel": source.name,
                         "escalated_to": source.escalate_to,
+                        "channels": added,
+                        "required_role": approval.required_role,
+                    },
+                )
+                escalated.append(str(approval.pk))
+    escalated += _escalate_steps(actor=actor, now=now)
+    return escalated
+
+
+def _escalate_steps(*, actor: Actor, now) -> list[str]:
+    """A policy's own escalation (``2*approver escalate after 15m to oncall``): a step of the open
+    stage still pending ``escalate_after_s`` after the stage opened is re-sent to the channels serving
+    ``escalate_to``. Once per approval and channel (the unique delivery), audited like a channel's."""
+    escalated = []
+    channels = list(Channel.objects.filter(enabled=True))
+    pending = Approval.objects.filter(status=Approval.PENDING).exclude(steps=[])
+    for approval in pending:
+        for step in approval.steps:
+            after, to = step.get("escalate_after_s"), step.get("escalate_to")
+            if not (after and to and step.get("stage") == approval.stage and step.get("opened_at")):
+                continue
+            opened = datetime.fromisoformat(step["opened_at"])
+            if opened + timedelta(seconds=after) > now:
+                continue
+            with transaction.atomic():
+                added = [
+                    str(c.pk)
+                    for c in channels
+                    if to in c.roles and _add_delivery(c, approval, Delivery.ESCALATED)
+                ]
+                if not added:
+                    continue
+                record_audit(
+                    actor=actor,
+                    action="approval.notification_escalated",
+                    object_type="approval",
+                    object_id=approval.pk,
+                    run_id=approval.run_id,
+                    reason=f"step {step.get('role')} pending {after}s without a decision",
+                    context={
+                        "from_policy_step": step.get("role"),
+                        "stage": approval.stage,
+                        "escalated_to": to,
                         "channels": added,
                         "required_role": approval.required_role,
                     },

@@ -53,24 +53,27 @@ def send_slack(channel: Channel, message: dict[str, Any]) -> None:
 
 
 def send_email(channel: Channel, message: dict[str, Any]) -> None:
+    # Django 6.1 deprecates building an EmailBackend directly (and EmailMessage(connection=...)):
+    # mailers are meant to come from settings.MAILERS. A channel's SMTP server is data, not a
+    # setting, so the backend is built as a mailer is, under an alias of its own: every option given
+    # here, none read from the EMAIL_* settings, no deprecation warning.
     backend = EmailBackend(
+        alias=f"notification-channel-{channel.pk}",
         host=channel.smtp_host,
         port=channel.smtp_port,
         username=channel.smtp_username or None,
         password=secrets.decrypt(channel.secret_encrypted) or None,
         use_tls=channel.smtp_use_tls,
         timeout=_timeout(),
-        fail_silently=False,
     )
     mail = EmailMessage(
         subject=message["title"],
         body=f"{message['summary']}\n\nOpen the approval (sign in first): {message['link']}\n",
         from_email=channel.from_email or None,
         to=list(channel.recipients),
-        connection=backend,
     )
     try:
-        mail.send()
+        backend.send_messages([mail])
     except Exception as exc:  # smtplib and socket errors: the channel page shows which
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
 

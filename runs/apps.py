@@ -15,12 +15,15 @@ class RunsConfig(AppConfig):
             register_check,
             register_run_team,
         )
+        from core.roles import ADMIN, declare_permission
         from core.times import install_safe_time_loader
 
         from . import integrity
 
         # A stored time Python cannot hold is read as core.times.UnreadableTime, never a DataError.
         connection_created.connect(install_safe_time_loader, dispatch_uid="safe-time-loader")
+        # Changing an agent's approval policies (PUT /api/v1/agents/{name}/approval-policies): admins.
+        declare_permission("manage_approval_policies", frozenset({ADMIN}))
         from .models import Checkpoint, HistoryEvent
 
         # The same tables carry the append-only triggers (Meta.triggers, audit/triggers.py).

@@ -154,21 +154,32 @@ class StepSpec:
     count: int = 1
     within_s: int | None = None
     condition: str = ""
+    # Not decided escalate_after_s after the step opens: re-sent to the channels serving escalate_to
+    # (an on-call group or a role; notifications.jobs.escalate_due). The deadline is unchanged.
+    escalate_after_s: int | None = None
+    escalate_to: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "stage": self.stage,
             "role": self.role,
             "count": self.count,
             "within_s": self.within_s,
             "condition": self.condition,
         }
+        if self.escalate_after_s:
+            out |= {"escalate_after_s": self.escalate_after_s, "escalate_to": self.escalate_to}
+        return out
 
     @property
     def spec(self) -> str:
         words = [f"{self.count}*{self.role}" if self.count != 1 else self.role]
         if self.within_s:
             words.append(f"within {_duration_words(self.within_s)}")
+        if self.escalate_after_s:
+            words.append(
+                f"escalate after {_duration_words(self.escalate_after_s)} to {self.escalate_to}"
+            )
         if self.condition:
             words.append(f"if {self.condition}")
         return " ".join(words)
@@ -237,7 +248,12 @@ def parse_policy_spec(text: str) -> PolicySpec:
             raise ConditionError(f"{text!r}: a step is missing after {joiner!r}")
         steps.append(_parse_step(stage, seg))
     roles = [s.role for s in steps]
-    if len(steps) == 1 and steps[0].count == 1 and not steps[0].within_s and not steps[0].condition:
+    one = steps[0]
+    if (
+        len(steps) == 1
+        and one.count == 1
+        and not (one.within_s or one.condition or one.escalate_to)
+    ):
         return PolicySpec(tool, action, condition, steps[0].role)
     strongest = max(roles, key=_rank)
     return PolicySpec(tool, action, condition, strongest, tuple(steps))
@@ -270,6 +286,22 @@ def _parse_step(stage: int, seg: list[str]) -> StepSpec:
         if not 0 < within_s <= 31 * 86400:
             raise ConditionError(f"step {seg[0]!r}: within must be between 1 s and 31 days")
         rest = rest[2:]
+    escalate_after_s, escalate_to = None, ""
+    if rest and rest[0] == "escalate":
+        # escalate after DURATION to NAME
+        duration = _DURATION.match(rest[2]) if len(rest) > 2 and rest[1] == "after" else None
+        if duration is None or len(rest) < 5 or rest[3] != "to":
+            raise ConditionError(
+                f"step {seg[0]!r}: spell it 'escalate after 15m to oncall' (a duration, a channel "
+                "role or on-call group)"
+            )
+        escalate_after_s = int(duration["n"]) * _UNIT_S[duration["unit"]]
+        if not 0 < escalate_after_s <= 31 * 86400:
+            raise ConditionError(f"step {seg[0]!r}: escalate after must be between 1 s and 31 days")
+        escalate_to = rest[4]
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", escalate_to):
+            raise ConditionError(f"step {seg[0]!r}: escalate to {escalate_to!r} is not a name")
+        rest = rest[5:]
     if rest and rest[0] == "if":
         condition = " ".join(rest[1:])
         parsed = parse_condition(condition)
@@ -280,10 +312,10 @@ def _parse_step(stage: int, seg: list[str]) -> StepSpec:
         rest = []
     if rest:
         raise ConditionError(
-            f"step {seg[0]!r}: unexpected {' '.join(rest)!r} (expected 'within DURATION' "
-            "or 'if CONDITION')"
+            f"step {seg[0]!r}: unexpected {' '.join(rest)!r} (expected 'within DURATION', "
+            "'escalate after DURATION to NAME' or 'if CONDITION')"
         )
-    return StepSpec(stage, found["role"], count, within_s, condition)
+    return StepSpec(stage, found["role"], count, within_s, condition, escalate_after_s, escalate_to)
 
 
 def parse_steps_json(raw: Any) -> tuple[StepSpec, ...]:
@@ -300,6 +332,9 @@ def parse_steps_json(raw: Any) -> tuple[StepSpec, ...]:
         words = [f"{item.get('count', 1)}*{item.get('role')}"]
         if item.get("within_s"):
             words += ["within", f"{item['within_s']}s"]
+        if item.get("escalate_after_s") or item.get("escalate_to"):
+            words += ["escalate", "after", f"{item.get('escalate_after_s')}s", "to"]
+            words += [str(item.get("escalate_to") or "")]
         if item.get("condition"):
             words += ["if", str(item["condition"])]
         try:

@@ -363,6 +363,11 @@ def effect_dict(e: Effect) -> dict[str, Any]:
     }
 
 
+def agent_with_policies(name: str) -> Agent | None:
+    """An agent and its approval policies (prefetched), or None."""
+    return Agent.objects.prefetch_related("approval_policies").filter(name=name).first()
+
+
 def agent_names(actor: Actor | None = None) -> QuerySet:
     """Registered agents' names (of the actor's teams), for the run list's agent filter."""
     qs = Agent.objects.order_by("name")

@@ -10,8 +10,9 @@ from typing import Any
 
 from audit.services import record_audit
 from core.actors import Actor
-from core.errors import Invalid
+from core.errors import Forbidden, Invalid, NotFound
 from core.names import name_problem, scope_problem
+from core.roles import may
 from runs.conditions import (
     STEP_ROLES,
     ConditionError,
@@ -35,16 +36,24 @@ def parse_scopes(scopes: list[str]) -> list[str]:
     return list(scopes)
 
 
-def parse_policies(specs: list[Any]) -> list[PolicySpec]:
+def parse_policies(specs: list[Any], *, field: str = "approval") -> list[PolicySpec]:
     """Each spec is the ``--approval`` spelling, or the JSON shape ``{"approval": "tool:action
-    [condition]", "steps": [{"role", "count", "stage", "within_s", "condition"}]}``."""
-    try:
-        policies = [_parse_one(spec) for spec in specs]
-    except ConditionError as err:
-        raise Invalid(str(err), field="approval") from None
-    for p in policies:
+    [condition]", "steps": [{"role", "count", "stage", "within_s", "condition"}]}``.
+
+    A bad one is refused naming ``field``; ``field="approvals"`` names its index: ``approvals[2]``."""
+
+    def named(i: int) -> str:
+        return f"{field}[{i}]" if field == "approvals" else field
+
+    policies = []
+    for i, spec in enumerate(specs):
+        try:
+            policies.append(_parse_one(spec))
+        except ConditionError as err:
+            raise Invalid(f"{named(i)}: {err}", field=named(i)) from None
+    for i, p in enumerate(policies):
         if why := scope_problem(f"{p.tool}:{p.action}"):
-            raise Invalid(f"approval {p.tool}:{p.action}: {why}", field="approval")
+            raise Invalid(f"approval {p.tool}:{p.action}: {why}", field=named(i))
     return policies
 
 
@@ -108,12 +117,25 @@ def register_agent(
 
 
 def set_approval_policies(
-    *, actor: Actor, agent: str, approvals: list[str]
+    *,
+    actor: Actor,
+    agent: str,
+    approvals: list[Any],
+    field: str = "approval",
+    check_right: bool = False,
 ) -> list[ApprovalPolicy]:
+    """Replace ``agent``'s approval policies (one decision, audited with before and after). The API
+        (``PUT /api/v1/agents/{name}/approval-policies``) passes ``field="approvals"``: a refusal then
+        names the policy's index, and ``check_right=True``: only ``manage_approval_policies`` (admins) may,
+    a refusal audited like any other (the command line and the seed act as the operator of the host)."""
     with decision(actor, "agent.approval_policies", "agent", agent):
-        policies = parse_policies(approvals)
+        if check_right and (actor.is_worker or not may(actor.roles, "manage_approval_policies")):
+            raise Forbidden("only an admin may change an agent's approval policies")
+        policies = parse_policies(approvals, field=field)
         row = Agent.objects.select_for_update().filter(name=agent).first()
         if row is None:
+            if check_right:
+                raise NotFound("no such agent", object="agent")
             raise Invalid(f"agent {agent!r} is not registered", field="agent")
         return _replace_policies(row, policies, actor)
 

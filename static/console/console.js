@@ -185,3 +185,14 @@
   // After an htmx swap of the list, keep the selection on the same position when possible.
   document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });
 })();
+
+// A notification's link (/runs/<run>/?approval=<id>) opens the run page on that approval: its row is
+// marked by the server (data-linked-approval) and scrolled to here, also after the login redirects
+// lost the #fragment. The link grants nothing: the buttons are the viewer's own rights.
+document.addEventListener("DOMContentLoaded", function () {
+  var linked = document.querySelector("[data-linked-approval]");
+  if (!linked) return;
+  linked.scrollIntoView({ block: "center" });
+  linked.setAttribute("tabindex", "-1");
+  linked.focus({ preventScroll: true });
+});

@@ -158,6 +158,7 @@ def world(worker, cast, as_user) -> dict:
         "slug": "hostile",
         "username": "otto",
         "channel_id": channel.json()["id"],
+        "name": "purchasing",  # an agent's name: its approval-policies routes reach it
         "hold_id": hold.json()["id"],
         "freeze_id": frozen.json()["freeze"]["id"],
         "operation_id": held.json()["id"],

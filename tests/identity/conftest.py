@@ -55,8 +55,10 @@ class Idp:
             capture_output=True,
         )
 
-    def set_users(self, users: dict[str, list[str]]) -> None:
-        spec = json.dumps({"users": users, "redirect_uri": self.redirect_uri})
+    def set_users(self, users: dict[str, list[str]], renames: dict[str, str] | None = None) -> None:
+        spec = json.dumps(
+            {"users": users, "renames": renames or {}, "redirect_uri": self.redirect_uri}
+        )
         subprocess.run(
             [sys.executable, str(ROOT / "tests/identity/provider/seed.py"), spec],
             env=self.env,

@@ -222,3 +222,11 @@ def test_the_console_shows_who_approved_and_who_is_still_needed(worker, cast, cl
     assert "1 × security_responder (if amount&gt;10000)" in inbox
     page = client.get(f"/runs/{run['id']}/").content.decode()
     assert "approved by april2; still needed: 1" in page
+    # The approve dialog's preview card shows the same progress before the person decides.
+    dialog = client.get(
+        f"/runs/{run['id']}/interventions/new/",
+        {"kind": "approve", "approval_id": asked["id"]},
+        HTTP_HX_REQUEST="true",
+    ).content.decode()
+    assert 'data-testid="preview-progress"' in dialog, dialog[:2000]
+    assert "approved by april2; still needed: 1" in dialog

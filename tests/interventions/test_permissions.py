@@ -25,6 +25,7 @@ NOT_INTERVENTIONS = {
     "audit_export",
     "audit_verify",
     "manage_channels",  # notification channels (notifications/): an admin right, not a contract
+    "manage_approval_policies",  # an agent's approval policies (api/agents.py): admin, not a contract
     "audit_read_all",
     "fleet",
     "take_command",

@@ -214,3 +214,63 @@ def test_secrets_are_stored_encrypted_masked_and_changes_are_audited():
     )
     assert actions == ["channel.create", "channel.change", "channel.delete"]
     assert KEY not in json.dumps(list(AuditEvent.objects.values_list("context", flat=True)))
+
+
+def test_a_policy_step_escalates_to_on_call_without_a_channel_setting(worker, tmp_path):
+    """``escalate after 15m to oncall`` in the policy's step, not on the channel."""
+    from runs.services.agents import set_approval_policies
+
+    spec = "payments:charge 2*approver escalate after 15m to oncall then security_responder"
+    policy = set_approval_policies(actor=ADMIN, agent="purchasing", approvals=[spec])[0]
+    assert policy.spec == spec  # the spelling reads back as written
+    receiver = http_receiver(tmp_path).start()
+    try:
+        _webhook(f"http://127.0.0.1:{receiver.port}/a")
+        services.create_channel(
+            actor=ADMIN,
+            data={
+                "name": "oncall",
+                "kind": "webhook",
+                "url": f"http://127.0.0.1:{receiver.port}/oncall",
+                "secret": KEY,
+                "roles": ["oncall"],
+            },
+        )
+        run, _ = running_run(worker)
+        approval_id = _ask(worker, run["id"])
+        _deliver_all()
+        assert jobs.escalate_due(actor=ADMIN) == []  # not yet 15 minutes
+        approval = Approval.objects.get(pk=approval_id)
+        steps = approval.steps
+        opened = __import__("datetime").datetime.fromisoformat(steps[0]["opened_at"])
+        steps[0]["opened_at"] = (opened - __import__("datetime").timedelta(minutes=15)).isoformat()
+        Approval.objects.filter(pk=approval_id).update(steps=steps)
+        assert jobs.escalate_due(actor=ADMIN) == [approval_id]
+        assert jobs.escalate_due(actor=ADMIN) == []  # once
+        _deliver_all()
+        paths = [r["path"] for r in receiver.received()]
+    finally:
+        receiver.stop()
+    assert sorted(paths) == ["/a", "/oncall"]
+    event = AuditEvent.objects.get(action="approval.notification_escalated")
+    assert (
+        event.context["from_policy_step"] == "approver"
+        and event.context["escalated_to"] == "oncall"
+    )
+    assert Approval.objects.get(pk=approval_id).status == Approval.PENDING
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "payments:charge approver escalate after to oncall",
+        "payments:charge approver escalate after 15m oncall",
+        "payments:charge approver escalate after 0m to oncall",
+        "payments:charge approver escalate after 15m to on/call",
+    ],
+)
+def test_a_bad_escalation_spelling_is_refused_naming_it(bad):
+    from runs.conditions import ConditionError, parse_policy_spec
+
+    with pytest.raises(ConditionError, match="escalate"):
+        parse_policy_spec(bad)

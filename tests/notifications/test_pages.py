@@ -86,7 +86,9 @@ def test_the_test_send_button_shows_its_result_in_place(cast, tmp_path):
     assert b'data-test="failed"' in failed.content and b"ConnectError" in failed.content
 
 
-def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker, cast, tmp_path):
+def test_the_link_opens_the_approval_after_login_and_carries_no_authority(
+    worker, cast, as_user, tmp_path
+):
     receiver = http_receiver(tmp_path).start()
     try:
         services.create_channel(
@@ -122,6 +124,23 @@ def test_the_link_opens_the_approval_after_login_and_carries_no_authority(worker
     assert after_login.status_code == 302 and after_login["Location"] == path
     page = client.get(path)
     assert page.status_code == 200 and approval_id.encode() in page.content
+    # The exact approval is marked (and scrolled to by static/console/console.js).
+    marked = f'id="approval-{approval_id}" class="linked-approval" data-linked-approval'
+    assert marked.encode() in page.content
+    assert b"?kind=approve&amp;approval_id=" + approval_id.encode() in page.content
+    # The link carries no authority: a viewer sees the marked approval, no buttons, and is refused.
+    viewer_page = _login("vera").get(path)
+    assert marked.encode() in viewer_page.content
+    assert b"?kind=approve&amp;approval_id=" not in viewer_page.content
+    decision = {
+        "kind": "approve",
+        "reason": "from the link",
+        "options": {"approval_id": approval_id},
+    }
+    assert as_user("vera").post(f"/runs/{run['id']}/interventions", decision).status_code == 403
+    # Decided once; a second decision (another approver following the same link) is refused 409.
+    assert as_user("april").post(f"/runs/{run['id']}/interventions", decision).status_code == 202
+    assert as_user("ian").post(f"/runs/{run['id']}/interventions", decision).status_code == 409
 
 
 def test_a_failing_channel_shows_on_the_run_page(worker, cast):
@@ -143,3 +162,58 @@ def test_a_failing_channel_shows_on_the_run_page(worker, cast):
     assert b'data-testid="notification-failing"' in page.content and b"ConnectError" in page.content
     channel_page = _login("ada").get(f"/channels/{channel.pk}/")
     assert b'data-health="failing"' in channel_page.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_failing_banner_is_pushed_live_to_an_open_run_page(worker, cast, monkeypatch):
+    """The run page's socket (the real consumer, in-memory channel layer) gets the header with the
+    banner when the fifth failure in a row makes the channel failing; no reload. Without
+    jobs.announce_channel_health nothing is pushed and this test fails."""
+    from asgiref.sync import async_to_sync
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.test import override_settings
+
+    from controlplane.asgi import application
+    from core import live
+    from notifications.models import Delivery
+
+    services.create_channel(
+        actor=system_actor("t"),
+        data={"name": "down", "kind": "webhook", "url": "http://127.0.0.1:9/h", "secret": KEY},
+    )
+    run, _ = running_run(worker)
+    worker.post(
+        f"/runs/{run['id']}/approvals",
+        {"fencing_token": 1, "tool": "payments", "action": "charge", "args": {"amount": 5}},
+    )
+    from interventions.models import Job
+
+    jobs.notify_approval(Job.objects.get(kind=jobs.FAN_OUT).target_id)
+    delivery = Delivery.objects.get()
+    for _ in range(4):
+        jobs.attempt(delivery.pk)  # four failures: not failing yet
+    client = _login("otto")
+    headers = [
+        (b"origin", b"http://testserver"),
+        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        (b"host", b"testserver"),
+    ]
+    assert live.flush()
+
+    async def scenario():
+        page = WebsocketCommunicator(application, f"/ws/runs/{run['id']}/", headers=headers)
+        assert (await page.connect(timeout=5))[0]
+        first = await page.receive_from(timeout=5)  # connect: everything
+        assert 'id="run-header"' in first and "notification-failing" not in first
+        await database_sync_to_async(jobs.attempt)(delivery.pk)  # the fifth
+        pushed = await page.receive_from(timeout=5)
+        assert (
+            'data-testid="notification-failing"' in pushed and "Channel down is failing" in pushed
+        )
+        await page.disconnect()
+
+    with override_settings(
+        CHANNEL_LAYERS={"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    ):
+        async_to_sync(scenario)()

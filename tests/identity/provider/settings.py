@@ -48,4 +48,7 @@ OAUTH2_PROVIDER = {
     "SCOPES": {"openid": "OpenID Connect", "email": "e-mail", "profile": "profile"},
     "PKCE_REQUIRED": True,
     "ACCESS_TOKEN_EXPIRE_SECONDS": 300,
+    # RP-initiated logout (/o/logout/): with a valid id_token_hint, no confirmation page.
+    "OIDC_RP_INITIATED_LOGOUT_ENABLED": True,
+    "OIDC_RP_INITIATED_LOGOUT_ALWAYS_PROMPT": False,
 }
