@@ -56,6 +56,7 @@ from runs.selectors import (
     effect_dict,
     effect_with_run,
     grants_in,
+    pending_approval,
     pending_approvals,
     people_with_roles,
     role_holders,
@@ -300,7 +301,7 @@ def _multi_party_progress(run: Run, approval_id: Any) -> dict[str, Any] | None:
         wanted = UUID(str(approval_id))
     except ValueError:
         return None
-    approval = pending_approvals(run).filter(pk=wanted).first()
+    approval = pending_approval(run, wanted)
     if approval is None or not approval.steps:
         return None
     return approval_progress(approval)

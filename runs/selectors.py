@@ -430,6 +430,11 @@ def pending_approvals(run: Run) -> QuerySet[Approval]:
     return run.approvals.filter(status=Approval.PENDING).order_by("requested_at")
 
 
+def pending_approval(run: Run, approval_id: Any) -> Approval | None:
+    """One of the run's pending approvals, or None when it is not pending (or not the run's)."""
+    return pending_approvals(run).filter(pk=approval_id).first()
+
+
 def grants_in(run: Run, status: str | None = None) -> QuerySet[AuthorityGrant]:
     """The run's grants in grant order (``status``: only those with that stored status)."""
     grants = run.grants.order_by("granted_at")

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent, SsoIdentity
 from audit.services import record_audit
+from core import pg as core_pg
 from core.actors import Actor
 from core.auth import request_meta
 from core.live import push_session_check
@@ -204,7 +205,7 @@ def lookalike_of(name: str, *, exclude_pk: int | None = None) -> str | None:
 def _serialize_first_logins() -> None:
     """First logins (no identity yet) take one lock, so two of the same person at once make one
     account, and two look-alike names at once cannot both pass the look-alike check."""
-    if connection.vendor == "postgresql":
+    if core_pg.enabled(connection):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FIRST_LOGIN_LOCK])
 
