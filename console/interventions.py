@@ -62,8 +62,8 @@ from runs.selectors import (
     role_holders,
     run_with_people,
 )
-from runs.team_scope import team_slugs_of
 from runs.states import State, as_table
+from runs.team_scope import team_slugs_of
 
 FLAGS = ("suspend_authority", "reobserve_assumptions")
 PREFERENCES = ("redrive", "compensate", "escalate")
@@ -535,7 +535,9 @@ def inbox_context(actor) -> dict[str, Any]:
         progress = approval_progress(a) if a.steps else None
         # multi-party: theirs when a step of the open stage needs a role they satisfy or is a
         # team step of one of their teams
-        open_now = [s for s in progress["steps"] if s["open"] and s["still_needed"]] if progress else []
+        open_now = (
+            [s for s in progress["steps"] if s["open"] and s["still_needed"]] if progress else []
+        )
         needed = [s["role"] for s in open_now if not s["team"]] if progress else [a.required_role]
         if any(s["team"] for s in open_now) and my_teams is None:
             my_teams = team_slugs_of(actor.user_id)

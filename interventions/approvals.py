@@ -32,11 +32,11 @@ from interventions.plugins import Answers, Console, Contract, Request, Row, Spec
 from interventions.registry import redact
 from runs.models import Approval, ApprovalDecision, Run
 from runs.selectors import approval_progress
-from runs.team_scope import team_slugs_of
 from runs.services.approvals import open_stage
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.history import append_history
 from runs.states import Event, transition
+from runs.team_scope import team_slugs_of
 
 
 class SeparationOfDuties(Forbidden):

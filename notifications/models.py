@@ -4,7 +4,6 @@ notifications.services and notifications.jobs; every change of a channel is audi
 from __future__ import annotations
 
 import uuid
-
 from typing import Any
 
 from django.db import models

@@ -227,8 +227,9 @@ class PolicySpec:
 
 def parse_policy_spec(text: str) -> PolicySpec:
     """``TOOL:ACTION [CONDITION] [STEP ((then|and) STEP)*]`` -> PolicySpec, or ConditionError naming
-    the problem. A STEP is ``[N*]ROLE`` or ``[N*]team:TEAM``, then ``[within DURATION] [if CONDITION]``; ``then`` starts the next
-    stage (in order), ``and`` adds a step to the same stage (any order). The classic spelling
+    the problem. A STEP is ``[N*]ROLE`` or ``[N*]team:TEAM``, then ``[within DURATION] [if
+    CONDITION]``; ``then`` starts the next stage (in order), ``and`` adds a step to the same stage
+    (any order). The classic spelling
     ``tool:action [condition] [role]`` is the one-step, one-approver case."""
     words = (text or "").split()
     if not words:

@@ -138,7 +138,9 @@ def test_an_unknown_team_or_role_and_team_is_refused_naming_the_field(agent, pay
             "register_agent", "purchasing", "--scope", "payments:charge",
             "--approval", "payments:charge 2*team:ghosts",
         )  # fmt: skip
-    ok = _put(ada, {"approvals": [{"approval": "payments:charge", "steps": [{"team": "payments"}]}]})
+    ok = _put(
+        ada, {"approvals": [{"approval": "payments:charge", "steps": [{"team": "payments"}]}]}
+    )
     assert ok.status_code == 200, ok.content
 
 
@@ -293,8 +295,12 @@ def test_a_channel_of_the_team_is_told(worker, cast, payments):
     from notifications.messages import message_for
     from notifications.models import Channel, Delivery
 
-    Channel.objects.create(name="pay-hook", kind="webhook", url="https://x.test/h", roles=["team:payments"])
-    Channel.objects.create(name="sec", kind="webhook", url="https://x.test/s", roles=["security_responder"])
+    Channel.objects.create(
+        name="pay-hook", kind="webhook", url="https://x.test/h", roles=["team:payments"]
+    )
+    Channel.objects.create(
+        name="sec", kind="webhook", url="https://x.test/s", roles=["security_responder"]
+    )
     _policy()
     run, _ = running_run(worker)
     asked = _ask(worker, run["id"])
