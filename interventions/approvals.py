@@ -493,13 +493,25 @@ def approval_card(p: Mapping[str, Any]) -> Answers:
                 [
                     cards.row(
                         cards.cell("time", shown.get("deadline")),
-                        cards.cell("text", shown.get("required_role")),
+                        cards.cell("text", _needs_now(shown)),
                     )
                 ],
             ),
         ),
         cards.answer("delivery", "Delivery", p.get("delivery", "")),
     ]
+
+
+def _needs_now(shown: Mapping[str, Any]) -> str:
+    """The required role; for a multi-party approval, what its open stage still needs ("1 from team
+    payments", "2 approver")."""
+    steps = (shown.get("progress") or {}).get("steps") or []
+    open_now = [
+        f"{s['still_needed']} " + (f"from team {s['team']}" if s.get("team") else s["role"])
+        for s in steps
+        if s.get("open") and s.get("still_needed")
+    ]
+    return "; ".join(open_now) or str(shown.get("required_role") or "")
 
 
 def approval_receipt(r: Mapping[str, Any]) -> Answers:

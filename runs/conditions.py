@@ -323,7 +323,8 @@ def _parse_step(stage: int, seg: list[str]) -> StepSpec:
         if not 0 < escalate_after_s <= 31 * 86400:
             raise ConditionError(f"step {seg[0]!r}: escalate after must be between 1 s and 31 days")
         escalate_to = rest[4]
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", escalate_to):
+        # a channel role or on-call group, or ``team:payments`` (the channels of a team's people)
+        if not re.fullmatch(r"(?:team:)?[A-Za-z0-9_.-]{1,100}", escalate_to):
             raise ConditionError(f"step {seg[0]!r}: escalate to {escalate_to!r} is not a name")
         rest = rest[5:]
     if rest and rest[0] == "if":

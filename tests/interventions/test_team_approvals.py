@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -13,6 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from core.actors import system_actor
@@ -95,6 +97,8 @@ def test_both_spellings_parse():
     alone = parse_policy_spec("payments:charge team:payments")
     assert alone.multi_party and alone.approver_role == "approver"
     assert alone.steps[0].as_json()["team"] == "payments" and alone.steps[0].spec == "team:payments"
+    told = parse_policy_spec("payments:charge 2*team:payments escalate after 15m to team:payments")
+    assert told.steps[0].escalate_to == "team:payments"
     steps = parse_steps_json([{"team": "payments", "count": 2, "within_s": 1800}])
     assert [(s.team, s.role, s.count, s.within_s) for s in steps] == [("payments", "", 2, 1800)]
     assert steps[0].spec == "2*team:payments within 30m"
@@ -288,10 +292,11 @@ def test_the_inbox_shows_it_to_members_only(worker, cast, payments, client):
     ).content.decode()
     assert 'data-testid="preview-progress"' in dialog
     assert "1 of 2 from team payments" in dialog and "may still decide: pam, pat" in dialog
+    assert ">1 from team payments<" in dialog  # the card's "needs" cell: what the open step needs
 
 
 def test_a_channel_of_the_team_is_told(worker, cast, payments):
-    from notifications.jobs import fan_out
+    from notifications.jobs import escalate_due, fan_out
     from notifications.messages import message_for
     from notifications.models import Channel, Delivery
 
@@ -301,10 +306,16 @@ def test_a_channel_of_the_team_is_told(worker, cast, payments):
     Channel.objects.create(
         name="sec", kind="webhook", url="https://x.test/s", roles=["security_responder"]
     )
-    _policy()
+    _policy("payments:charge 2*team:payments escalate after 15m to security_responder")
     run, _ = running_run(worker)
     asked = _ask(worker, run["id"])
     fan_out(asked["id"])
     delivery = Delivery.objects.get(approval_id=asked["id"])
     assert delivery.channel.name == "pay-hook"
     assert "needs 2 from team payments" in message_for(delivery)["summary"]
+    # the step's own escalation: sent again to the channels serving security_responder, audited
+    assert escalate_due(actor=SYSTEM, now=timezone.now() + timedelta(minutes=20)) == [asked["id"]]
+    escalated = Delivery.objects.get(approval_id=asked["id"], reason=Delivery.ESCALATED)
+    assert escalated.channel.name == "sec"
+    audit = AuditEvent.objects.get(action="approval.notification_escalated")
+    assert audit.context["from_policy_step"] == "team:payments"
