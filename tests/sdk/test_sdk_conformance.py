@@ -6,9 +6,11 @@ against an agent that misbehaves, which it must fail; its CLI writes Markdown, J
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,29 @@ def test_the_command_writes_markdown_and_json_evidence(tmp_path):
     assert "## 4. Retry an ambiguous timeout: passed" in md and "not shown by this kit" in md
     page = (tmp_path / "conformance.html").read_text()
     assert "7 of 7 scenarios passed" in page and page.count("<h2>") == 7
+
+
+def test_the_command_loads_the_kit_once_so_an_agent_catching_its_kill_sees_it(tmp_path):
+    """``python -m controlplane_sdk.conformance`` runs the package's ``__main__``, which calls the
+    kit's ``main``: the kit is not loaded a second time as ``__main__``, so the ``WorkerKilled`` its
+    stand-in raises is the class the MCP agent catches (with two, scenario 7 failed)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "controlplane_sdk.conformance",
+         "tests.sdk.conformance_agents:mcp_gateway", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    evidence = json.loads((tmp_path / "conformance.json").read_text())
+    failed = [(s["number"], s["error"]) for s in evidence["scenarios"] if s["status"] != "passed"]
+    assert out.returncode == 0 and not failed, (failed, out.stdout[-2000:], out.stderr[-3000:])
+
+
+def test_the_console_script_finds_the_authors_module_in_the_current_directory(tmp_path):
+    (tmp_path / "my_agent.py").write_text("from tests.sdk.conformance_agents import sdk as build\n")
+    script = Path(sys.executable).with_name("controlplane-conformance")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run(
+        [str(script), "my_agent:build", "--out", "evidence"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads((tmp_path / "evidence" / "conformance.json").read_text())["passed"] == 7

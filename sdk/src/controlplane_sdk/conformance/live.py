@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from .client import Client
-from .errors import ApiError
+from ..client import Client
+from ..errors import ApiError
 
 __all__ = ["LiveControlPlane"]
 

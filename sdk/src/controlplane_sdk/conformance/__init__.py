@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -30,10 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ClaimRefused, LeaseLost
-from .loop import run_one
-from .runtime import RunContext, Worker
-from .testing import FakeControlPlane
+from ..errors import ClaimRefused, LeaseLost
+from ..loop import run_one
+from ..runtime import RunContext, Worker
+from ..testing import FakeControlPlane
 
 __all__ = ["ToolStandIn", "WorkerKilled", "run_kit", "main"]
 
@@ -395,12 +396,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--operator-token-env", default="CONTROLPLANE_OPERATOR_TOKEN")
     p.add_argument("--scope", action="append", default=[], help="with --url: authority scopes")
     args = p.parse_args(argv)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # the console script (``controlplane-conformance``) finds the author's module where
+        # ``python -m`` would: in the current directory
+        sys.path.insert(0, os.getcwd())
     module, _, attr = args.agent.partition(":")
     build = getattr(importlib.import_module(module), attr or "build")
     if args.url:
-        import os
-
-        from ._live_kit import LiveControlPlane
+        from .live import LiveControlPlane
 
         if not args.agent_name:
             p.error("--url needs --agent-name (an agent registered on that control plane)")
@@ -424,7 +427,3 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "conformance.html").write_text(html(evidence))
     print(f"{evidence['passed']}/{evidence['total']} passed; evidence in {args.out}")
     return 0 if evidence["passed"] == evidence["total"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
