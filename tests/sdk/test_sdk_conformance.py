@@ -39,6 +39,12 @@ def test_a_well_behaved_agent_passes_all_seven(build):
     assert not failed, failed
     assert evidence["passed"] == 7 and time.monotonic() - t0 < 60
     assert all(s["shown"] for s in evidence["scenarios"])
+    recovered = "\n".join(evidence["scenarios"][6]["shown"])
+    # the killed worker's scenario says so itself: the orphan reconciled, nothing done twice
+    assert "is reconciled in the ledger: committed" in recovered
+    assert "no effect is left without a known outcome" in recovered
+    assert "the ledger holds each call committed once" in recovered
+    assert "no effect was done twice" in recovered
 
 
 def test_an_agent_that_ignores_directives_and_invents_keys_fails():
@@ -48,7 +54,7 @@ def test_an_agent_that_ignores_directives_and_invents_keys_fails():
     # per attempt means a resumed, retried or recovered run does everything again.
     assert (status[2], status[4], status[7]) == ("failed", "failed", "failed"), status
     errors = {s["number"]: s["error"] for s in evidence["scenarios"]}
-    assert "done twice" in errors[2] and "done twice" in errors[4]
+    assert "done twice" in errors[2] and "done twice" in errors[4] and "twice" in errors[7]
 
 
 def test_the_command_writes_markdown_and_json_evidence(tmp_path):
@@ -90,3 +96,14 @@ def test_the_console_script_finds_the_authors_module_in_the_current_directory(tm
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads((tmp_path / "evidence" / "conformance.json").read_text())["passed"] == 7
+
+
+def test_only_runs_the_scenarios_named(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "controlplane_sdk.conformance", "tests.sdk.conformance_agents:sdk",
+         "--only", "7", "--only", "4", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    evidence = json.loads((tmp_path / "conformance.json").read_text())
+    assert [s["number"] for s in evidence["scenarios"]] == [4, 7] and evidence["passed"] == 2
