@@ -179,3 +179,28 @@ def test_a_fleet_selection_picks_the_actors_teams_runs_only(two_teams: Teams):
     assert picked <= mine and pia.json()["matched"] == 2
     ian = two_teams.api("ian").post("/fleet/preview", body)
     assert ian.json()["matched"] == 4
+
+
+def test_metrics_count_runs_by_team_and_state(two_teams: Teams, client):
+    from collections import Counter
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from runs.models import Run
+
+    body = client.get("/metrics").content.decode()
+    samples = {
+        (s.labels["team"], s.labels["state"]): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name == "controlplane_team_runs"
+    }
+    expected = Counter(
+        (team or "default", state) for team, state in Run.objects.values_list("team__slug", "state")
+    )
+    assert {k: v for k, v in samples.items() if v} == expected
+    assert sum(v for (team, _), v in samples.items() if team == "payments") == 2
+    assert samples[("default", "queued")] == 0  # every team and state, zeros too
+    assert 'controlplane_team_runs{state="running",team="support"}' in body or (
+        'controlplane_team_runs{team="support",state="running"}' in body
+    )
