@@ -63,6 +63,7 @@ from runs.selectors import (
     run_with_people,
 )
 from runs.states import State, as_table
+from runs.team_scope import team_slugs_of
 
 FLAGS = ("suspend_authority", "reobserve_assumptions")
 PREFERENCES = ("redrive", "compensate", "escalate")
@@ -514,11 +515,13 @@ def reconcile(request: ConsoleRequest, effect_id: UUID) -> HttpResponse:
 
 
 def inbox_context(actor) -> dict[str, Any]:
-    """Pending approvals this user's roles may decide (required role satisfied, permission to approve):
-    one row per decision (run + action digest), sensitive args masked by the adapter's redaction;
-    and what waits on other people, with who may decide it (so "nothing for you" is not "nothing")."""
+    """Pending approvals this user's roles may decide (required role satisfied, permission to approve),
+    or whose open step names a team of theirs: one row per decision (run + action digest), sensitive
+    args masked by the adapter's redaction; and what waits on other people, with who may decide it
+    (so "nothing for you" is not "nothing")."""
     roles = actor.roles
     decidable = [required for required, satisfied_by in SATISFIES.items() if satisfied_by & roles]
+    my_teams: frozenset[str] | None = None  # read once, when a team step first asks
     rows: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
     seen: set[tuple[Any, str]] = set()
@@ -530,13 +533,18 @@ def inbox_context(actor) -> dict[str, Any]:
             continue  # the same decision asked twice: it is decided once
         seen.add((a.run_id, a.digest))
         progress = approval_progress(a) if a.steps else None
-        # multi-party: theirs when a step of the open stage needs a role they satisfy
-        needed = (
-            [s["role"] for s in progress["steps"] if s["open"] and s["still_needed"]]
-            if (progress)
-            else [a.required_role]
+        # multi-party: theirs when a step of the open stage needs a role they satisfy or is a
+        # team step of one of their teams
+        open_now = (
+            [s for s in progress["steps"] if s["open"] and s["still_needed"]] if progress else []
         )
-        mine = any(r in decidable for r in needed) and deciding
+        needed = [s["role"] for s in open_now if not s["team"]] if progress else [a.required_role]
+        if any(s["team"] for s in open_now) and my_teams is None:
+            my_teams = team_slugs_of(actor.user_id)
+        mine = deciding and (
+            any(r in decidable for r in needed)
+            or any(s["team"] and s["team"] in (my_teams or ()) for s in open_now)
+        )
         self_asked = actor.label in (a.requested_by, a.run.created_by)
         row = {
             "a": a,
@@ -564,6 +572,12 @@ def _deciders(a, holders: dict[str, list[str]]) -> str:
     role = a.required_role
     if a.steps:  # multi-party: the open stage's first step still short of people
         open_now = [s for s in approval_progress(a)["steps"] if s["open"] and s["still_needed"]]
+        if open_now and open_now[0]["team"]:  # a team step: its members who may still decide
+            names = open_now[0]["may_decide"] or []
+            return (
+                f"needs {open_now[0]['still_needed']} from team {open_now[0]['team']} — "
+                f"currently: {', '.join(names) if names else 'nobody'}"
+            )
         role = open_now[0]["role"] if open_now else role
     roles = [r for r in ROLES if r in SATISFIES.get(role, frozenset({"admin"}))]
     asked = {a.requested_by, a.run.created_by}

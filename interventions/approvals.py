@@ -36,6 +36,7 @@ from runs.services.approvals import open_stage
 from runs.services.decisions import apply_transition, lock_run
 from runs.services.history import append_history
 from runs.states import Event, transition
+from runs.team_scope import team_slugs_of
 
 
 class SeparationOfDuties(Forbidden):
@@ -46,6 +47,12 @@ class RoleRequired(Forbidden):
     """Allowed to decide approvals, but not this one (or not its open step): another role is needed."""
 
     code = "approval_role_required"
+
+
+class TeamRequired(Forbidden):
+    """Allowed to decide approvals, but the open step names a team this person is not in."""
+
+    code = "approval_team_required"
 
 
 def _approval(run: Run, req: Request) -> Approval:
@@ -137,17 +144,53 @@ def open_steps(approval: Approval, decisions: list[ApprovalDecision]) -> list[in
     ]
 
 
-def step_for(approval: Approval, decisions: list[ApprovalDecision], actor: Actor) -> int | None:
-    """The open step this person fills: one naming their own role first, else the first they
-    satisfy (an admin fills an approver step only when no admin step is open)."""
-    fits = [
+def step_for(
+    approval: Approval,
+    decisions: list[ApprovalDecision],
+    actor: Actor,
+    teams: frozenset[str] = frozenset(),
+) -> int | None:
+    """The open step this person fills: one naming their own role or one of their ``teams`` first,
+    else the first role step they satisfy (an admin fills an approver step only when no admin step
+    is open). A team step is filled only by the team's members (who may approve at all: the
+    contract's permission row let them this far), whatever their role."""
+
+    def fits(step: dict[str, Any]) -> bool:
+        if step.get("team"):
+            return step["team"] in teams
+        return bool(SATISFIES.get(step["role"], frozenset({ADMIN})) & actor.roles)
+
+    fitting = [i for i in open_steps(approval, decisions) if fits(approval.steps[i])]
+    exact = [
         i
-        for i in open_steps(approval, decisions)
-        if SATISFIES.get(approval.steps[i]["role"], frozenset({ADMIN})) & actor.roles
+        for i in fitting
+        if approval.steps[i].get("team") or approval.steps[i]["role"] in actor.roles
     ]
-    exact = [i for i in fits if approval.steps[i]["role"] in actor.roles]
-    chosen = exact or fits
+    chosen = exact or fitting
     return chosen[0] if chosen else None
+
+
+def _refuse_step(
+    approval: Approval, decisions: list[ApprovalDecision], actor: Actor, teams: frozenset[str]
+) -> Forbidden:
+    """The person fits no open step: say which role or team the open stage needs."""
+    needed = [approval.steps[i] for i in open_steps(approval, decisions)]
+    roles = sorted({s["role"] for s in needed if not s.get("team")})
+    named_teams = sorted({s["team"] for s in needed if s.get("team")})
+    if named_teams and not roles:
+        return TeamRequired(
+            f"the open step needs a member of team {', '.join(named_teams)}; you are in "
+            f"{', '.join(sorted(teams)) or 'no team'}",
+            required_team=named_teams[0],
+            your_teams=sorted(teams),
+        )
+    wants = [f"role {', '.join(roles)}"] if roles else []
+    wants += [f"a member of team {', '.join(named_teams)}"] if named_teams else []
+    return RoleRequired(
+        f"the open step needs {' or '.join(wants)}; you hold {sorted(actor.roles)}",
+        required_role=roles[0] if roles else approval.required_role,
+        **({"required_team": named_teams[0]} if named_teams else {}),
+    )
 
 
 def _check_decider(run: Run, approval: Approval, actor: Actor) -> None:
@@ -261,19 +304,20 @@ def _decide_step(
             f"{actor.name} already decided this approval; a person counts once",
             approval_status=approval.status,
         )
-    step = step_for(approval, decisions, actor)
+    # Team membership is read now, under the run lock: a person removed from the team a moment ago
+    # no longer counts for it.
+    teams = team_slugs_of(actor.user_id) if any(s.get("team") for s in approval.steps) else None
+    step = step_for(approval, decisions, actor, teams or frozenset())
     if step is None:
-        needed = sorted({approval.steps[i]["role"] for i in open_steps(approval, decisions)})
-        raise RoleRequired(
-            f"the open step needs role {', '.join(needed)}; you hold {sorted(actor.roles)}",
-            required_role=needed[0] if needed else approval.required_role,
-        )
+        raise _refuse_step(approval, decisions, actor, teams or frozenset())
+    team = approval.steps[step].get("team") or ""
     decided = ApprovalDecision.objects.create(
         approval=approval,
         step=step,
         decided_by=user_for(actor),
         decided_by_label=actor.label,
-        role=approval.steps[step]["role"],
+        # a team step names no role: the role the member decided with
+        role=approval.steps[step]["role"] or actor.role,
         decision=status,
         digest=approval.digest,
         reason=req.reason,
@@ -307,6 +351,7 @@ def _decide_step(
         "role": actor.role,
         "step": step,
         "step_role": approval.steps[step]["role"],
+        **({"step_team": team} if team else {}),
         "decided_at": now.isoformat(),
         "decision_reason": req.reason,
         "digest": approval.digest,
@@ -323,7 +368,7 @@ def _decide_step(
             data={"approval": str(approval.pk), "decision": outcome},
         )
     waiting = ", ".join(
-        f"{r['still_needed']} {r['role']}"
+        f"{r['still_needed']} " + (f"from team {r['team']}" if r["team"] else r["role"])
         for r in progress["steps"]
         if r["open"] and r["still_needed"]
     )
@@ -448,13 +493,25 @@ def approval_card(p: Mapping[str, Any]) -> Answers:
                 [
                     cards.row(
                         cards.cell("time", shown.get("deadline")),
-                        cards.cell("text", shown.get("required_role")),
+                        cards.cell("text", _needs_now(shown)),
                     )
                 ],
             ),
         ),
         cards.answer("delivery", "Delivery", p.get("delivery", "")),
     ]
+
+
+def _needs_now(shown: Mapping[str, Any]) -> str:
+    """The required role; for a multi-party approval, what its open stage still needs ("1 from team
+    payments", "2 approver")."""
+    steps = (shown.get("progress") or {}).get("steps") or []
+    open_now = [
+        f"{s['still_needed']} " + (f"from team {s['team']}" if s.get("team") else s["role"])
+        for s in steps
+        if s.get("open") and s.get("still_needed")
+    ]
+    return "; ".join(open_now) or str(shown.get("required_role") or "")
 
 
 def approval_receipt(r: Mapping[str, Any]) -> Answers:

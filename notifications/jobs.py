@@ -3,7 +3,7 @@ retried with backoff until the receiver takes it.
 
 * The approval request adds one job row in its own transaction (``on_approval_requested``, kind
   ``notify_approval``). Its delivery fans out: one :class:`Delivery` and one ``notify`` job per
-  channel that serves the approval's role.
+  channel that serves the approval's role, or lists ``team:SLUG`` for a team one of its steps names.
 * A ``notify`` delivery sends one message (network I/O, no transaction open). A failure is counted
   on the delivery and on the channel (failures in a row, the last error) and the job comes back after
   a doubling backoff, capped -- it is never given up, so a receiver that is down and then up gets it.
@@ -80,7 +80,7 @@ def fan_out(approval_id: Any) -> dict[str, Any]:
         added = [
             str(c.pk)
             for c in Channel.objects.filter(enabled=True)
-            if c.serves(approval.required_role) and _add_delivery(c, approval, Delivery.REQUESTED)
+            if c.serves_approval(approval) and _add_delivery(c, approval, Delivery.REQUESTED)
         ]
     return {"deliveries": added}
 
@@ -204,7 +204,7 @@ def escalate_due(*, actor: Actor, now=None) -> list[str]:
             if source.escalate_to in c.roles and c.pk != source.pk
         ]
         for approval in due:
-            if not source.serves(approval.required_role):
+            if not source.serves_approval(approval):
                 continue
             with transaction.atomic():
                 added = [
@@ -241,6 +241,7 @@ def _escalate_steps(*, actor: Actor, now) -> list[str]:
     for approval in pending:
         for step in approval.steps:
             after, to = step.get("escalate_after_s"), step.get("escalate_to")
+            named = f"team:{step['team']}" if step.get("team") else step.get("role")
             if not (after and to and step.get("stage") == approval.stage and step.get("opened_at")):
                 continue
             opened = datetime.fromisoformat(step["opened_at"])
@@ -260,9 +261,9 @@ def _escalate_steps(*, actor: Actor, now) -> list[str]:
                     object_type="approval",
                     object_id=approval.pk,
                     run_id=approval.run_id,
-                    reason=f"step {step.get('role')} pending {after}s without a decision",
+                    reason=f"step {named} pending {after}s without a decision",
                     context={
-                        "from_policy_step": step.get("role"),
+                        "from_policy_step": named,
                         "stage": approval.stage,
                         "escalated_to": to,
                         "channels": added,

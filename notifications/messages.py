@@ -32,7 +32,7 @@ def message_for(delivery: Delivery) -> dict[str, Any]:
         + f"approval needed for {approval.tool}:{approval.action}",
         "summary": (
             f"Run {approval.run_id} asks for {approval.tool}:{approval.action} "
-            f"(needs role {approval.required_role}; requested by {approval.requested_by}"
+            f"(needs {_needs(approval)}; requested by {approval.requested_by}"
             + (f"; deadline {approval.deadline.isoformat()}" if approval.deadline else "")
             + (f"). Reason: {approval.reason}" if approval.reason else ")")
         ),
@@ -42,3 +42,11 @@ def message_for(delivery: Delivery) -> dict[str, Any]:
         "digest": approval.digest,
         "link": approval_link(approval.run_id, approval.pk),
     }
+
+
+def _needs(approval: Any) -> str:
+    """ "role approver", or with team steps "role approver; 2 from team payments"."""
+    teams = [f"{s.get('count', 1)} from team {s['team']}" for s in approval.steps if s.get("team")]
+    roles = [s["role"] for s in approval.steps if s.get("role")] if approval.steps else []
+    words = [f"role {approval.required_role}"] if roles or not teams else []
+    return "; ".join(words + teams)

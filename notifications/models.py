@@ -4,6 +4,7 @@ notifications.services and notifications.jobs; every change of a channel is audi
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 from django.utils import timezone
@@ -67,6 +68,12 @@ class Channel(models.Model):
 
     def serves(self, role: str) -> bool:
         return not self.roles or role in self.roles
+
+    def serves_approval(self, approval: Any) -> bool:
+        """The approval's role, or a team one of its steps names (``team:payments`` in ``roles``:
+        the channel of that team's people)."""
+        teams = {f"team:{s['team']}" for s in approval.steps or () if s.get("team")}
+        return self.serves(approval.required_role) or bool(teams & set(self.roles))
 
 
 class Delivery(models.Model):

@@ -41,7 +41,12 @@ _MISSING = object()
 
 
 class ConditionError(ValueError):
-    """The condition or policy spec does not parse; the message says why."""
+    """The condition or policy spec does not parse; the message says why. ``field``: the part of
+    the JSON shape at fault (``steps[1].team``), when it is one."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 # ``sum(amount)>200 per 1h``: the field summed over the run's authorised calls of the same tool:action
@@ -136,21 +141,26 @@ def as_number(value: Any) -> float | None:
 
 
 # Roles a multi-party step may name: the approving roles and the security responder (a second pair
-# of eyes on what a payment or a data export exposes). A team will be another kind of step target.
+# of eyes on what a payment or a data export exposes). A step may name a team instead
+# (``2*team:payments``: two distinct members of team payments; runs.models.teams).
 STEP_ROLES = (*APPROVING_ROLES, SECURITY_RESPONDER)
 MAX_STEP_COUNT = 10
-_STEP = re.compile(r"^(?:(?P<count>\d+)\*)?(?P<role>[A-Za-z_][A-Za-z0-9_-]*)$")
+_TEAM = r"[A-Za-z0-9_-]{1,50}"  # a team's slug (runs.models.Team); whether it exists is asked later
+_STEP = re.compile(
+    rf"^(?:(?P<count>\d+)\*)?(?:team:(?P<team>{_TEAM})|(?P<role>[A-Za-z_][A-Za-z0-9_-]*))$"
+)
 _DURATION = re.compile(r"^(?P<n>\d+)(?P<unit>[smhd])$")
 
 
 @dataclass(frozen=True)
 class StepSpec:
-    """One step of a multi-party approval: ``count`` distinct people holding ``role`` (later: a team),
-    decided within ``within_s`` of the step opening, required only when ``condition`` matches.
-    Steps of the same ``stage`` are decided in any order; a stage opens when the one before is done."""
+    """One step of a multi-party approval: ``count`` distinct people holding ``role`` -- or, when
+    ``team`` is set (``role`` then empty), members of that team --, decided within ``within_s`` of
+    the step opening, required only when ``condition`` matches. Steps of the same ``stage`` are
+    decided in any order; a stage opens when the one before is done."""
 
     stage: int
-    role: str
+    role: str = ""
     count: int = 1
     within_s: int | None = None
     condition: str = ""
@@ -158,8 +168,16 @@ class StepSpec:
     # (an on-call group or a role; notifications.jobs.escalate_due). The deadline is unchanged.
     escalate_after_s: int | None = None
     escalate_to: str = ""
+    team: str = ""
+
+    @property
+    def target(self) -> str:
+        """What the step names, as spelled: ``approver`` or ``team:payments``."""
+        return f"team:{self.team}" if self.team else self.role
 
     def as_json(self) -> dict[str, Any]:
+        # A team step keeps ``role`` (empty): a reader that only knows role steps finds the key,
+        # and an empty role is satisfied by no one but an admin (fail closed).
         out: dict[str, Any] = {
             "stage": self.stage,
             "role": self.role,
@@ -167,13 +185,15 @@ class StepSpec:
             "within_s": self.within_s,
             "condition": self.condition,
         }
+        if self.team:
+            out["team"] = self.team
         if self.escalate_after_s:
             out |= {"escalate_after_s": self.escalate_after_s, "escalate_to": self.escalate_to}
         return out
 
     @property
     def spec(self) -> str:
-        words = [f"{self.count}*{self.role}" if self.count != 1 else self.role]
+        words = [f"{self.count}*{self.target}" if self.count != 1 else self.target]
         if self.within_s:
             words.append(f"within {_duration_words(self.within_s)}")
         if self.escalate_after_s:
@@ -207,8 +227,9 @@ class PolicySpec:
 
 def parse_policy_spec(text: str) -> PolicySpec:
     """``TOOL:ACTION [CONDITION] [STEP ((then|and) STEP)*]`` -> PolicySpec, or ConditionError naming
-    the problem. A STEP is ``[N*]ROLE [within DURATION] [if CONDITION]``; ``then`` starts the next
-    stage (in order), ``and`` adds a step to the same stage (any order). The classic spelling
+    the problem. A STEP is ``[N*]ROLE`` or ``[N*]team:TEAM``, then ``[within DURATION] [if
+    CONDITION]``; ``then`` starts the next stage (in order), ``and`` adds a step to the same stage
+    (any order). The classic spelling
     ``tool:action [condition] [role]`` is the one-step, one-approver case."""
     words = (text or "").split()
     if not words:
@@ -247,32 +268,35 @@ def parse_policy_spec(text: str) -> PolicySpec:
         if not seg:
             raise ConditionError(f"{text!r}: a step is missing after {joiner!r}")
         steps.append(_parse_step(stage, seg))
-    roles = [s.role for s in steps]
     one = steps[0]
     if (
         len(steps) == 1
         and one.count == 1
-        and not (one.within_s or one.condition or one.escalate_to)
+        and not (one.within_s or one.condition or one.escalate_to or one.team)
     ):
         return PolicySpec(tool, action, condition, steps[0].role)
-    strongest = max(roles, key=_rank)
-    return PolicySpec(tool, action, condition, strongest, tuple(steps))
+    return PolicySpec(tool, action, condition, strongest_role(steps), tuple(steps))
 
 
-def _rank(role: str) -> int:
-    return STEP_ROLES.index(role)
+def strongest_role(steps: Any) -> str:
+    """The policy's ``approver_role``: its strongest role step's. Team steps name no role; a policy
+    of team steps only keeps ``approver``, the weakest (the deciders' rights still come from their
+    roles: only those who may approve at all decide a team step)."""
+    roles = [s.role for s in steps if s.role]
+    return max(roles, key=STEP_ROLES.index) if roles else APPROVER
 
 
 def _is_step_word(w: str) -> bool:
     found = _STEP.match(w)
-    return bool(found and (found["count"] or found["role"] in STEP_ROLES))
+    return bool(found and (found["count"] or found["team"] or found["role"] in STEP_ROLES))
 
 
 def _parse_step(stage: int, seg: list[str]) -> StepSpec:
     found = _STEP.match(seg[0])
-    if found is None or found["role"] not in STEP_ROLES:
+    if found is None or not (found["team"] or found["role"] in STEP_ROLES):
         raise ConditionError(
-            f"step {seg[0]!r} must look like [N*]ROLE, ROLE one of {list(STEP_ROLES)}"
+            f"step {seg[0]!r} must look like [N*]ROLE or [N*]team:TEAM, ROLE one of "
+            f"{list(STEP_ROLES)}"
         )
     count = int(found["count"] or 1)
     if not 1 <= count <= MAX_STEP_COUNT:
@@ -299,7 +323,8 @@ def _parse_step(stage: int, seg: list[str]) -> StepSpec:
         if not 0 < escalate_after_s <= 31 * 86400:
             raise ConditionError(f"step {seg[0]!r}: escalate after must be between 1 s and 31 days")
         escalate_to = rest[4]
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", escalate_to):
+        # a channel role or on-call group, or ``team:payments`` (the channels of a team's people)
+        if not re.fullmatch(r"(?:team:)?[A-Za-z0-9_.-]{1,100}", escalate_to):
             raise ConditionError(f"step {seg[0]!r}: escalate to {escalate_to!r} is not a name")
         rest = rest[5:]
     if rest and rest[0] == "if":
@@ -315,21 +340,43 @@ def _parse_step(stage: int, seg: list[str]) -> StepSpec:
             f"step {seg[0]!r}: unexpected {' '.join(rest)!r} (expected 'within DURATION', "
             "'escalate after DURATION to NAME' or 'if CONDITION')"
         )
-    return StepSpec(stage, found["role"], count, within_s, condition, escalate_after_s, escalate_to)
+    return StepSpec(
+        stage,
+        found["role"] or "",
+        count,
+        within_s,
+        condition,
+        escalate_after_s,
+        escalate_to,
+        found["team"] or "",
+    )
 
 
 def parse_steps_json(raw: Any) -> tuple[StepSpec, ...]:
     """The JSON API shape: ``[{"role": "approver", "count": 2, "stage": 0, "within_s": 3600,
-    "condition": "amount>10000"}]`` (``team`` is reserved for when teams exist)."""
+    "condition": "amount>10000"}]``; a step names a ``role`` or a ``team`` (``{"team": "payments",
+    "count": 2}``), never both."""
     if not isinstance(raw, list) or not raw:
         raise ConditionError("steps must be a non-empty list of {role, count, stage, ...}")
     steps = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise ConditionError(f"steps[{i}] must be an object")
-        if "team" in item:
-            raise ConditionError(f"steps[{i}].team: teams do not exist yet; name a role")
-        words = [f"{item.get('count', 1)}*{item.get('role')}"]
+        team, role = item.get("team"), item.get("role")
+        if team not in (None, "") and role not in (None, ""):
+            raise ConditionError(
+                f"steps[{i}]: a step names a role or a team, not both (role {role!r}, team {team!r})",
+                field=f"steps[{i}].team",
+            )
+        if team not in (None, ""):
+            if not isinstance(team, str) or not re.fullmatch(_TEAM, team):
+                raise ConditionError(
+                    f"steps[{i}].team must be a team's name (letters, digits, _ or -)",
+                    field=f"steps[{i}].team",
+                )
+            words = [f"{item.get('count', 1)}*team:{team}"]
+        else:
+            words = [f"{item.get('count', 1)}*{role}"]
         if item.get("within_s"):
             words += ["within", f"{item['within_s']}s"]
         if item.get("escalate_after_s") or item.get("escalate_to"):

@@ -28,7 +28,7 @@ from runs.models import (
     Timer,
 )
 from runs.states import allowed_events, directive_for
-from runs.team_scope import scoped
+from runs.team_scope import scoped, team_deciders
 
 
 def visible_runs(actor: Actor) -> QuerySet[Run]:
@@ -499,26 +499,45 @@ def role_holders() -> dict[str, list[str]]:
 
 def approval_progress(approval: Approval, decisions: Any = None) -> dict[str, Any]:
     """Who has approved, who is still needed, for which step: the API's and the console's view.
-    ``decisions``: the approval's ApprovalDecision rows if the caller already read them."""
+    ``decisions``: the approval's ApprovalDecision rows if the caller already read them.
+
+    A team step (``team`` set, ``role`` empty) also names who may still decide it (``may_decide``:
+    the team's members who may approve and see the run, less whoever asked, started the run or
+    already decided); a role step has ``may_decide`` None (the inbox names a role's holders)."""
     if decisions is None:
         decisions = list(approval.decisions.select_related("decided_by")) if approval.steps else []
     steps = approval.steps or [{"stage": 0, "role": approval.required_role, "count": 1}]
+    decided = {d.decided_by.username for d in decisions}
     rows = []
     for i, s in enumerate(steps):
         approved = [
             d.decided_by.username for d in decisions if d.step == i and d.decision == "approved"
         ]
+        count, team = s.get("count", 1), s.get("team") or ""
+        still_needed = max(0, count - len(approved))
+        may_decide = None
+        if team:
+            may_decide = (
+                _may_still_decide(approval, team, decided)
+                if still_needed and approval.status == Approval.PENDING
+                else []
+            )
         rows.append(
             {
                 "step": i,
                 "stage": s["stage"],
                 "role": s["role"],
-                "count": s.get("count", 1),
+                "team": team,
+                "count": count,
                 "condition": s.get("condition") or "",
                 "approved_by": approved,
-                "still_needed": max(0, s.get("count", 1) - len(approved)),
+                "still_needed": still_needed,
                 "open": approval.status == Approval.PENDING and s["stage"] == approval.stage,
                 "deadline": s.get("deadline"),
+                # "1 of 2 from team payments" / "1 of 2 approver"
+                "summary": f"{len(approved)} of {count} "
+                + (f"from team {team}" if team else s["role"]),
+                "may_decide": may_decide,
             }
         )
     return {
@@ -527,3 +546,15 @@ def approval_progress(approval: Approval, decisions: Any = None) -> dict[str, An
         "steps": rows,
         "rejected_by": [d.decided_by.username for d in decisions if d.decision == "rejected"],
     }
+
+
+def _may_still_decide(approval: Approval, team: str, decided: set[str]) -> list[str]:
+    """Members of ``team`` who may decide this approval's team step now: not whoever asked or
+    started the run (four eyes), not who already decided (a person counts once)."""
+    run = approval.run
+    asked = {approval.requested_by, run.created_by}
+    return [
+        name
+        for name in team_deciders(team, run.team_id)
+        if name not in decided and f"user:{name}" not in asked
+    ]

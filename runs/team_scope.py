@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 
 from core.actors import Actor
-from runs.models import DEFAULT_TEAM, Run, Team
+from runs.models import DEFAULT_TEAM, Run, Team, TeamMembership
 
 
 def team_q(teams: frozenset[int], field: str = "team") -> Q:
@@ -105,6 +105,44 @@ def hidden_runs(actor: Actor) -> QuerySet | None:
         return None
     assert actor.teams is not None
     return Run.objects.exclude(team_q(actor.teams)).values("pk")
+
+
+def team_slugs_of(user_id: int | None) -> frozenset[str]:
+    """The slugs of a person's teams (``default`` when in none, as ``members`` counts them); empty
+    for no person. Read now, not from the actor's sign-in: a decision asks inside its transaction."""
+    if user_id is None:
+        return frozenset()
+    slugs = TeamMembership.objects.filter(user_id=user_id).values_list("team__slug", flat=True)
+    return frozenset(slugs) or frozenset({DEFAULT_TEAM})
+
+
+def team_deciders(slug: str, run_team_id: int | None) -> list[str]:
+    """Who may decide a step naming team ``slug`` on a run of team ``run_team_id``: its active
+    members holding a role that may approve, who also see the run (in the run's team, or with the
+    cross_team right) -- a member who cannot see the run finds it absent, so is not named."""
+    from django.contrib.auth import get_user_model
+
+    from core.roles import ROLES, may
+
+    people: dict[str, tuple[set[str], set[int]]] = {}
+    rows = (
+        get_user_model()
+        .objects.filter(is_active=True, username__in=members(slug))
+        .values_list("username", "is_superuser", "groups__name", "team_memberships__team__slug",
+                     "team_memberships__team_id")
+    )  # fmt: skip
+    for username, superuser, role, team, team_id in rows:
+        roles, teams = people.setdefault(username, (set(), set()))
+        if role in ROLES:
+            roles.add(role)
+        if superuser:
+            roles.add("admin")
+        teams.add(0 if team is None or team == DEFAULT_TEAM else team_id)
+    return sorted(
+        name
+        for name, (roles, teams) in people.items()
+        if may(roles, "approve") and (may(roles, "cross_team") or (run_team_id or 0) in teams)
+    )
 
 
 # --- rules over a scope of the fleet that belong to a team: standing freezes and intake holds -----

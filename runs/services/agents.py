@@ -14,13 +14,13 @@ from core.errors import Forbidden, Invalid, NotFound
 from core.names import name_problem, scope_problem
 from core.roles import may
 from runs.conditions import (
-    STEP_ROLES,
     ConditionError,
     PolicySpec,
     parse_policy_spec,
     parse_steps_json,
+    strongest_role,
 )
-from runs.models import Agent, ApprovalPolicy
+from runs.models import DEFAULT_TEAM, Agent, ApprovalPolicy, Team
 
 from .decisions import decision
 from .teams import team_for_new_row
@@ -38,9 +38,11 @@ def parse_scopes(scopes: list[str]) -> list[str]:
 
 def parse_policies(specs: list[Any], *, field: str = "approval") -> list[PolicySpec]:
     """Each spec is the ``--approval`` spelling, or the JSON shape ``{"approval": "tool:action
-    [condition]", "steps": [{"role", "count", "stage", "within_s", "condition"}]}``.
+    [condition]", "steps": [{"role" or "team", "count", "stage", "within_s", "condition"}]}``.
 
-    A bad one is refused naming ``field``; ``field="approvals"`` names its index: ``approvals[2]``."""
+    A bad one is refused naming ``field``; ``field="approvals"`` names its index: ``approvals[2]``
+    (and, in the JSON shape, the step's part at fault: ``approvals[2].steps[0].team``). A step naming
+    a team that does not exist is refused: read inside the caller's transaction."""
 
     def named(i: int) -> str:
         return f"{field}[{i}]" if field == "approvals" else field
@@ -50,11 +52,30 @@ def parse_policies(specs: list[Any], *, field: str = "approval") -> list[PolicyS
         try:
             policies.append(_parse_one(spec))
         except ConditionError as err:
-            raise Invalid(f"{named(i)}: {err}", field=named(i)) from None
+            at = f"{named(i)}.{err.field}" if err.field else named(i)
+            raise Invalid(f"{named(i)}: {err}", field=at) from None
     for i, p in enumerate(policies):
         if why := scope_problem(f"{p.tool}:{p.action}"):
             raise Invalid(f"approval {p.tool}:{p.action}: {why}", field=named(i))
+    _check_teams(specs, policies, named)
     return policies
+
+
+def _check_teams(specs: list[Any], policies: list[PolicySpec], named: Any) -> None:
+    """Every team a step names exists (the default team always does: its row is optional)."""
+    wanted = {s.team for p in policies for s in p.steps if s.team and s.team != DEFAULT_TEAM}
+    known = set(Team.objects.filter(slug__in=wanted).values_list("slug", flat=True))
+    for i, p in enumerate(policies):
+        for j, step in enumerate(p.steps):
+            if step.team and step.team != DEFAULT_TEAM and step.team not in known:
+                # The JSON shape names the step; the spelling is one string, named whole.
+                at = named(i) + (f".steps[{j}].team" if isinstance(specs[i], dict) else "")
+                raise Invalid(
+                    f"{named(i)}: step {step.target!r} names no team: there is no team "
+                    f"{step.team!r} (manage.py teams create {step.team})",
+                    field=at,
+                    team=step.team,
+                )
 
 
 def _parse_one(spec: Any) -> PolicySpec:
@@ -70,8 +91,7 @@ def _parse_one(spec: Any) -> PolicySpec:
     if "steps" not in spec:
         return base
     steps = parse_steps_json(spec["steps"])
-    strongest = max((s.role for s in steps), key=STEP_ROLES.index)
-    return PolicySpec(base.tool, base.action, base.condition, strongest, steps)
+    return PolicySpec(base.tool, base.action, base.condition, strongest_role(steps), steps)
 
 
 def register_agent(

@@ -55,7 +55,7 @@ class Order(TypedDict):
     log: Annotated[list, operator.add]
 
 
-def langgraph(tools: ToolStandIn):
+def langgraph(tools: ToolStandIn, plan: list[Any] = PLAN):
     """The same purchase as a LangGraph graph: a node per call, governed tools, graph checkpoints
     stored as the run's checkpoints."""
     from langgraph.graph import END, START, StateGraph
@@ -66,7 +66,7 @@ def langgraph(tools: ToolStandIn):
     def run(ctx: RunContext) -> Any:
         g = StateGraph(Order)
         prev = START
-        for step, tool, action, args, undo in PLAN:
+        for step, tool, action, args, undo in plan:
 
             def call(tool=tool, action=action, **kw: Any) -> str:
                 return tools.call(tool, action, kw, idempotency_key=current_effect().idempotency_key)["id"]  # fmt: skip
@@ -97,7 +97,7 @@ def reckless(tools: ToolStandIn):
     return run
 
 
-def openai_agents(tools: ToolStandIn):
+def openai_agents(tools: ToolStandIn, plan: list[Any] = PLAN):
     """The same purchase with the OpenAI Agents SDK and a scripted model that, like a real one,
     answers from the conversation: its next move is the plan's next call after the tool results it
     has seen (so a run resumed from its stored RunState continues, not restarts)."""
@@ -115,8 +115,8 @@ def openai_agents(tools: ToolStandIn):
                 if isinstance(i, dict) and i.get("type") == "function_call_output"
             )  # fmt: skip
             step = (
-                [function_call(PLAN[seen][0], PLAN[seen][3], call_id=f"call-{PLAN[seen][0]}")]
-                if seen < len(PLAN)
+                [function_call(plan[seen][0], plan[seen][3], call_id=f"call-{plan[seen][0]}")]
+                if seen < len(plan)
                 else [assistant_message("bought")]
             )
             return await ScriptedModel([step]).get_response(
@@ -124,7 +124,7 @@ def openai_agents(tools: ToolStandIn):
             )
 
     def dispatch(step: str, **args: Any) -> str:
-        _, tool, action, _, _ = next(p for p in PLAN if p[0] == step)
+        _, tool, action, _, _ = next(p for p in plan if p[0] == step)
         return tools.call(tool, action, args, idempotency_key=current_effect().idempotency_key)[
             "id"
         ]
@@ -152,7 +152,7 @@ def openai_agents(tools: ToolStandIn):
                 ctx, fns[step], tool=tool, action=action, irreversible=undo is None,
                 compensate={"tool": tool, "action": undo} if undo else None,
             )
-            for step, tool, action, _args, undo in PLAN
+            for step, tool, action, _args, undo in plan
         ]  # fmt: skip
         agent = Agent(name="buyer", instructions="buy", tools=governed, model=PlanModel([]))
         return run_agent(ctx, agent, "buy sku-1")
@@ -160,21 +160,26 @@ def openai_agents(tools: ToolStandIn):
     return run
 
 
-def mcp_gateway(tools: ToolStandIn):
+def mcp_gateway(tools: ToolStandIn, plan: list[Any] = PLAN):
     """An unmodified MCP client agent behind the MCP gateway: the tool server (an in-process
     ``mcp`` server) does the stand-in's calls with the idempotency key the gateway sends; the agent
-    only sees MCP results. A stand-in timeout is a tool server that never answers (the gateway's
-    call timeout), a killed worker takes the gateway's whole process down with the call in flight."""
+    only sees MCP results. A stand-in timeout is a tool server that took the call and never
+    answered: the gateway's connection to it times out (at once here, where a real one would after
+    the gateway's ``call_timeout_s``, which is long: a slow call -- the kit pausing the run or
+    letting its lease expire while the call is held -- is waited for, as the kit expects). A killed
+    worker takes the gateway's whole process down with the call in flight."""
     import asyncio
 
     from mcp import Client as McpClient
     from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
 
     from controlplane_sdk import CancelRequested, PauseRequested
     from controlplane_sdk.adapters.mcp_gateway import KEY_META, UPSTREAM_KEY_META, McpGateway
     from controlplane_sdk.conformance import WorkerKilled
 
     killed: list[BaseException] = []
+    NO_ANSWER = "conformance kit: accepted, never answered"
 
     def tool_fn(tool: str, action: str):
         async def call(ctx):
@@ -182,7 +187,7 @@ def mcp_gateway(tools: ToolStandIn):
             try:
                 return tools.call(tool, action, {"via": "mcp"}, idempotency_key=str(key))["id"]
             except TimeoutError:
-                await asyncio.sleep(3600)  # accepted, never answered
+                raise ToolError(NO_ANSWER) from None  # accepted, never answered
             except WorkerKilled as exc:
                 killed.append(exc)
                 await asyncio.sleep(3600)  # the process dies around it
@@ -191,10 +196,26 @@ def mcp_gateway(tools: ToolStandIn):
         call.__annotations__ = {"ctx": Context, "return": str}  # real types, for mcp's schema
         return call
 
+    class Upstream:
+        """The gateway's connection to a tool server: a call the server took and never answered
+        times out (a ``TimeoutError`` the gateway records as ``unknown``)."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def call_tool(self, name: str, args: Any, **kw: Any) -> Any:
+            result = await self.inner.call_tool(name, args, **kw)
+            if result.is_error and any(NO_ANSWER in getattr(c, "text", "") for c in result.content):
+                raise TimeoutError(f"{name}: the tool server never answered (injected)")
+            return result
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
     def tool_servers() -> dict[str, MCPServer]:
         """One MCP server per tool (the gateway declares ``<server>:<tool>``: inventory:reserve)."""
         servers: dict[str, MCPServer] = {}
-        for _step, tool, action, _args, _undo in PLAN:
+        for _step, tool, action, _args, _undo in plan:
             server = servers.setdefault(tool, MCPServer(tool))
             server.add_tool(tool_fn(tool, action), name=action)
         return servers
@@ -202,7 +223,7 @@ def mcp_gateway(tools: ToolStandIn):
     async def calls(client: Any) -> BaseException | None:
         """The agent's calls; what stops it (raised after the MCP session closes, so it reaches
         the run loop as itself, not inside the session's exception group)."""
-        for step, tool, action, _args, _undo in PLAN:
+        for step, tool, action, _args, _undo in plan:
             # the call's own identity (the agent's step), so a restarted agent's repeat is a replay
             meta = {KEY_META: f"order-1:{step}"}
             call = asyncio.create_task(client.call_tool(f"{tool}__{action}", {}, meta=meta))
@@ -222,8 +243,9 @@ def mcp_gateway(tools: ToolStandIn):
         return None
 
     async def agent(ctx: RunContext) -> None:
-        gw = McpGateway(ctx, tool_servers(), call_timeout_s=0.5, watch_interval_s=0.05)
+        gw = McpGateway(ctx, tool_servers(), call_timeout_s=120, watch_interval_s=0.05)
         async with gw, McpClient(gw.server) as client:
+            gw.clients = {name: Upstream(c) for name, c in gw.clients.items()}
             stop = await calls(client)
             if stop is None:
                 await (
@@ -237,3 +259,18 @@ def mcp_gateway(tools: ToolStandIn):
         asyncio.run(agent(ctx))
 
     return run
+
+
+def langgraph_offworld(tools: ToolStandIn):
+    """:func:`langgraph` on the :data:`OFFWORLD` tools (for ``--url``)."""
+    return langgraph(tools, OFFWORLD)
+
+
+def openai_agents_offworld(tools: ToolStandIn):
+    """:func:`openai_agents` on the :data:`OFFWORLD` tools (for ``--url``)."""
+    return openai_agents(tools, OFFWORLD)
+
+
+def mcp_gateway_offworld(tools: ToolStandIn):
+    """:func:`mcp_gateway` on the :data:`OFFWORLD` tools (for ``--url``)."""
+    return mcp_gateway(tools, OFFWORLD)

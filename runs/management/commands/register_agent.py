@@ -21,8 +21,10 @@ class Command(BaseCommand):
             "--approval",
             action="append",
             default=None,
-            help="approval policy 'TOOL:ACTION [FIELD OP LITERAL] [ROLE]' (repeatable); given at all, "
-            "it replaces the agent's policies; --no-approvals removes them",
+            help="approval policy 'TOOL:ACTION [FIELD OP LITERAL] [ROLE]', or with steps such as "
+            "'payments:charge 2*approver then 2*team:payments' (repeatable; "
+            "docs/operator/approvals.md); given at all, it replaces the agent's policies; "
+            "--no-approvals removes them",
         )
         parser.add_argument("--no-approvals", action="store_true")
         parser.add_argument(

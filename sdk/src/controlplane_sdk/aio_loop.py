@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ._util import raise_sole
 from .aio import AsyncClient
 from .aio_runtime import AsyncRunContext
 from .errors import (
@@ -78,6 +79,14 @@ async def _try_finish(ctx: AsyncRunContext, outcome: str, fc: str | None, err: s
         log.warning("run %s: finish(%s) not accepted: %s", ctx.run_id, outcome, refused)
 
 
+async def _call(run_fn: Callable[[AsyncRunContext], Awaitable[Any]], ctx: AsyncRunContext) -> None:
+    """``await run_fn(ctx)``, with what a task group wrapped around one exception raised as itself."""
+    try:
+        await run_fn(ctx)
+    except BaseExceptionGroup as group:
+        raise_sole(group)
+
+
 async def arun_one(
     ctx: AsyncRunContext, run_fn: Callable[[AsyncRunContext], Awaitable[Any]]
 ) -> RunSummary:
@@ -91,7 +100,7 @@ async def arun_one(
             try:
                 try:
                     await ctx.check_directive()
-                    await run_fn(ctx)
+                    await _call(run_fn, ctx)
                 except EffectDenied as denied:
                     if denied.reason == "lease_lost":
                         raise LeaseLost(

@@ -21,6 +21,8 @@ For each queued run of the agent (``GET /runs?agent=…&state=queued``) it claim
 ``LeaseLost``                              stop at once; never write again with this fencing token
 any other exception                        finish ``failed`` with a failure class (``timeout``/``error``)
 =========================================  =================================================================
+
+An exception group of one (an agent running a ``TaskGroup``) counts as the exception inside it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from ._util import raise_sole
 from .client import Client
 from .errors import (
     ApiError,
@@ -96,6 +99,14 @@ def _try_finish(
         log.warning("run %s: finish(%s) not accepted: %s", ctx.run_id, outcome, err)
 
 
+def _call(run_fn: RunFn, ctx: RunContext) -> None:
+    """``run_fn(ctx)``, with what a task group wrapped around one exception raised as itself."""
+    try:
+        run_fn(ctx)
+    except BaseExceptionGroup as group:
+        raise_sole(group)
+
+
 def run_one(ctx: RunContext, run_fn: RunFn) -> RunSummary:
     """Run ``run_fn`` on a claimed context and end the attempt according to the table above."""
 
@@ -106,7 +117,7 @@ def run_one(ctx: RunContext, run_fn: RunFn) -> RunSummary:
         try:
             try:
                 ctx.check_directive()
-                run_fn(ctx)
+                _call(run_fn, ctx)
             except EffectDenied as denied:
                 if denied.reason == "lease_lost":
                     raise LeaseLost(

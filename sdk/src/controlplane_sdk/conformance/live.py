@@ -17,32 +17,57 @@ from typing import Any
 
 import httpx
 
-from .client import Client
-from .errors import ApiError
+from ..client import Client
+from ..errors import ApiError
 
 __all__ = ["LiveControlPlane"]
 
 
-class _LosingTransport(httpx.BaseTransport):
-    """The worker's transport: drops the outcome of an effect whose tool the kit marked lost."""
+class _LosingTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """The worker's transport: drops the outcome of an effect whose tool the kit marked lost.
+    Async too, so an agent whose client is async (the MCP gateway's ``AsyncClient.like``) loses
+    the same outcomes."""
 
     def __init__(self, cp: LiveControlPlane) -> None:
-        self.cp, self.inner = cp, httpx.HTTPTransport()
+        self.cp, self.inner, self.ainner = cp, httpx.HTTPTransport(), httpx.AsyncHTTPTransport()
+
+    def _drops(self, request: httpx.Request) -> bool:
+        parts = request.url.path.rstrip("/").split("/")
+        return (
+            request.method == "POST" and parts[-1] == "outcome" and parts[-2] in self.cp._lost_ids
+        )
+
+    def _declares_lost(self, request: httpx.Request) -> bool:
+        if request.method != "POST" or not request.url.path.rstrip("/").endswith("/effects"):
+            return False
+        body = json.loads(request.content or b"{}")
+        return bool(
+            {(body.get("tool"), body.get("action")), (body.get("tool"), "*")} & self.cp._lost
+        )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        parts = request.url.path.rstrip("/").split("/")
-        if request.method == "POST" and parts[-1] == "outcome" and parts[-2] in self.cp._lost_ids:
+        if self._drops(request):
             raise httpx.ConnectError("the outcome was lost in transit (conformance kit)")
         resp = self.inner.handle_request(request)
-        if request.method == "POST" and parts[-1] == "effects" and self.cp._lost:
-            body = json.loads(request.content or b"{}")
-            if {(body.get("tool"), body.get("action")), (body.get("tool"), "*")} & self.cp._lost:
-                resp.read()
-                self.cp._lost_ids.add(str(resp.json().get("id")))
+        if self.cp._lost and self._declares_lost(request):
+            resp.read()
+            self.cp._lost_ids.add(str(resp.json().get("id")))
+        return resp
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._drops(request):
+            raise httpx.ConnectError("the outcome was lost in transit (conformance kit)")
+        resp = await self.ainner.handle_async_request(request)
+        if self.cp._lost and self._declares_lost(request):
+            await resp.aread()
+            self.cp._lost_ids.add(str(resp.json().get("id")))
         return resp
 
     def close(self) -> None:
         self.inner.close()
+
+    async def aclose(self) -> None:
+        await self.ainner.aclose()
 
 
 class LiveControlPlane:
@@ -78,14 +103,17 @@ class LiveControlPlane:
 
     # -- operator controls ----------------------------------------------------------------------------
 
-    def _until(self, what: str, done: Any) -> Any:
+    def _until(self, what: str, done: Any, run_id: str = "") -> Any:
         deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
             got = done()
             if got:
                 return got
             time.sleep(0.2)
-        raise TimeoutError(f"the live control plane: {what} did not happen in {self.wait_s:.0f}s")
+        where = f" (the run is {self.state(run_id)})" if run_id else ""
+        raise TimeoutError(
+            f"the live control plane: {what} did not happen in {self.wait_s:.0f}s{where}"
+        )
 
     def _intervene(self, run_id: str, kind: str, reason: str) -> dict[str, Any]:
         """Issue the intervention and wait for its job: its effect on the run is in force then."""
@@ -104,8 +132,16 @@ class LiveControlPlane:
         self._intervene(run_id, "pause", reason)
 
     def resume(self, run_id: str, reason: str = "resumed by the conformance kit") -> None:
-        self._intervene(run_id, "resume", reason)
-        self._until("the resumed run to be queued", lambda: self.state(run_id) == "queued")
+        """Raises ``ValueError`` when revalidation blocks the resume (naming the failing checks)."""
+        done = self._intervene(run_id, "resume", reason)
+        job = (done.get("receipt") or {}).get("job") or {}
+        if done.get("status") == "failed" or job.get("outcome") == "blocked":
+            report = job.get("report") or {}
+            raise ValueError(
+                f"resume blocked ({self.state(run_id)}): {report.get('failing') or job}; "
+                f"unresolved effects: {self._unresolved(run_id)}"
+            )
+        self._until("the resumed run to be queued", lambda: self.state(run_id) == "queued", run_id)
 
     def cancel(self, run_id: str, reason: str = "cancelled by the conformance kit") -> None:
         self._intervene(run_id, "cancel", reason)
@@ -116,7 +152,7 @@ class LiveControlPlane:
             self._intervene(run_id, "retry", reason)
         except ApiError as err:
             raise ValueError(f"retry refused: {err}") from err
-        self._until("the retried run to be queued", lambda: self.state(run_id) == "queued")
+        self._until("the retried run to be queued", lambda: self.state(run_id) == "queued", run_id)
 
     def reconcile(self, effect_id: str, outcome: str, external_ref: str = "") -> None:
         evidence = (
@@ -140,6 +176,10 @@ class LiveControlPlane:
 
     def state(self, run_id: str) -> str:
         return str(self.operator.get_run(run_id).get("state"))
+
+    def _unresolved(self, run_id: str) -> list[str]:
+        return [f"{e.get('tool')}:{e.get('action')} {e.get('status')}" for e in self.effects(run_id)
+                if e.get("status") not in ("committed", "failed", "compensated")]  # fmt: skip
 
     def effects(self, run_id: str) -> list[dict[str, Any]]:
         effects = [e for e in self.operator.list_effects(run_id) if e.get("decision") != "denied"]
