@@ -29,6 +29,9 @@ class FreezeIn(Schema):
     over: Literal["everything", "agent", "filter"]
     agent: str = Field(default="", max_length=100)  # over=agent
     filter: str = Field(default="", max_length=4000)  # over=filter: agent=…&owner=…&q=…&touched=…
+    # The team whose runs it covers: one of the caller's (empty: their only team); "*": every
+    # team's, for cross_team people only (docs/operator/teams.md).
+    team: str = Field(default="", max_length=50, pattern=r"^([A-Za-z0-9_\-]*|\*)$")
 
 
 class FreezeSetIn(FreezeIn):
@@ -48,6 +51,7 @@ class FreezeOut(Out):
     agent: str | None
     filter: str | None
     scope: str
+    team: str
     reason: str
     frozen_by: str
     frozen_at: str
@@ -61,6 +65,7 @@ class FreezePreviewOut(Out):
     capability: str
     over: str
     scope: str
+    team: str
     covers_now: int
     covers_by_state: JSON
     runs: list[JSON]
@@ -110,6 +115,7 @@ def preview(request: HttpRequest, body: FreezeIn) -> Any:
         over=body.over,
         agent=body.agent,
         filter_text=body.filter,
+        team=body.team,
     )
 
 
@@ -123,20 +129,20 @@ def set_freeze(request: HttpRequest, body: FreezeSetIn) -> Any:
         agent=body.agent,
         filter_text=body.filter,
         digest=body.digest,
+        team=body.team,
     )
     return Status(201, receipt)
 
 
 @router.get("/fleet/freezes", response={200: FreezeListOut, **ERRORS_READ})
 def list_freezes(request: HttpRequest, live: bool = False) -> Any:
-    _viewer(request)
-    return {"freezes": [freeze_dict(f) for f in service.freezes(live_only=live)]}
+    actor = _viewer(request)
+    return {"freezes": [freeze_dict(f) for f in service.freezes(actor, live_only=live)]}
 
 
 @router.get("/fleet/freezes/{freeze_id}", response={200: FreezeOut, **ERRORS_READ})
 def get_freeze(request: HttpRequest, freeze_id: UUID) -> Any:
-    _viewer(request)
-    freeze = service.get_freeze(freeze_id)
+    freeze = service.get_freeze(freeze_id, _viewer(request))
     return freeze_dict(freeze) | {"covers_now": service.run_count(freeze) if freeze.live else 0}
 
 

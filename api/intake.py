@@ -33,6 +33,9 @@ class HoldScopeIn(Schema):
     model_config = ConfigDict(extra="forbid")
     scope: Literal["agent", "tool", "all"]
     target: str = Target  # the agent's or tool's name; empty for "all"
+    # The team whose runs it holds: one of the caller's (empty: their only team); "*": every team's,
+    # for cross_team people only (docs/operator/teams.md).
+    team: str = Field(default="", max_length=50, pattern=r"^([A-Za-z0-9_\-]*|\*)$")
 
 
 class HoldIn(HoldScopeIn):
@@ -51,6 +54,7 @@ class HoldOut(Out):
     scope: str
     target: str
     covers: str
+    team: str
     reason: str
     held_by: str
     held_at: str
@@ -73,6 +77,7 @@ class HoldPreviewOut(Out):
     kind: str
     scope: str
     target: str
+    team: str
     covers: str
     new_runs: str
     queued: JSON
@@ -88,6 +93,7 @@ class ReleasePreviewOut(Out):
     kind: str
     hold: str
     covers: str
+    team: str
     held_by: str
     held_at: str
     held_reason: str
@@ -99,33 +105,35 @@ class ReleasePreviewOut(Out):
     digest: str
 
 
-def _viewer(request: HttpRequest) -> None:
+def _viewer(request: HttpRequest) -> Any:
     actor = caller(request)
     if actor.is_worker or not may(actor.roles, "view"):
         raise Forbidden("no role grants viewing intake")
+    return actor
 
 
 @router.get("/intake", response={200: IntakeOut, **ERRORS_READ})
 def state(request: HttpRequest) -> Any:
-    _viewer(request)
-    return intake_state()
+    return intake_state(_viewer(request))
 
 
 @router.post("/intake/holds/preview", response={200: HoldPreviewOut, **ERRORS_WRITE})
 def preview_hold(request: HttpRequest, body: HoldScopeIn) -> Any:
-    return hold_preview(actor=caller(request), scope=body.scope, target=body.target)
+    return hold_preview(actor=caller(request), scope=body.scope, target=body.target, team=body.team)
 
 
 @router.post("/intake/holds", response={202: HoldOut, **ERRORS_WRITE})
 def hold(request: HttpRequest, body: HoldIn) -> Any:
+    actor = caller(request)
     made = hold_intake(
-        actor=caller(request),
+        actor=actor,
         scope=body.scope,
         target=body.target,
         reason=body.reason,
         seen_digest=body.preview_digest or None,
+        team=body.team,
     )
-    return Status(202, hold_dict(made))
+    return Status(202, hold_dict(made, actor=actor))
 
 
 @router.post(
@@ -137,10 +145,11 @@ def preview_release(request: HttpRequest, hold_id: UUID) -> Any:
 
 @router.post("/intake/holds/{hold_id}/release", response={200: HoldOut, **ERRORS_WRITE})
 def release(request: HttpRequest, hold_id: UUID, body: ReleaseIn) -> Any:
+    actor = caller(request)
     done = release_intake(
-        actor=caller(request),
+        actor=actor,
         hold_id=hold_id,
         reason=body.reason,
         seen_digest=body.preview_digest or None,
     )
-    return hold_dict(done)
+    return hold_dict(done, actor=actor)

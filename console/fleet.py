@@ -103,7 +103,7 @@ def fleet_page(request: ConsoleRequest) -> HttpResponse:
         "filter": _filter_of(request.GET),
         "form": request.GET,
         "operations": list(recent_operations(actor=request.actor)),
-    } | freezes_context(request.roles)
+    } | freezes_context(request.actor)
     return render(request, "console/fleet_operations.html", ctx)
 
 

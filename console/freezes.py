@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from console.common import ConsoleRequest, console_view
 from console.interventions import error_dict
+from core.actors import Actor
 from core.errors import DomainError
 from core.roles import may
 from interventions.fleet import freezes as service
@@ -21,9 +22,11 @@ from runs.freezes import freeze_dict
 TEMPLATE = "console/fleet_freezes.html"
 
 
-def freezes_context(roles: frozenset[str]) -> dict[str, Any]:
-    """The list (live first), and whether this operator may set or restore one."""
-    rows = sorted(service.freezes(), key=lambda f: (not f.live, -f.frozen_at.timestamp()))
+def freezes_context(actor: Actor) -> dict[str, Any]:
+    """The list (live first; those of the operator's teams and every team's), and whether this
+    operator may set or restore one."""
+    roles = actor.roles
+    rows = sorted(service.freezes(actor), key=lambda f: (not f.live, -f.frozen_at.timestamp()))
     return {
         "standing_freezes": [freeze_dict(f) for f in rows],
         "may_freeze": may(roles, "fleet") and may(roles, "standing_freeze"),
@@ -37,11 +40,12 @@ def _form(data) -> dict[str, str]:
         "over": data.get("over", "").strip(),
         "agent": data.get("agent", "").strip(),
         "filter_text": data.get("filter", "").strip(),
+        "team": data.get("team", "").strip(),
     }
 
 
 def _answer(request: ConsoleRequest, part: str, ctx: dict[str, Any], status: int = 200):
-    ctx = freezes_context(request.roles) | ctx
+    ctx = freezes_context(request.actor) | ctx
     return render(request, f"{TEMPLATE}#{part}", ctx, status=status)
 
 

@@ -28,7 +28,7 @@ from interventions.intake import (
 def _page(request: ConsoleRequest, status: int = 200, **extra: Any) -> HttpResponse:
     ctx = {
         "nav": "intake",
-        **intake_state(),
+        **intake_state(request.actor),
         "may_hold": may(request.roles, "hold_intake"),
         "may_release": may(request.roles, "release_intake"),
         "form": request.POST or request.GET,
@@ -55,7 +55,11 @@ def _attempt(request: ConsoleRequest, fn, **kwargs) -> tuple[Any, dict[str, Any]
 def hold_preview_view(request: ConsoleRequest) -> HttpResponse:
     data = request.POST
     shown, error, status = _attempt(
-        request, hold_preview, scope=data.get("scope", ""), target=data.get("target", "")
+        request,
+        hold_preview,
+        scope=data.get("scope", ""),
+        target=data.get("target", ""),
+        team=data.get("team", "").strip(),
     )
     return _page(request, status, hold_shown=shown, error=error)
 
@@ -71,8 +75,10 @@ def hold_confirm(request: ConsoleRequest) -> HttpResponse:
         target=data.get("target", ""),
         reason=data.get("reason", "").strip(),
         seen_digest=data.get("digest") or None,
+        team=data.get("team", "").strip(),
     )
-    return _page(request, 202 if made else status, receipt=made and hold_dict(made), error=error)
+    receipt = made and hold_dict(made, actor=request.actor)
+    return _page(request, 202 if made else status, receipt=receipt, error=error)
 
 
 @console_view
@@ -93,4 +99,6 @@ def release_confirm(request: ConsoleRequest, hold_id: UUID) -> HttpResponse:
         reason=data.get("reason", "").strip(),
         seen_digest=data.get("digest") or None,
     )
-    return _page(request, status, receipt=done and hold_dict(done), error=error)
+    return _page(
+        request, status, receipt=done and hold_dict(done, actor=request.actor), error=error
+    )

@@ -109,7 +109,7 @@ def list_context(
     now = timezone.now()
     return counts_context(actor, flt) | {
         "runs": run_rows(list(page.runs), flt, now),
-        "standing_freezes": [freeze_dict(f) for f in live_standing()],
+        "standing_freezes": [freeze_dict(f) for f in live_standing(actor=actor)],
         # each row's place in the order (a live page places joining runs by it: list_live.py)
         "row_keys": [tuple(getattr(r, name) for name in flt.sort_key) for r in page.runs],
         "query": flt.to_query(**cursor),

@@ -38,6 +38,7 @@ from interventions.models_compensation import CompensationStep
 from interventions.models_jobs import Job
 from runs.models import Effect, ExecutionLease, LedgerTally, Run, RunTally
 from runs.states import State
+from runs.team_scope import runs_by_team_and_state, slugs
 
 
 def _age_s(oldest: datetime | None, now: datetime) -> float:
@@ -50,6 +51,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
         yield from self._runs()
+        yield from _team_runs()
         yield from self._effects(now)
         yield from self._leases()
         yield from self._interventions(now)
@@ -194,6 +196,23 @@ class DatabaseCollector(Collector):
             "Compensator calls beyond each step's first (steps are never deleted, so this only grows).",
             value=retries or 0,
         )
+
+
+def _team_runs() -> Iterator[Metric]:
+    """Runs by team and state (docs/operator/teams.md). Not from the tally: RunTally is per agent,
+    and a run's team is fixed when it is made (a child takes its parent's; an agent may move), so
+    an exact count groups the runs themselves -- one GROUP BY over the run table, which grows with
+    it (measured in docs/operations/metrics.md). Every known team and state is reported, zeros
+    included, so a dashboard's series never vanish."""
+    names = slugs()
+    counts = runs_by_team_and_state()
+    family = GaugeMetricFamily(
+        "controlplane_team_runs", "Runs by team and state.", labels=["team", "state"]
+    )
+    for team in sorted(names, key=lambda t: names[t]):
+        for state in State:
+            family.add_metric([names[team], state.value], counts.get((team, state.value), 0))
+    yield family
 
 
 def _ledger_tally(series: tuple[str, ...]) -> list[tuple[str, str, int]]:

@@ -29,17 +29,19 @@ from core.actors import Actor
 from core.errors import Conflict, Forbidden, Invalid, NotFound, PreviewStale
 from core.roles import ADMIN, INCIDENT_COMMANDER, may
 from interventions.plugins import FleetContract, Spec
-from runs.models import Agent, IntakeHold, Run
+from runs.models import Agent, IntakeHold, Run, Team
 from runs.services.decisions import decision
 from runs.services.intake import held_q, live_holds, scope_label
+from runs.services.teams import team_for_rule
 from runs.states import State
+from runs.team_scope import crosses_teams, rule_team, rule_team_slug, rules_scoped, scoped
 from runs.work import NOTIFY_CHANNEL, work_key
 
 QUEUE_ROWS = 50  # queued runs listed by age; the rest are counted
 STARTED = (State.RUNNING, State.AWAITING_APPROVAL, State.PAUSING, State.PAUSED)
 
 
-def check_scope(scope: Any, target: Any) -> tuple[str, str]:
+def check_scope(scope: Any, target: Any, actor: Actor | None = None) -> tuple[str, str]:
     if scope not in IntakeHold.SCOPES:
         raise Invalid(f"scope must be one of {list(IntakeHold.SCOPES)}", field="scope")
     target = (target or "").strip() if isinstance(target, str) else target
@@ -49,7 +51,10 @@ def check_scope(scope: Any, target: Any) -> tuple[str, str]:
         return scope, ""
     if not isinstance(target, str) or not target or len(target) > 100 or ":" in target:
         raise Invalid(f"target must name the {scope} to hold (no ':')", field="target")
-    if scope == IntakeHold.AGENT and not Agent.objects.filter(name=target).exists():
+    agents = Agent.objects.filter(name=target)
+    if actor is not None:  # another team's agent: as one that does not exist
+        agents = scoped(agents, actor)
+    if scope == IntakeHold.AGENT and not agents.exists():
         raise Invalid(f"no agent named {target!r}", field="target")
     return scope, target
 
@@ -65,10 +70,13 @@ def _covered(holds: list[IntakeHold]) -> QuerySet[Run]:
     return Run.objects.filter(held_q(holds)) if holds else Run.objects.none()
 
 
-def queue(holds: list[IntakeHold], now: Any = None) -> dict[str, Any]:
-    """The queued runs ``holds`` cover, oldest first, with their age in seconds."""
+def queue(holds: list[IntakeHold], now: Any = None, actor: Actor | None = None) -> dict[str, Any]:
+    """The queued runs ``holds`` cover, oldest first, with their age in seconds (those ``actor``
+    may see: every team's hold holds other teams' runs too)."""
     now = now or timezone.now()
     queued = _covered(holds).filter(state=State.QUEUED).select_related("agent")
+    if actor is not None:
+        queued = scoped(queued, actor)
     rows = list(queued.order_by("created_at")[:QUEUE_ROWS])
     return {
         "count": queued.count(),
@@ -86,8 +94,8 @@ def queue(holds: list[IntakeHold], now: Any = None) -> dict[str, Any]:
     }
 
 
-def _draft(scope: str, target: str) -> IntakeHold:
-    return IntakeHold(scope=scope, target=target, reason="preview", held_by="")
+def _draft(scope: str, target: str, team: Team | None) -> IntakeHold:
+    return IntakeHold(scope=scope, target=target, team=team, reason="preview", held_by="")
 
 
 def _digest(content: dict[str, Any]) -> str:
@@ -96,31 +104,42 @@ def _digest(content: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def hold_preview(*, actor: Actor, scope: Any, target: Any) -> dict[str, Any]:
+def hold_preview(*, actor: Actor, scope: Any, target: Any, team: str = "") -> dict[str, Any]:
     _authorize(actor, "hold_intake")
-    return _hold_preview(*check_scope(scope, target))
+    scope, target = check_scope(scope, target, actor)
+    return _hold_preview(scope, target, team_for_rule(actor, team))
 
 
-def _hold_preview(scope: str, target: str) -> dict[str, Any]:
-    live = IntakeHold.objects.filter(scope=scope, target=target, released_at__isnull=True).first()
+def _hold_preview(scope: str, target: str, team: Team | None) -> dict[str, Any]:
+    live = IntakeHold.objects.filter(
+        scope=scope, target=target, team=team, released_at__isnull=True
+    ).first()
     blocked = (
         [f"intake is already held for {scope_label(scope, target)} by {live.held_by}"]
         if live
         else []
     )
-    covered = _covered([_draft(scope, target)])
+    draft = _draft(scope, target, team)
+    covered = _covered([draft])
     return {
         "kind": "hold_intake",
         "scope": scope,
         "target": target,
+        "team": rule_team_slug(draft),
         "covers": scope_label(scope, target),
         "new_runs": "accepted and queued, not claimed, from the commit on, until released",
-        "queued": queue([_draft(scope, target)]),
+        "queued": queue([draft]),
         "started_runs": covered.filter(state__in=STARTED).count(),
         "continues": "runs already started are not touched (pause or cancel them to stop them)",
         "blocked_by": blocked,
         "digest": _digest(
-            {"kind": "hold_intake", "scope": scope, "target": target, "blocked": blocked}
+            {
+                "kind": "hold_intake",
+                "scope": scope,
+                "target": target,
+                "team": rule_team_slug(draft),
+                "blocked": blocked,
+            }
         ),
     }
 
@@ -147,15 +166,22 @@ def _lock_scope(holds: list[IntakeHold]) -> None:
 
 
 def hold_intake(
-    *, actor: Actor, scope: Any, target: Any, reason: str, seen_digest: str | None = None
+    *,
+    actor: Actor,
+    scope: Any,
+    target: Any,
+    reason: str,
+    seen_digest: str | None = None,
+    team: str = "",
 ) -> IntakeHold:
     with decision(actor, "intervention.hold_intake", "intake_hold", f"{scope}:{target or '*'}"):
         _authorize(actor, "hold_intake")
         if not (reason or "").strip():
             raise Invalid("a reason is required for every intervention", field="reason")
-        scope, target = check_scope(scope, target)
-        _lock_scope([_draft(scope, target)])
-        shown = _hold_preview(scope, target)
+        scope, target = check_scope(scope, target, actor)
+        owner = team_for_rule(actor, team)
+        _lock_scope([_draft(scope, target, owner)])
+        shown = _hold_preview(scope, target, owner)
         _check_digest(shown, seen_digest)
         if shown["blocked_by"]:
             raise Conflict(shown["blocked_by"][0], scope=scope, target=target)
@@ -164,6 +190,7 @@ def hold_intake(
             hold = IntakeHold.objects.create(
                 scope=scope,
                 target=target,
+                team=owner,
                 reason=reason,
                 held_by=actor.name,
                 role=actor.role,
@@ -178,6 +205,7 @@ def hold_intake(
             "role": actor.role,
             "reason": reason,
             "covers": shown["covers"],
+            "team": shown["team"],
             "at": now.isoformat(),
             "new_runs": shown["new_runs"],
             "queued_at_hold": shown["queued"]["count"],
@@ -191,26 +219,48 @@ def hold_intake(
             object_type="intake_hold",
             object_id=hold.pk,
             reason=reason,
-            context=hold.receipt,
+            context=hold.receipt | _marked(actor, hold),
         )
     return hold
 
 
-def get_hold(hold_id: Any) -> IntakeHold:
-    hold = IntakeHold.objects.filter(pk=hold_id).first()
-    if hold is None:
+def _marked(actor: Actor, hold: IntakeHold) -> dict[str, Any]:
+    """Under the cross_team right on every team's or another team's hold: said so, as on runs."""
+    return {"cross_team": True} if crosses_teams(actor, hold) else {}
+
+
+def get_hold(hold_id: Any, actor: Actor) -> IntakeHold:
+    """The hold, if ``actor`` may know of it (their teams' or every team's); else 404."""
+    hold = rules_scoped(IntakeHold.objects.select_related("team"), actor).filter(pk=hold_id).first()
+    if hold is None:  # or another team's: as absent (docs/operator/teams.md)
         raise NotFound(f"intake hold {hold_id} does not exist", object="intake_hold")
     return hold
 
 
+def _may_release(actor: Actor, hold: IntakeHold) -> None:
+    """Every team's hold is released only under cross_team: it holds other teams' runs too."""
+    if rule_team(hold) is None and actor.team_scoped:
+        raise Forbidden(
+            "this hold covers every team's runs: releasing it needs the cross_team right",
+            field="team",
+        )
+
+
 def release_preview(*, actor: Actor, hold_id: Any) -> dict[str, Any]:
     _authorize(actor, "release_intake")
-    return _release_preview(get_hold(hold_id))
+    hold = get_hold(hold_id, actor)
+    _may_release(actor, hold)
+    return _release_preview(hold)
 
 
 def _release_preview(hold: IntakeHold) -> dict[str, Any]:
     blocked = [] if hold.live else [f"released already, by {hold.released_by}"]
-    others = [h for h in live_holds() if h.pk != hold.pk]
+    # The holds that may cover the same runs: every team's, and (for a team's) that team's.
+    others = [
+        h
+        for h in live_holds()
+        if h.pk != hold.pk and (hold.team_id is None or h.team_id in (None, hold.team_id))
+    ]
     waiting = queue([hold])
     still = set(
         _covered(others)
@@ -221,6 +271,7 @@ def _release_preview(hold: IntakeHold) -> dict[str, Any]:
         "kind": "release_intake",
         "hold": str(hold.pk),
         "covers": scope_label(hold.scope, hold.target),
+        "team": rule_team_slug(hold),
         "held_by": hold.held_by,
         "held_at": hold.held_at.isoformat(),
         "held_reason": hold.reason,
@@ -251,9 +302,11 @@ def release_intake(
         _authorize(actor, "release_intake")
         if not (reason or "").strip():
             raise Invalid("a reason is required for every intervention", field="reason")
-        hold = IntakeHold.objects.select_for_update().filter(pk=hold_id).first()
-        if hold is None:
+        locked = IntakeHold.objects.select_for_update(of=("self",)).select_related("team")
+        hold = rules_scoped(locked, actor).filter(pk=hold_id).first()
+        if hold is None:  # or another team's: as absent (docs/operator/teams.md)
             raise NotFound(f"intake hold {hold_id} does not exist", object="intake_hold")
+        _may_release(actor, hold)
         shown = _release_preview(hold)
         _check_digest(shown, seen_digest)
         if shown["blocked_by"]:
@@ -284,17 +337,26 @@ def release_intake(
             object_type="intake_hold",
             object_id=hold.pk,
             reason=reason,
-            context={"hold": str(hold.pk), "covers": shown["covers"], **hold.receipt["release"]},
+            context={
+                "hold": str(hold.pk),
+                "covers": shown["covers"],
+                "team": shown["team"],
+                **hold.receipt["release"],
+                **_marked(actor, hold),
+            },
         )
     return hold
 
 
-def hold_dict(hold: IntakeHold, with_queue: bool = True) -> dict[str, Any]:
+def hold_dict(
+    hold: IntakeHold, with_queue: bool = True, actor: Actor | None = None
+) -> dict[str, Any]:
     out = {
         "id": str(hold.pk),
         "scope": hold.scope,
         "target": hold.target,
         "covers": scope_label(hold.scope, hold.target),
+        "team": rule_team_slug(hold),  # "*": every team's runs
         "reason": hold.reason,
         "held_by": hold.held_by,
         "held_at": hold.held_at.isoformat(),
@@ -303,16 +365,18 @@ def hold_dict(hold: IntakeHold, with_queue: bool = True) -> dict[str, Any]:
         "released_by": hold.released_by,
         "receipt": hold.receipt,
     }
-    return out | ({"queued": queue([hold])} if with_queue and hold.live else {})
+    return out | ({"queued": queue([hold], actor=actor)} if with_queue and hold.live else {})
 
 
-def intake_state() -> dict[str, Any]:
-    """The live holds with their queues, and the recent released ones (the console's and API's read)."""
-    live = live_holds()
-    recent = IntakeHold.objects.filter(released_at__isnull=False).order_by("-released_at")[:10]
+def intake_state(actor: Actor) -> dict[str, Any]:
+    """The live holds with their queues, and the recent released ones (the console's and API's
+    read): those ``actor`` may know of, each queue within the runs they may see."""
+    live = live_holds(actor)
+    released = IntakeHold.objects.filter(released_at__isnull=False).select_related("team")
+    recent = rules_scoped(released, actor).order_by("-released_at")[:10]
     return {
-        "holds": [hold_dict(h) for h in live],
-        "queued": queue(live),
+        "holds": [hold_dict(h, actor=actor) for h in live],
+        "queued": queue(live, actor=actor),
         "released": [hold_dict(h, with_queue=False) for h in recent],
     }
 

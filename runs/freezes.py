@@ -18,6 +18,7 @@ from django.http import QueryDict
 from core.actors import Actor
 from runs.models import Run, StandingFreeze
 from runs.search import RunFilter
+from runs.team_scope import rule_runs_q, rule_team_slug, rules_scoped
 
 # Keys a standing freeze's filter may use: what a run is, not where it is in its life.
 FILTER_KEYS = frozenset({"q", "id", "agent", "touched", "owner"})
@@ -30,11 +31,16 @@ def run_filter(text: str) -> RunFilter:
 
 
 def matches(freeze: StandingFreeze | dict[str, Any], run_ids: list[Any]) -> set[Any]:
-    """The runs of ``run_ids`` the freeze covers."""
+    """The runs of ``run_ids`` the freeze covers (a dict: a candidate the declaration read, its
+    team already matched in SQL)."""
     over = freeze["over"] if isinstance(freeze, dict) else freeze.over
-    if over == StandingFreeze.EVERYTHING:
-        return set(run_ids)
     runs = Run.objects.filter(pk__in=run_ids)
+    if not isinstance(freeze, dict) and freeze.team_id is not None:
+        runs = runs.filter(rule_runs_q(freeze))  # a team's freeze covers its team's runs only
+    elif over == StandingFreeze.EVERYTHING:
+        return set(run_ids)
+    if over == StandingFreeze.EVERYTHING:
+        return set(runs.values_list("pk", flat=True))
     if over == StandingFreeze.AGENT:
         agent: int = freeze["agent_id"] if isinstance(freeze, dict) else freeze.agent_id  # type: ignore[assignment]
         return set(runs.filter(agent_id=agent).values_list("pk", flat=True))
@@ -43,13 +49,17 @@ def matches(freeze: StandingFreeze | dict[str, Any], run_ids: list[Any]) -> set[
     return set(qs.values_list("pk", flat=True))
 
 
-def live_standing(capability: str | None = None) -> QuerySet[StandingFreeze]:
-    """The live standing freezes (of one capability), oldest first."""
+def live_standing(
+    capability: str | None = None, actor: Actor | None = None
+) -> QuerySet[StandingFreeze]:
+    """The live standing freezes (of one capability), oldest first; those ``actor`` may know of."""
     qs = (
         StandingFreeze.objects.filter(lifted_at__isnull=True)
-        .select_related("agent")
+        .select_related("agent", "team")
         .order_by("frozen_at")
     )
+    if actor is not None:
+        qs = rules_scoped(qs, actor)
     return qs.filter(capability=capability) if capability else qs
 
 
@@ -68,11 +78,11 @@ def covering(runs: list[Run]) -> dict[Any, list[StandingFreeze]]:
 
 def runs_covered(freeze: StandingFreeze) -> QuerySet[Run]:
     """Every run the freeze covers today (its preview and the fleet page count them)."""
-    runs = Run.objects.all()
+    runs = Run.objects.filter(rule_runs_q(freeze))
     if freeze.over == StandingFreeze.AGENT and freeze.agent_id is not None:
         return runs.filter(agent_id=freeze.agent_id)
     if freeze.over == StandingFreeze.FILTER:
-        return run_filter(freeze.run_filter).queryset(READER)
+        return run_filter(freeze.run_filter).queryset(READER).filter(rule_runs_q(freeze))
     return runs
 
 
@@ -88,6 +98,7 @@ def freeze_dict(f: StandingFreeze) -> dict[str, Any]:
         "agent": f.agent.name if f.agent_id and f.agent else None,
         "filter": f.run_filter or None,
         "scope": f.scope_label,
+        "team": rule_team_slug(f),  # "*": every team's runs
         "reason": f.reason,
         "frozen_by": f.frozen_by,
         "frozen_at": f.frozen_at.isoformat(),

@@ -143,3 +143,67 @@ def team_deciders(slug: str, run_team_id: int | None) -> list[str]:
         for name, (roles, teams) in people.items()
         if may(roles, "approve") and (may(roles, "cross_team") or (run_team_id or 0) in teams)
     )
+
+
+# --- rules over a scope of the fleet that belong to a team: standing freezes and intake holds -----
+# (``team`` NULL: every team's runs, set only under the cross_team right; the default team's rule
+# points at the default team's row, since its runs' NULL is taken.)
+
+EVERY_TEAM = "*"  # how the API, the console and the audit name a rule's "every team"
+
+
+def rules_scoped[Q_T: QuerySet](qs: Q_T, actor: Actor) -> Q_T:
+    """The rules (freezes, holds) ``actor`` may know of: every team's, and their teams'. Another
+    team's does not exist for them (404, as for an id nobody used)."""
+    if not actor.team_scoped:
+        return qs
+    assert actor.teams is not None
+    q = Q(team__isnull=True) | Q(team_id__in=sorted(t for t in actor.teams if t))
+    if 0 in actor.teams:
+        q |= Q(team__slug=DEFAULT_TEAM)
+    return qs.filter(q)
+
+
+def rule_team(rule: Any) -> int | None:
+    """A rule's team as ``Actor.teams`` spells it (0 = the default team), None for every team."""
+    if rule.team_id is None:
+        return None
+    return 0 if rule.team.slug == DEFAULT_TEAM else rule.team_id
+
+
+def rule_team_slug(rule: Any) -> str:
+    return EVERY_TEAM if rule.team_id is None else rule.team.slug
+
+
+def crosses_teams(actor: Actor, rule: Any) -> bool:
+    """Whether ``actor`` acts on the rule under the cross_team right: it is every team's, or another
+    team's than theirs (the audit says so: ``context.cross_team``)."""
+    if not actor.cross_team or actor.teams is None:
+        return False
+    team = rule_team(rule)
+    return team is None or team not in actor.teams
+
+
+def rule_runs_q(rule: Any, field: str = "team") -> Q:
+    """The runs a rule's team covers: all for every team's, else those of its team."""
+    team = rule_team(rule)
+    if team is None:
+        return Q()
+    return Q(**{f"{field}__isnull": True}) if team == 0 else Q(**{f"{field}_id": team})
+
+
+def rule_covers_run_sql(alias: str) -> str:
+    """SQL: the rule ``alias`` covers the run ``%(run)s``'s team (a primary-key read of the run,
+    locked already by the caller, and of the default team's row)."""
+    return (
+        f"({alias}.team_id IS NULL OR {alias}.team_id = (SELECT COALESCE(r.team_id,"
+        f" (SELECT t.id FROM {Team._meta.db_table} t WHERE t.slug = '{DEFAULT_TEAM}'))"
+        f" FROM {Run._meta.db_table} r WHERE r.id = %(run)s))"
+    )
+
+
+def runs_by_team_and_state() -> dict[tuple[int, str], int]:
+    """(team id, 0 = the default team; state) -> runs: one GROUP BY over every run (the
+    metrics' read, controlplane/metrics.py; its cost grows with the run table)."""
+    rows = Run.objects.values_list("team_id", "state").annotate(n=Count("id")).order_by()
+    return {(team or 0, state): n for team, state, n in rows}

@@ -35,9 +35,11 @@ from core.roles import ADMIN, INCIDENT_COMMANDER, SECURITY_RESPONDER, may
 from interventions.freeze import scope_of
 from interventions.plugins import FleetContract, Spec
 from runs.freezes import FILTER_KEYS, freeze_dict, live_standing, run_filter, runs_covered
-from runs.models import Agent, Effect, StandingFreeze
+from runs.models import DEFAULT_TEAM, Agent, Effect, StandingFreeze
 from runs.search import BadFilter
 from runs.services.decisions import decision
+from runs.services.teams import team_for_rule
+from runs.team_scope import crosses_teams, rule_team, rule_team_slug, rules_scoped, scoped
 
 PREVIEW_ROWS = 25
 
@@ -54,22 +56,32 @@ def authorize(actor: Actor, kind: str = "standing_freeze") -> None:
         )
 
 
-def scope(over: str, agent: str = "", filter_text: str = "") -> StandingFreeze:
-    """An unsaved freeze holding the checked scope (refusals name the field)."""
+def scope(
+    actor: Actor, over: str, agent: str = "", filter_text: str = "", team: str = ""
+) -> StandingFreeze:
+    """An unsaved freeze holding the checked scope and team (refusals name the field): the team
+    is the one named, else the actor's (docs/operator/teams.md); an agent the actor may not see is
+    refused as one that does not exist, and a team's freeze names an agent of that team."""
     if over not in StandingFreeze.OVER:
         raise Invalid(f"over must be one of {StandingFreeze.OVER}", field="over")
+    owner = team_for_rule(actor, team)
     if over == StandingFreeze.AGENT:
-        found = Agent.objects.filter(name=agent).first() if agent else None
+        agents = scoped(Agent.objects.all(), actor)
+        found = agents.filter(name=agent).first() if agent else None
         if found is None:
             raise Invalid(f"no agent named {agent!r}", field="agent")
-        return StandingFreeze(over=over, agent=found)
+        if owner is not None and (found.team_id or 0) != (
+            0 if owner.slug == DEFAULT_TEAM else owner.pk
+        ):
+            raise Invalid(f"agent {agent!r} is not in team {owner.slug!r}", field="agent")
+        return StandingFreeze(over=over, agent=found, team=owner)
     if agent:
         raise Invalid("agent is only for over=agent", field="agent")
     if over == StandingFreeze.FILTER:
-        return StandingFreeze(over=over, run_filter=canonical_filter(filter_text))
+        return StandingFreeze(over=over, run_filter=canonical_filter(filter_text), team=owner)
     if filter_text:
         raise Invalid("filter is only for over=filter", field="filter")
-    return StandingFreeze(over=over)
+    return StandingFreeze(over=over, team=owner)
 
 
 def canonical_filter(text: str) -> str:
@@ -130,6 +142,7 @@ def _facts(freeze: StandingFreeze, restoring: bool) -> dict[str, Any]:
         "capability": cap,
         "over": freeze.over,
         "scope": freeze.scope_label,
+        "team": rule_team_slug(freeze),
         "covers_now": sum(by_state.values()),
         "covers_by_state": by_state,
         "runs": shown,
@@ -170,17 +183,25 @@ def _check_digest(shown: dict[str, Any], seen: str) -> None:
 def _already(freeze: StandingFreeze) -> StandingFreeze | None:
     return (
         live_standing(freeze.capability)
-        .filter(over=freeze.over, agent=freeze.agent, run_filter=freeze.run_filter)
+        .filter(
+            over=freeze.over, agent=freeze.agent, run_filter=freeze.run_filter, team=freeze.team
+        )
         .first()
     )
 
 
 def preview_freeze(
-    *, actor: Actor, capability: str, over: str, agent: str = "", filter_text: str = ""
+    *,
+    actor: Actor,
+    capability: str,
+    over: str,
+    agent: str = "",
+    filter_text: str = "",
+    team: str = "",
 ) -> dict[str, Any]:
     """What setting the freeze would do. Changes nothing."""
     authorize(actor)
-    freeze = scope(over, agent, filter_text)
+    freeze = scope(actor, over, agent, filter_text, team)
     freeze.capability = scope_of({"scope": capability})
     live = _already(freeze)
     shown = _facts(freeze, restoring=False) | {
@@ -200,6 +221,7 @@ def set_freeze(
     agent: str = "",
     filter_text: str = "",
     digest: str = "",
+    team: str = "",
 ) -> tuple[StandingFreeze, dict[str, Any]]:
     """One transaction: the freeze row and its audit event. Returns the freeze and its receipt."""
     freeze_id = uuid.uuid4()
@@ -208,12 +230,17 @@ def set_freeze(
         if not reason.strip():
             raise Invalid("a reason is required for every freeze", field="reason")
         shown = preview_freeze(
-            actor=actor, capability=capability, over=over, agent=agent, filter_text=filter_text
+            actor=actor,
+            capability=capability,
+            over=over,
+            agent=agent,
+            filter_text=filter_text,
+            team=team,
         )
         if shown["blocked_by"]:
             raise Conflict(shown["blocked_by"][0], capability=shown["capability"])
         _check_digest(shown, digest)
-        freeze = scope(over, agent, filter_text)
+        freeze = scope(actor, over, agent, filter_text, team)
         freeze.id, freeze.capability = freeze_id, shown["capability"]
         freeze.reason, freeze.frozen_by, freeze.frozen_at = reason, actor.label, timezone.now()
         try:
@@ -228,28 +255,36 @@ def set_freeze(
     return freeze, receipt
 
 
-def _locked(freeze_id: Any) -> StandingFreeze:
-    freeze = (
-        StandingFreeze.objects.select_for_update(of=("self",))
-        .select_related("agent")
-        .filter(pk=freeze_id)
-        .first()
-    )
-    if freeze is None:
+def _locked(freeze_id: Any, actor: Actor) -> StandingFreeze:
+    qs = StandingFreeze.objects.select_for_update(of=("self",)).select_related("agent", "team")
+    freeze = rules_scoped(qs, actor).filter(pk=freeze_id).first()
+    if freeze is None:  # or another team's: as absent (docs/operator/teams.md)
         raise NotFound(f"standing freeze {freeze_id} does not exist", object="standing_freeze")
     return freeze
 
 
-def get_freeze(freeze_id: Any) -> StandingFreeze:
-    freeze = StandingFreeze.objects.select_related("agent").filter(pk=freeze_id).first()
-    if freeze is None:
+def get_freeze(freeze_id: Any, actor: Actor) -> StandingFreeze:
+    """The freeze, if ``actor`` may know of it (their teams' or every team's); else 404."""
+    qs = rules_scoped(StandingFreeze.objects.select_related("agent", "team"), actor)
+    freeze = qs.filter(pk=freeze_id).first()
+    if freeze is None:  # or another team's: as absent (docs/operator/teams.md)
         raise NotFound(f"standing freeze {freeze_id} does not exist", object="standing_freeze")
     return freeze
+
+
+def _may_restore(actor: Actor, freeze: StandingFreeze) -> None:
+    """Every team's freeze is lifted only under cross_team: it covers other teams' runs too."""
+    if rule_team(freeze) is None and actor.team_scoped:
+        raise Forbidden(
+            "this freeze covers every team's runs: restoring it needs the cross_team right",
+            field="team",
+        )
 
 
 def preview_restore(*, actor: Actor, freeze_id: Any) -> dict[str, Any]:
     authorize(actor, "standing_restore")
-    freeze = get_freeze(freeze_id)
+    freeze = get_freeze(freeze_id, actor)
+    _may_restore(actor, freeze)
     shown = _facts(freeze, restoring=True) | {
         "freeze": freeze_dict(freeze),
         "blocked_by": [] if freeze.live else [f"restored already by {freeze.lifted_by}"],
@@ -265,7 +300,8 @@ def restore_freeze(
         authorize(actor, "standing_restore")
         if not reason.strip():
             raise Invalid("a reason is required to restore a freeze", field="reason")
-        freeze = _locked(freeze_id)
+        freeze = _locked(freeze_id, actor)
+        _may_restore(actor, freeze)
         if not freeze.live:
             raise Conflict(
                 f"restored already by {freeze.lifted_by} at {freeze.lifted_at.isoformat()}"
@@ -295,19 +331,23 @@ def _recorded(
         "in_flight": shown["in_flight"],
         "preview_digest": shown["digest"],
     }
+    # Under the cross_team right on every team's or another team's freeze: said so, as on runs.
+    marked = {"cross_team": True} if crosses_teams(actor, freeze) else {}
     record_audit(
         actor=actor,
         action=action,
         object_type="standing_freeze",
         object_id=freeze.pk,
         reason=reason,
-        context=receipt,
+        context=receipt | marked,
     )
     return receipt
 
 
-def freezes(*, live_only: bool = False) -> list[StandingFreeze]:
-    qs = StandingFreeze.objects.select_related("agent").order_by("-frozen_at")
+def freezes(actor: Actor, *, live_only: bool = False) -> list[StandingFreeze]:
+    """The freezes ``actor`` may know of (their teams' and every team's), newest first."""
+    qs = rules_scoped(StandingFreeze.objects.select_related("agent", "team"), actor)
+    qs = qs.order_by("-frozen_at")
     return list(qs.filter(lifted_at__isnull=True) if live_only else qs[:100])
 
 

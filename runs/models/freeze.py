@@ -66,6 +66,11 @@ class StandingFreeze(models.Model):
         "runs.Agent", null=True, blank=True, on_delete=models.PROTECT, related_name="freezes"
     )
     run_filter = models.TextField(blank=True)
+    # The team whose runs it covers (docs/operator/teams.md); NULL: every team's, which only the
+    # cross_team right sets (rows from before teams were every team's, as they acted).
+    team = models.ForeignKey(
+        "runs.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     reason = models.TextField()
     frozen_by = models.CharField(max_length=150)
     frozen_at = models.DateTimeField(default=timezone.now)
@@ -91,17 +96,20 @@ class StandingFreeze(models.Model):
             models.CheckConstraint(
                 condition=~models.Q(reason=""), name="standing_freeze_reason_required"
             ),
-            # One live freeze per capability and scope; its leading column is also the index the
-            # declaration's lookup (capability IN (tool:action, tool:*), live) walks.
+            # One live freeze per capability, scope and team (NULL, every team, is one value here);
+            # its leading column is also the index the declaration's lookup (capability IN
+            # (tool:action, tool:*), live) walks.
             models.UniqueConstraint(
-                fields=["capability", "over", "run_filter"],
+                fields=["capability", "over", "run_filter", "team"],
                 condition=models.Q(lifted_at__isnull=True, agent__isnull=True),
-                name="one_live_standing_freeze",
+                name="one_live_standing_freeze_of_team",
+                nulls_distinct=False,
             ),
             models.UniqueConstraint(
-                fields=["capability", "agent"],
+                fields=["capability", "agent", "team"],
                 condition=models.Q(lifted_at__isnull=True, agent__isnull=False),
-                name="one_live_standing_freeze_per_agent",
+                name="one_live_standing_freeze_per_agent_of_team",
+                nulls_distinct=False,
             ),
         ]
 

@@ -22,6 +22,11 @@ class IntakeHold(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     scope = models.CharField(max_length=10)  # agent | tool | all
     target = models.CharField(max_length=100, blank=True)  # the agent's or tool's name; "" for all
+    # The team whose runs it holds (docs/operator/teams.md); NULL: every team's, which only the
+    # cross_team right sets (rows from before teams were every team's, as they acted).
+    team = models.ForeignKey(
+        "runs.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     reason = models.TextField()
     held_by = models.CharField(max_length=150)
     role = models.CharField(max_length=50, blank=True)
@@ -44,11 +49,13 @@ class IntakeHold(models.Model):
                 name="intake_target_matches_scope",
             ),
             models.CheckConstraint(condition=~models.Q(reason=""), name="intake_reason_required"),
-            # One live hold per scope; also the index the claim's EXISTS uses.
+            # One live hold per scope and team (NULL, every team, is one value here); also the
+            # index the claim's EXISTS uses.
             models.UniqueConstraint(
-                fields=["scope", "target"],
+                fields=["scope", "target", "team"],
                 condition=models.Q(released_at__isnull=True),
-                name="one_live_intake_hold",
+                name="one_live_intake_hold_of_team",
+                nulls_distinct=False,
             ),
         ]
 

@@ -129,7 +129,7 @@ def declaration_facts(
             select_rows(ApprovalPolicy, agent=run.agent_id, tool=tool),
             select_row(Approval, run=run.pk, tool=tool, action=action, order_by=("-requested_at",)),
             live_freeze(run.pk, tool, action),
-            standing_rows(run.agent_id, tool, action),
+            standing_rows(run, tool, action),
         )
     if not _FACTS_SQL:
         _FACTS_SQL.append(_facts_sql())

@@ -12,8 +12,9 @@ from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
 from runs.freezes import capability_q, matches
-from runs.models import Agent, Run
+from runs.models import Agent, Run, Team
 from runs.models.freeze import CapabilityFreeze, StandingFreeze
+from runs.team_scope import rule_covers_run_sql, rule_runs_q
 
 FROZEN = "capability_frozen"
 # The partial unique index one_live_freeze_per_scope (run_id, scope) WHERE lifted_at IS NULL answers it.
@@ -51,40 +52,44 @@ def capability_frozen(
 # --- standing freezes over a scope of the fleet (runs.models.StandingFreeze, runs/freezes.py) ------
 
 _STANDING_COLUMNS = (
-    "f.id, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at, a.name"
+    "f.id, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at, a.name, t.slug"
 )
 # The live standing freezes of this tool:action that may cover the run: every one over everything
-# or over its agent (decided here), and those over a filter (matched in Python, below: rare). One
-# more subquery of the declaration's facts statement (effects.py), walking one_live_standing_freeze.
+# or over its agent (decided here), of every team or the run's team, and those over a filter
+# (matched in Python, below: rare). One more subquery of the declaration's facts statement
+# (effects.py), walking one_live_standing_freeze_of_team.
 STANDING_JSON_SQL = (
     f"SELECT json_agg(json_build_array({_STANDING_COLUMNS})"
     "  ORDER BY f.over = 'filter', f.frozen_at)"
     f" FROM {StandingFreeze._meta.db_table} f"
     f" LEFT JOIN {Agent._meta.db_table} a ON a.id = f.agent_id"
+    f" LEFT JOIN {Team._meta.db_table} t ON t.id = f.team_id"
     " WHERE f.lifted_at IS NULL AND f.capability IN (%(scope)s, %(wildcard)s)"
     " AND (f.agent_id IS NULL OR f.agent_id = %(agent)s)"
+    f" AND {rule_covers_run_sql('f')}"
 )
 
 
-def standing_rows(agent_id: Any, tool: str, action: str) -> list[tuple[Any, ...]]:
+def standing_rows(run: Run, tool: str, action: str) -> list[tuple[Any, ...]]:
     """``STANDING_JSON_SQL``'s rows through the ORM (the SQLite demo's twin)."""
     qs = (
         StandingFreeze.objects.filter(capability_q(tool, action), lifted_at__isnull=True)
-        .filter(Q(agent__isnull=True) | Q(agent_id=agent_id))
-        .select_related("agent")
+        .filter(Q(agent__isnull=True) | Q(agent_id=run.agent_id))
+        .select_related("agent", "team")
         .order_by("frozen_at")
     )
     rows = [
         (f.pk, f.over, f.capability, f.run_filter, f.reason, f.frozen_by, f.frozen_at)
-        + (f.agent.name if f.agent else None,)
+        + (f.agent.name if f.agent else None, f.team.slug if f.team else None)
         for f in qs
+        if Run.objects.filter(rule_runs_q(f), pk=run.pk).exists()
     ]
     return sorted(rows, key=lambda r: r[1] == StandingFreeze.FILTER)
 
 
 def standing_from_json(rows: list[list[Any]] | None) -> list[tuple[Any, ...]]:
     """``STANDING_JSON_SQL``'s JSON arrays as the twin's tuples (a UUID, a datetime)."""
-    return [(uuid.UUID(r[0]), *r[1:6], parse_datetime(r[6]), r[7]) for r in rows or ()]
+    return [(uuid.UUID(r[0]), *r[1:6], parse_datetime(r[6]), *r[7:9]) for r in rows or ()]
 
 
 def standing_frozen(
@@ -92,14 +97,14 @@ def standing_frozen(
 ) -> tuple[str | None, str, dict[str, Any] | None]:
     """(``capability_frozen``, why, the freeze) if a live standing freeze covers the run, else
     (None, "", None). ``rows``: the candidates the facts statement read."""
-    for fid, over, capability, text, reason, by, frozen_at, agent in rows:
+    for fid, over, capability, text, reason, by, frozen_at, agent, team in rows:
         if over == StandingFreeze.FILTER and not matches(
             {"over": over, "run_filter": text}, [run.pk]
         ):
             continue
         scope = {"agent": f"agent {agent}", "filter": f"runs matching {text}"}.get(
             over, "every run"
-        )
+        ) + (f" of team {team}" if team else "")
         at = frozen_at.isoformat()
         freeze = {
             "kind": "standing",
@@ -107,6 +112,7 @@ def standing_frozen(
             "capability": capability,
             "over": over,
             "scope": scope,
+            "team": team or "*",
             "frozen_by": by,
             "frozen_at": at,
             "reason": reason,

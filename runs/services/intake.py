@@ -9,15 +9,18 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from core.actors import Actor
 from runs.models import Agent, AuthorityGrant, IntakeHold, Run
+from runs.team_scope import rule_covers_run_sql, rule_runs_q, rules_scoped
 
 HELD = "intake_held"
 _HOLDS, _GRANTS = IntakeHold._meta.db_table, AuthorityGrant._meta.db_table
 
-# (id, scope, target, reason, held_by) of one live hold covering the run, or NULL. Params: run, agent.
+# (id, scope, target, reason, held_by) of one live hold covering the run (of every team or the run's
+# team), or NULL. Params: run, agent.
 HOLD_SQL = (
     f"(SELECT json_build_array(h.id, h.scope, h.target, h.reason, h.held_by) FROM {_HOLDS} h"
-    f" WHERE h.released_at IS NULL AND (h.scope = '{IntakeHold.ALL}'"
+    f" WHERE h.released_at IS NULL AND {rule_covers_run_sql('h')} AND (h.scope = '{IntakeHold.ALL}'"
     f"  OR (h.scope = '{IntakeHold.AGENT}'"
     f"      AND h.target = (SELECT name FROM {Agent._meta.db_table} WHERE id = %(agent)s))"
     f"  OR (h.scope = '{IntakeHold.TOOL}' AND EXISTS (SELECT 1 FROM {_GRANTS} g"
@@ -47,7 +50,10 @@ def _tools(run: Run) -> set[str]:
 
 def covering_hold(run: Run) -> list[Any] | None:
     """The ORM twin of ``HOLD_SQL`` (the SQLite demo)."""
-    for hold in IntakeHold.objects.filter(released_at__isnull=True).order_by("held_at"):
+    live = IntakeHold.objects.filter(released_at__isnull=True).select_related("team")
+    for hold in live.order_by("held_at"):
+        if not Run.objects.filter(rule_runs_q(hold), pk=run.pk).exists():
+            continue  # another team's hold
         if (
             hold.scope == IntakeHold.ALL
             or (hold.scope == IntakeHold.AGENT and hold.target == run.agent.name)
@@ -57,23 +63,31 @@ def covering_hold(run: Run) -> list[Any] | None:
     return None
 
 
-def live_holds() -> list[IntakeHold]:
-    return list(IntakeHold.objects.filter(released_at__isnull=True).order_by("held_at"))
+def live_holds(actor: Actor | None = None) -> list[IntakeHold]:
+    """The live holds, oldest first; those ``actor`` may know of (their teams' and every team's)."""
+    qs = IntakeHold.objects.filter(released_at__isnull=True).select_related("team")
+    return list((rules_scoped(qs, actor) if actor is not None else qs).order_by("held_at"))
+
+
+def _covers_q(hold: IntakeHold) -> Q:
+    """The runs one hold covers: its scope, within its team (every team's: all)."""
+    if hold.scope == IntakeHold.ALL:
+        q = Q(pk__isnull=False)
+    elif hold.scope == IntakeHold.AGENT:
+        q = Q(agent__name=hold.target)
+    else:
+        grants = AuthorityGrant.objects.filter(
+            run=OuterRef("pk"), status=AuthorityGrant.ACTIVE, scope__startswith=f"{hold.target}:"
+        )
+        q = Q(Exists(grants))
+    return q & rule_runs_q(hold)
 
 
 def held_q(holds: list[IntakeHold]) -> Q:
     """Runs any of ``holds`` covers (for a queryset of runs)."""
-    if any(h.scope == IntakeHold.ALL for h in holds):
-        return Q(pk__isnull=False)
     q = Q(pk__isnull=True)  # matches nothing
-    agents = [h.target for h in holds if h.scope == IntakeHold.AGENT]
-    if agents:
-        q |= Q(agent__name__in=agents)
-    for tool in (h.target for h in holds if h.scope == IntakeHold.TOOL):
-        grants = AuthorityGrant.objects.filter(
-            run=OuterRef("pk"), status=AuthorityGrant.ACTIVE, scope__startswith=f"{tool}:"
-        )
-        q |= Q(Exists(grants))
+    for hold in holds:
+        q |= _covers_q(hold)
     return q
 
 

@@ -17,6 +17,7 @@ from core.errors import Conflict, Forbidden, Invalid, NotFound
 from core.names import name_problem
 from core.roles import may
 from runs.models import DEFAULT_TEAM, Agent, Team, TeamMembership
+from runs.team_scope import EVERY_TEAM
 
 from .decisions import decision
 
@@ -123,3 +124,31 @@ def team_for_new_row(team: str | None) -> Team | None:
     if found is None:
         raise NotFound(f"no team {team!r} (manage.py teams create {team})", field="team")
     return found
+
+
+def team_for_rule(actor: Actor, team: str | None) -> Team | None:
+    """The team a new standing freeze or intake hold belongs to (None: every team's runs), inside
+    the caller's decision: the team named, if the actor may see it (one they are in; any with
+    cross_team); ``*``, every team, only under cross_team (or for a system actor); none named: the
+    actor's only team (system actors: every team, as before teams). A team the actor may not see is
+    refused as one that does not exist."""
+    team = (team or "").strip()
+    if team == EVERY_TEAM:
+        if actor.teams is not None and not actor.cross_team:
+            raise Forbidden(
+                "a freeze or hold over every team needs the cross_team right: name your team",
+                field="team",
+            )
+        return None
+    if not team:
+        if actor.teams is None:
+            return None
+        if len(actor.teams) != 1:
+            raise Invalid("you are in several teams: name the team it is for", field="team")
+        (key,) = actor.teams
+        return _team(DEFAULT_TEAM) if key == 0 else Team.objects.get(pk=key)
+    found = None if team == DEFAULT_TEAM else Team.objects.filter(slug=team).first()
+    key = 0 if team == DEFAULT_TEAM else (found.pk if found else -1)
+    if key == -1 or not actor.sees_team(key):
+        raise Invalid(f"no team {team!r}", field="team")
+    return found or _team(DEFAULT_TEAM)

@@ -1,8 +1,9 @@
-"""Two teams and their cast (docs/operator/teams.md): ``payments`` (pia, operator; worker token
-w_pay; agent pay-agent) and ``support`` (sol, operator; worker token w_sup; agent sup-agent), plus
-ian, an incident commander in payments (cross_team). Support's objects -- a claimed run with a
-lease, an effect, an approval, a pause, a child run, a held fleet operation -- are what payments'
-people and tokens must not learn of."""
+"""Two teams and their cast (docs/operator/teams.md): ``payments`` (pia, operator; sam, security
+responder; worker token w_pay; agent pay-agent) and ``support`` (sol, operator; sue, security
+responder; worker token w_sup; agent sup-agent), plus ian, an incident commander in payments
+(cross_team). Support's objects -- a claimed run with a lease, an effect, an approval, a pause, a
+child run, a held fleet operation, a standing freeze and an intake hold of support's -- are what
+payments' people and tokens must not learn of."""
 
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ def two_teams(db) -> Teams:
         ("pia", "operator", "payments"),
         ("sol", "operator", "support"),
         ("ian", "incident_commander", "payments"),
+        ("sam", "security_responder", "payments"),
+        ("sue", "security_responder", "support"),
     ):
         cast.tokens[name] = person(name, role, team)[1]
     for name, team in (("w_pay", "payments"), ("w_sup", "support")):
@@ -101,10 +104,29 @@ def two_teams(db) -> Teams:
     )
     assert held.status_code == 202, held.content
     cast.support["operation_id"] = held.json()["id"]
+    # Support's standing freeze (set by its own security responder: support's by default) and an
+    # intake hold of support's, set by ian under cross_team (only cross_team roles hold intake).
+    freeze = cast.api("sue").post(
+        "/fleet/freezes",
+        {"capability": "inventory:audit", "over": "everything", "reason": "walk"},
+    )
+    assert freeze.status_code == 201, freeze.content
+    cast.support["freeze_id"] = freeze.json()["freeze"]["id"]
+    hold = cast.api("ian").post(
+        "/intake/holds",
+        {"scope": "tool", "target": "crm", "team": "support", "reason": "walk"},
+    )
+    assert hold.status_code == 202, hold.content
+    cast.support["hold_id"] = hold.json()["id"]
     return cast
 
 
 def made_up() -> dict[str, str]:
     """Ids nobody ever used, one per path parameter."""
     ids = {k: str(uuid.uuid4()) for k in ("run_id", "lease_id", "effect_id", "intervention_id")}
-    return ids | {"operation_id": str(uuid.uuid4()), "child_id": str(uuid.uuid4())}
+    return ids | {
+        "operation_id": str(uuid.uuid4()),
+        "child_id": str(uuid.uuid4()),
+        "freeze_id": str(uuid.uuid4()),
+        "hold_id": str(uuid.uuid4()),
+    }

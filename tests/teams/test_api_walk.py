@@ -26,19 +26,13 @@ NOT_TEAM_OWNED = {
     "/api/v1/teams/{slug}": "tests/teams/test_teams_api.py",
     "/api/v1/teams/{slug}/members": "tests/teams/test_teams_api.py",
     "/api/v1/teams/{slug}/members/{username}": "tests/teams/test_teams_api.py",
-    # Known not done (docs/operator/teams.md): standing freezes and intake holds are not scoped by
-    # team yet; their scope is a tool, capability or agent, not a run.
-    "/api/v1/fleet/freezes/preview": "standing freezes: not team-scoped yet",
-    "/api/v1/fleet/freezes": "standing freezes: not team-scoped yet",
-    "/api/v1/fleet/freezes/{freeze_id}": "standing freezes: not team-scoped yet",
-    "/api/v1/fleet/freezes/{freeze_id}/restore/preview": "standing freezes: not team-scoped yet",
-    "/api/v1/fleet/freezes/{freeze_id}/restore": "standing freezes: not team-scoped yet",
-    "/api/v1/intake": "intake holds: not team-scoped yet",
-    "/api/v1/intake/holds/preview": "intake holds: not team-scoped yet",
-    "/api/v1/intake/holds": "intake holds: not team-scoped yet",
-    "/api/v1/intake/holds/{hold_id}/release/preview": "intake holds: not team-scoped yet",
-    "/api/v1/intake/holds/{hold_id}/release": "intake holds: not team-scoped yet",
 }
+
+# Known not done (docs/operator/teams.md): audit_read_all (security responders) reads the events of
+# no run of every team, and a fleet operation's, a standing freeze's or an intake hold's event names
+# no run; so sam's audit reads are not walked for leaks (their answers are still compared).
+READS_ALL_AUDIT = {"sam"}
+AUDIT_READS = ("/api/v1/audit", "/audit")
 
 TOKEN = 1  # any fencing token: the answer must not depend on knowing the real one
 BODIES = {
@@ -81,7 +75,16 @@ BODIES = {
     "/api/v1/fleet": {"kind": "cancel", "filter": "id={run_id}", "reason": "walk"},
     "/api/v1/fleet/{operation_id}/halt": {"reason": "walk"},
     "/api/v1/fleet/{operation_id}/cancel": {"reason": "walk"},
-}
+    # Standing freezes and intake holds: over the other team's agent, and on its freeze or hold.
+    "/api/v1/fleet/freezes/preview": {"capability": "payments:charge", "over": "agent",
+                                      "agent": "{agent}"},
+    "/api/v1/fleet/freezes": {"capability": "payments:charge", "over": "agent",
+                              "agent": "{agent}", "reason": "walk"},
+    "/api/v1/fleet/freezes/{freeze_id}/restore": {"reason": "walk"},
+    "/api/v1/intake/holds/preview": {"scope": "agent", "target": "{agent}"},
+    "/api/v1/intake/holds": {"scope": "agent", "target": "{agent}", "reason": "walk"},
+    "/api/v1/intake/holds/{hold_id}/release": {"reason": "walk"},
+}  # fmt: skip
 
 
 def operations() -> list[tuple[str, str]]:
@@ -120,11 +123,12 @@ def test_every_operation_is_walked_or_named_as_not_team_owned():
     params = {part for p in walked for part in p.split("/") if part.startswith("{")}
     # {name}: an agent's name (the approval-policies routes): support's agent vs one never made.
     assert params <= {"{run_id}", "{lease_id}", "{effect_id}", "{intervention_id}",
-                      "{operation_id}", "{name}"}, params  # fmt: skip
+                      "{operation_id}", "{name}", "{freeze_id}", "{hold_id}"}, params  # fmt: skip
     assert set(NOT_TEAM_OWNED) <= {p for p, _ in operations()}  # no stale entries
 
 
-@pytest.mark.parametrize("who", ["pia", "w_pay"])
+# sam: a security responder of payments, who may set and restore standing freezes (not cross_team).
+@pytest.mark.parametrize("who", ["pia", "sam", "w_pay"])
 def test_another_teams_objects_answer_exactly_as_made_up_ones(two_teams: Teams, who):
     client = two_teams.api(who)
     support = two_teams.support | {"agent": "sup-agent", "name": "sup-agent"}
@@ -143,6 +147,8 @@ def test_another_teams_objects_answer_exactly_as_made_up_ones(two_teams: Teams, 
         sent |= {
             v for v in support.values() if v in json.dumps(fill(BODIES.get(path, {}), support))
         }
+        if who in READS_ALL_AUDIT and path.startswith(AUDIT_READS[0]):
+            continue
         leaked = {i for i in secret_ids - sent if i in real.content.decode()}
         assert not leaked, (method, path, leaked)
         named = "agent" in BODIES.get(path, {}) or "{name}" in path
@@ -150,11 +156,13 @@ def test_another_teams_objects_answer_exactly_as_made_up_ones(two_teams: Teams, 
     assert differ == [], "\n".join(map(str, differ))
 
 
-@pytest.mark.parametrize("who", ["pia", "w_pay"])
+@pytest.mark.parametrize("who", ["pia", "sam", "w_pay"])
 def test_lists_never_mention_the_other_team(two_teams: Teams, who):
     client = two_teams.api(who)
     mine, theirs = two_teams.payments, two_teams.support
-    for path in ("/runs", "/fleet", "/audit"):
+    for path in ("/runs", "/fleet", "/audit", "/fleet/freezes", "/intake"):
+        if who in READS_ALL_AUDIT and path in AUDIT_READS:
+            continue
         answer = client.get(path)
         text = answer.content.decode()
         assert all(v not in text for v in theirs.values() if len(v) > 8), (path, answer.status_code)
