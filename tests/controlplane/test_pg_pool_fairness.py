@@ -90,7 +90,7 @@ def test_contended_checkouts_are_served_in_their_arrival_order(postgres_only, me
                     waited[i] = time.monotonic() - started
                 conn.execute("SELECT 1")
                 time.sleep(HOLD_S)
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+        except BaseException as err:  # reported by the main thread
             failed.append(err)
 
     try:
