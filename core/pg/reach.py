@@ -8,6 +8,9 @@ fresh: every failed connection attempt (the pool's own reconnections, the readin
 connection, HAProxy asks every 0.5-1 s) renews it, every successful one forgets it, and on its own
 it is forgotten after ``DB_DOWN_MEMORY_S`` seconds (5 by default).
 
+Whoever must act on a refusal the moment it happens (the backend's pools fail the checkouts
+already waiting in their queues) registers with ``on_refusal``: each ``note_refused`` calls them.
+
 The bound matters: a memory kept "until the next new connection" left a healthy process refusing
 every checkout that had to wait, because a pool with idle connections opens none
 (``tests/controlplane/test_pg_refusal_memory.py``).
@@ -18,12 +21,21 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
+from typing import Protocol
 
 DB_DOWN_MEMORY_S = float(os.environ.get("DB_DOWN_MEMORY_S", "5"))
 
 _lock = threading.Lock()
 _refused_at: float | None = None
 _why = ""
+
+
+class Listener(Protocol):
+    def refused(self, why: str) -> None: ...
+
+
+_listeners: weakref.WeakSet[Listener] = weakref.WeakSet()
 
 
 def note_refused(why: object) -> None:
@@ -34,6 +46,16 @@ def note_refused(why: object) -> None:
             time.monotonic(),
             str(why).strip().splitlines()[0][:200] if str(why).strip() else repr(why),
         )
+        listeners, text = list(_listeners), _why
+    for listener in listeners:
+        listener.refused(refused_recently() or text)
+
+
+def on_refusal(listener: Listener) -> None:
+    """Call ``listener.refused(why)`` after each ``note_refused`` (held weakly: a pool closed and
+    dropped stops listening with no unregistering)."""
+    with _lock:
+        _listeners.add(listener)
 
 
 def note_reached() -> None:

@@ -7,7 +7,11 @@ from "unknown" (docs/operations/faults.md, fault (d): the database link cut).
    an ``OperationalError`` instead of waiting the pool's checkout timeout (10 s, and Django asked
    twice: ~20 s). An idle connection is still handed out if there is one. The memory is renewed by
    each failed attempt (the pool's reconnections, the readiness probe) and dropped by a successful
-   one or after ``DB_DOWN_MEMORY_S``: a healthy process never keeps refusing.
+   one or after ``DB_DOWN_MEMORY_S``: a healthy process never keeps refusing. Each failed attempt
+   also refuses the checkouts already waiting in the pool's queue, at that moment; otherwise a
+   checkout waits once, in the pool's first-come first-served queue (a version that waited in
+   0.25 s slices rejoined the back of the queue each time, so later checkouts could starve an
+   earlier one past its timeout: ``tests/controlplane/test_pg_pool_fairness.py``).
 2. **Idle connections checked only when bytes wait.** A connection idle in the pool is handed out
    unchecked unless its socket is readable: a healthy idle connection has nothing to read, while a
    server's termination notice, a reset or an EOF makes it readable. Then (only then) an empty query
@@ -39,7 +43,6 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from core.pg import reach
 
-SLICE_S = 0.25  # how often a waiting checkout looks at the refusal memory
 SUSPECT_CHECK_S = 2.0  # an idle connection's round trip while the database refused a moment ago
 _silent = [float("-inf")]  # when an idle connection last got no answer within SUSPECT_CHECK_S
 _READ_ONLY = ("SELECT", "SHOW", "SET", "RESET", "EXPLAIN", "BEGIN", "DEALLOCATE")
@@ -111,30 +114,58 @@ def _answers_within(conn: Any, timeout: float) -> None:
 @lru_cache(maxsize=1)
 def _pool_class() -> type:
     from psycopg import OperationalError
-    from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool import ConnectionPool
+
+    def unreachable(why: str) -> OperationalError:
+        return OperationalError(f"the database is unreachable: a connection was refused: {why}")
+
+    class GiveUp(BaseException):
+        """An idle connection failed its check while the database refused a moment ago. The pool
+        treats a BaseException like a cancellation (the connection is put back, no further try)
+        instead of sleeping its ~1 s backoff before a next try the fresh refusal would refuse."""
 
     class RefusingPool(ConnectionPool):
-        """A pool whose checkout gives up at once while the database refused a moment ago."""
+        """A pool whose checkouts give up at once while the database refused a moment ago, and
+        otherwise wait once, in the pool's own FIFO queue: each failed connection attempt (of this
+        pool or the readiness probe, ``reach.note_refused``) fails the checkouts waiting then."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            reach.on_refusal(self)
 
         def getconn(self, timeout: float | None = None) -> Any:
-            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-            while True:
-                refused = reach.refused_recently()
-                left = deadline - time.monotonic()
-                wait = 0.05 if refused else max(min(SLICE_S, left), 0.01)
-                try:
-                    return super().getconn(wait)
-                except PoolTimeout:
-                    refused = reach.refused_recently()
-                    if refused:
-                        raise OperationalError(
-                            f"the database is unreachable: a connection was refused: {refused}"
-                        ) from None
-                    if time.monotonic() >= deadline:
-                        waited = self.timeout if timeout is None else timeout
-                        raise PoolTimeout(
-                            f"couldn't get a connection after {waited:.2f} sec"
-                        ) from None
+            try:
+                return super().getconn(timeout)
+            except GiveUp as gave_up:
+                raise unreachable(str(gave_up)) from gave_up.__cause__
+
+        def _get_ready_connection(self, timeout: float | None) -> Any:
+            # under the pool's lock, the moment a checkout either takes an idle connection or
+            # joins the queue: joining it while a refusal is fresh would wait for nothing
+            conn = super()._get_ready_connection(timeout)
+            if conn is None and (refused := reach.refused_recently()):
+                self._maybe_grow_pool()  # an attempt, if there is room, tells when it is back
+                self._stats[self._REQUESTS_ERRORS] += 1
+                raise unreachable(refused)
+            return conn
+
+        def _check_connection(self, conn: Any) -> None:
+            try:
+                super()._check_connection(conn)
+            except Exception as err:
+                if refused := reach.refused_recently():
+                    raise GiveUp(refused) from err
+                raise
+
+        def refused(self, why: str) -> None:
+            """A connection attempt failed just now: every checkout waiting in the queue at this
+            moment is refused (as the pool's ``close`` fails them: taken under its lock, told
+            outside it); the queue keeps its order for those who come after."""
+            with self._lock:
+                waiting = list(self._waiting)
+                self._waiting.clear()
+            for pos in waiting:
+                pos.fail(unreachable(why))
 
         def _connect(self, timeout: float | None = None) -> Any:
             try:
