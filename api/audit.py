@@ -81,4 +81,4 @@ def verify(request: HttpRequest):
     actor = _viewer(request)
     if not may(actor.roles, "audit_verify"):
         raise refuse(request, "verifying the audit trail needs the audit_verify permission")
-    return verify_for_people(named=not actor.team_scoped)
+    return verify_for_people(named=audit_scope(actor) is None)

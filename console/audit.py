@@ -168,7 +168,7 @@ def audit_verify(request: ConsoleRequest) -> HttpResponse:
     written) now; the answer first, then the first break named with its event."""
     if not may(request.roles, "audit_verify"):
         raise refuse(request, "verifying the audit trail needs the audit_verify permission")
-    result = verify_for_people(named=not request.actor.team_scoped)  # no other team's id
+    result = verify_for_people(named=audit_scope(request.actor) is None)
     chain = result["report"]["chain"]
     broken = (
         chain_event(chain["chain"], chain["first_broken_seq"])

@@ -35,18 +35,19 @@ def _ids(qs: QuerySet, field: str = "pk") -> QuerySet:
 
 def audit_scope(actor: Actor) -> Q | None:
     """A filter over ``AuditEvent``: the events ``actor`` may know of; None for cross_team readers
-    (every event). One condition in the page's query: a primary-key probe for a run's event, and for
-    an event of no run a membership in the (small) sets of their teams' operations, rules, agents,
-    tokens and teams."""
+    and for a reader in every team there is (every event). One condition in the page's query: a
+    primary-key probe for a run's event, and for an event of no run a membership in the (small)
+    sets of their teams' operations, rules, agents, tokens and teams."""
     if not actor.team_scoped:
         return None
     assert actor.teams is not None
+    mine = [t for t in actor.teams if t]
+    if not Team.objects.exclude(slug=DEFAULT_TEAM).exclude(pk__in=mine).exists():
+        return None  # no team but theirs (an install without teams): nothing to leave out
     of_run = Exists(Run.objects.filter(team_q(actor.teams), pk=OuterRef("run_id")))
     agents = scoped(Agent.objects.all(), actor)
     tokens = scoped(ApiToken.objects.filter(kind=ApiToken.WORKER), actor)
-    slugs = list(
-        Team.objects.filter(pk__in=[t for t in actor.teams if t]).values_list("slug", flat=True)
-    )
+    slugs = list(Team.objects.filter(pk__in=mine).values_list("slug", flat=True))
     if 0 in actor.teams:
         slugs.append(DEFAULT_TEAM)
     owned = (
