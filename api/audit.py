@@ -14,7 +14,7 @@ from audit.models import AuditEvent
 from audit.selectors import audit_events, outside_runs, settled_seq
 from core.actors import Actor
 from core.roles import may, reads_whole_audit_log
-from runs.team_scope import hidden_runs
+from interventions.audit_scope import audit_scope
 
 router = Router(tags=["audit"])
 
@@ -66,7 +66,7 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
         after_seq=filters.after_seq,
         before_seq=None if horizon is None else horizon + 1,
         runs_only=not whole,
-        hidden_runs=hidden_runs(actor),
+        scope=audit_scope(actor),  # their teams' events only (docs/operator/teams.md)
     )
     events = [audit_dict(e) for e in qs.order_by("seq")[: filters.limit]]
     return {"events": events, "scope": "all" if whole else "runs"}
@@ -76,8 +76,9 @@ def list_audit(request: HttpRequest, filters: Query[AuditFilter]):
 def verify(request: HttpRequest):
     """The same checks as ``manage.py audit_verify``: every audit chain, every run's history chain,
     the ledger against the history, and the anchors once any were written. Walks everything: for the
-    roles that answer for the audit trail (``audit_verify``)."""
+    roles that answer for the audit trail (``audit_verify``). A team-limited verifier gets the verdict
+    with no break named (audit.integrity.verify_for_people)."""
     actor = _viewer(request)
     if not may(actor.roles, "audit_verify"):
         raise refuse(request, "verifying the audit trail needs the audit_verify permission")
-    return verify_for_people()
+    return verify_for_people(named=audit_scope(actor) is None)

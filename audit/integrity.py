@@ -47,6 +47,10 @@ def failures(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _broken_parts(report: dict[str, Any]) -> list[str]:
+    return [k for k, v in report.items() if k != "ok" and not v.get("ok", True)]
+
+
 def _chain_summary(part: dict[str, Any]) -> str:
     return (
         f"audit chain {part.get('chain')} broken at seq {part.get('first_broken_seq')}: "
@@ -54,10 +58,15 @@ def _chain_summary(part: dict[str, Any]) -> str:
     )
 
 
-def verify_for_people() -> dict[str, Any]:
+def verify_for_people(*, named: bool = True) -> dict[str, Any]:
     """What the console and the API show: the same checks as ``audit_verify`` (the anchors too, once
     any have been written), with the answer first: "Intact: 12,345 events in 210 chains, anchored
-    …" or the first break, named."""
+    …" or the first break, named.
+
+    The checks always walk every chain: a break anywhere is everyone's concern. ``named=False`` (a
+    team-limited verifier, docs/operator/teams.md): the verdict and the totals, but no break named
+    -- a broken link's chain is a run's id, a history's or a ledger's names a run or an effect, of
+    any team -- and each part's report reduced to its verdict."""
     anchored = next(iter(read_anchor_lines()), None) is not None
     report = verify_all(anchors=anchored)
     chain = report["chain"]
@@ -75,6 +84,13 @@ def verify_for_people() -> dict[str, Any]:
             answer += f", anchored {datetime.fromisoformat(latest):%Y-%m-%d %H:%M} UTC"
         else:
             answer += ", not anchored yet"
+    if not named:
+        report = {"ok": report["ok"]} | {
+            k: {"ok": v.get("ok", True)} for k, v in report.items() if isinstance(v, dict)
+        }
+        broken = [f"{name}: broken (named to cross-team roles)" for name in _broken_parts(report)]
+        if broken:
+            answer = f"Broken: {broken[0]}"
     return {
         "ok": report["ok"],
         "answer": answer,

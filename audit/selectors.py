@@ -28,7 +28,7 @@ def audit_events(
     since: datetime | None = None,
     until: datetime | None = None,
     runs_only: bool = False,
-    hidden_runs: QuerySet | None = None,
+    scope: Q | None = None,
 ) -> QuerySet[AuditEvent]:
     """Audit events matching every filter given (empty = no filter), unordered.
 
@@ -38,13 +38,14 @@ def audit_events(
     ``action`` names an action or a family of them: ``intervention`` matches ``intervention.pause``,
     ``run.claim`` matches only itself. ``actor`` matches part of the actor's name, case-insensitive.
     ``run_id`` is a run id or its prefix (the 8 characters pages show); one that is not hexadecimal
-    matches nothing (it cannot name a run). ``since`` / ``until`` bound ``created_at``. ``hidden_runs``:
-    the ids of the runs the reader may not know of (other teams': docs/operator/teams.md)."""
+    matches nothing (it cannot name a run). ``since`` / ``until`` bound ``created_at``. ``scope``:
+    the events the reader may know of, None for all (interventions.audit_scope: a team-limited
+    reader's teams', docs/operator/teams.md)."""
     qs = AuditEvent.objects.all()
     if runs_only:
         qs = qs.filter(run_id__isnull=False)
-    if hidden_runs is not None:  # other teams' runs (runs.team_scope); events of no run stay
-        qs = qs.exclude(run_id__in=hidden_runs)
+    if scope is not None:  # their teams' events only (interventions.audit_scope)
+        qs = qs.filter(scope)
     if action:
         family = action if action.endswith(".") else action + "."
         qs = qs.filter(Q(action=action.rstrip(".")) | Q(action__startswith=family))

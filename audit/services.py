@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core import pg
@@ -129,10 +130,10 @@ def verify_chain(batch: int = 2000) -> ChainReport:
         return verify_chains(batch)
 
 
-def export_jsonl(stream, since_seq: int = 0, hidden_runs=None) -> int:
+def export_jsonl(stream, since_seq: int = 0, scope: Q | None = None) -> int:
     """One line per event in reading order (global ``seq`` after ``since_seq``). Each line carries what
     its link needs (the hashed fields, ``prev_hash``, ``hash``) under ``link``-checkable keys, plus
-    ``order`` (the global seq)."""
+    ``order`` (the global seq). ``scope``: the events the reader may know of (audit_events)."""
     from .chain.hashing import canonical
     from .selectors import settled_seq
 
@@ -142,8 +143,8 @@ def export_jsonl(stream, since_seq: int = 0, hidden_runs=None) -> int:
     settled = (
         AuditEvent.objects.all() if horizon is None else AuditEvent.objects.filter(seq__lte=horizon)
     )
-    if hidden_runs is not None:  # a team-scoped reader: not other teams' runs' events
-        settled = settled.exclude(run_id__in=hidden_runs)
+    if scope is not None:  # a team-limited reader: their teams' events only
+        settled = settled.filter(scope)
     count, last = 0, since_seq
     while True:
         rows = list(settled.filter(seq__gt=last).order_by("seq")[:2000])

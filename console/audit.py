@@ -31,7 +31,7 @@ from console.common import ConsoleRequest, console_view, is_fragment, present
 from core.filters import BadFilter, check_text, parse_id_prefix, parse_when
 from core.limits import parse_seq
 from core.roles import may, reads_whole_audit_log
-from runs.team_scope import hidden_runs
+from interventions.audit_scope import audit_scope
 
 PAGE = 100
 FILTERS = ("action", "actor", "outcome", "object_type", "component", "run", "since", "until")
@@ -124,7 +124,7 @@ def audit_context(request: ConsoleRequest) -> dict:
         since=parse_when("since", filters["since"], now=now) if filters["since"] else None,
         until=parse_when("until", filters["until"], now=now) if filters["until"] else None,
         runs_only=not whole,
-        hidden_runs=hidden_runs(request.actor),
+        scope=audit_scope(request.actor),  # their teams' events only (docs/operator/teams.md)
     )
     newer_first = not newest or after is None
     rows = events_page(qs, newer_first=newer_first, n=PAGE + 1)
@@ -168,7 +168,7 @@ def audit_verify(request: ConsoleRequest) -> HttpResponse:
     written) now; the answer first, then the first break named with its event."""
     if not may(request.roles, "audit_verify"):
         raise refuse(request, "verifying the audit trail needs the audit_verify permission")
-    result = verify_for_people()
+    result = verify_for_people(named=audit_scope(request.actor) is None)
     chain = result["report"]["chain"]
     broken = (
         chain_event(chain["chain"], chain["first_broken_seq"])
@@ -198,7 +198,7 @@ def audit_export(request: ConsoleRequest) -> FileResponse:
     since = _seq_param(request, "since_seq") or 0
     spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024, mode="w+b")
     writer = _Utf8Writer(spool)
-    export_jsonl(writer, since, hidden_runs=hidden_runs(request.actor))
+    export_jsonl(writer, since, scope=audit_scope(request.actor))
     spool.seek(0)
     name = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}.jsonl"
     return FileResponse(

@@ -98,15 +98,6 @@ def may_know(actor: Actor, run: Run) -> bool:
     return not (actor.is_worker and actor.agents and run.agent.name not in actor.agents)
 
 
-def hidden_runs(actor: Actor) -> QuerySet | None:
-    """The ids of the runs ``actor`` may not know of (other teams'), for filters that must leave
-    them out (the audit log and its export); None when there are none to leave out."""
-    if not actor.team_scoped:
-        return None
-    assert actor.teams is not None
-    return Run.objects.exclude(team_q(actor.teams)).values("pk")
-
-
 def team_slugs_of(user_id: int | None) -> frozenset[str]:
     """The slugs of a person's teams (``default`` when in none, as ``members`` counts them); empty
     for no person. Read now, not from the actor's sign-in: a decision asks inside its transaction."""
