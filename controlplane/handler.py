@@ -26,6 +26,8 @@ borrows one request thread for its whole life; there are as many as the gate adm
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -40,6 +42,8 @@ from django.http import FileResponse
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
 _MATCH = "controlplane.resolver_match"  # scope key: (path_info, ResolverMatch) found by __call__
+SLOW_GATE_S = 1.0  # a wait for the sync-view gate this long is logged: the process is saturated or stuck
+log = logging.getLogger(__name__)
 
 
 class _SyncChain(BaseHandler):
@@ -121,7 +125,15 @@ class ControlPlaneASGIHandler(ASGIHandler):
             if slots is None:
                 await self._serve_in_thread(scope, body_file, send)
             else:
+                queued = time.monotonic()
                 async with slots:
+                    if (waited := time.monotonic() - queued) >= SLOW_GATE_S:
+                        log.warning(
+                            "%s %s waited %.1f s for a sync-view slot (SYNC_VIEW_CONCURRENCY)",
+                            scope.get("method"),
+                            scope.get("path"),
+                            waited,
+                        )
                     await self._serve_in_thread(scope, body_file, send)
 
     async def _serve_in_thread(self, scope, body_file, send) -> None:

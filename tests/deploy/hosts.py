@@ -139,6 +139,9 @@ class Forwarder:
             except OSError:
                 client.close()
                 continue
+            # a timeout for the connect only: left on, a connection PostgreSQL was silent on for
+            # 5 s (an idle pooled one, or any while frozen) was cut here, which no network does
+            upstream.settimeout(None)
             with self._lock:
                 if self._listener is not listener:
                     client.close()

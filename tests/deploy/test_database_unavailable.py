@@ -5,6 +5,7 @@ since the request started. docs/operations/faults.md, fault (d)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from uuid import UUID
@@ -137,4 +138,92 @@ def test_a_black_holed_database_link_is_refused_within_seconds(
     finally:
         link.frozen = False
         link.cut()
+        procs.stop()
+
+
+def _post_in_thread(client: httpx.Client, url: str, body: dict, headers: dict) -> dict:
+    """A write sent on its own thread; the dict gets its answer (status, headers, json, seconds)."""
+    got: dict = {}
+
+    def send() -> None:
+        sent = time.monotonic()
+        try:
+            answer = client.post(url, json=body, headers=headers)
+            got.update(status=answer.status_code, headers=answer.headers, text=answer.text)
+        except httpx.HTTPError as err:
+            got.update(status=None, text=repr(err))
+        got["s"] = round(time.monotonic() - sent, 2)
+
+    got["thread"] = threading.Thread(target=send, daemon=True)
+    got["thread"].start()
+    return got
+
+
+@pytest.mark.slow
+def test_requests_behind_a_gate_held_by_a_black_hole_are_refused_when_it_is_known(
+    postgres_only, tmp_path, worker_token
+):
+    """Both sync-view slots (SYNC_VIEW_CONCURRENCY=2) are held by writes stuck on idle connections
+    whose link went silent. A write already waiting for a slot is refused 503 (did nothing) the
+    moment a refusal is noted (the readiness probe's connect times out), and a write that would
+    have to wait is refused at once, while the refusal is fresh; /healthz still answers. Before
+    the gate knew of the refusal memory, both waited as long as the stuck writes did (in the faults
+    test, until TCP gave up on them: 6-7 s; here, whose link never resets, forever)."""
+    db = connection.settings_dict
+    link = Forwarder((db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)))
+    url = test_database_url().replace(f":{db.get('PORT') or 5432}/", f":{link.port}/")
+    procs = Procs(tmp_path)
+    stuck: list[dict] = []
+    try:
+        port = start_redis(procs)
+        env = server_env(
+            tmp_path,
+            DATABASE_URL=url,
+            REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            DB_POOL_MIN="4",
+            SYNC_VIEW_CONCURRENCY="2",
+        )
+        base, log = start_api(procs, env)
+        body = {"agent": "purchasing", "goal": "unavail-gate", "authority": []}
+        headers = {"Authorization": f"Bearer {worker_token}"}
+        writes = f"{base}/api/v1/runs"
+        with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=8)) as client:
+            for _ in range(4):
+                assert client.post(writes, json=body, headers=headers).status_code == 201
+            link.frozen = True
+            # no refusal noted yet: each takes an idle connection that looks healthy, and hangs
+            stuck = [_post_in_thread(client, writes, body, headers) for _ in range(2)]
+            time.sleep(1.5)
+            assert [s.get("status", "pending") for s in stuck] == ["pending"] * 2, stuck
+            waiting = _post_in_thread(client, writes, body, headers)  # queued behind them
+            time.sleep(1.0)
+            assert "s" not in waiting, waiting  # still in the gate: nothing refused yet
+            probe = client.get(f"{base}/readyz")  # its connect times out: a refusal is noted
+            probed_at = time.monotonic()
+            assert probe.status_code == 503, probe.text
+            waiting["thread"].join(10)
+            released_after = round(time.monotonic() - probed_at, 2)
+            late = _post_in_thread(client, writes, body, headers)  # would have to wait
+            late["thread"].join(10)
+            sent = time.monotonic()
+            alive = client.get(f"{base}/healthz")
+            alive_s = round(time.monotonic() - sent, 2)
+        print(f"gate: the waiting write answered {released_after} s after the probe; a later "
+              f"write in {late.get('s', 'over 10')} s; /healthz in {alive_s} s")  # fmt: skip
+        tail = log.read_text()[-3000:]
+        assert waiting.get("status") == 503, (waiting, tail)
+        assert waiting["headers"]["X-Controlplane-Draining"] == "1", waiting
+        assert json.loads(waiting["text"])["error"] == "database_unavailable", waiting
+        assert released_after < 1.0, (released_after, tail)  # released by the refusal, not a poll
+        assert late.get("status") == 503, (late, tail)
+        assert json.loads(late["text"])["error"] == "database_unavailable", late
+        assert late["headers"]["X-Controlplane-Draining"] == "1", late
+        assert late["s"] < 1.0, (late, tail)
+        assert alive.status_code == 200 and alive_s < 1.0, (alive.status_code, alive_s)
+        assert [s.get("status", "pending") for s in stuck] == ["pending"] * 2, stuck
+    finally:
+        link.frozen = False
+        link.cut()  # the stuck writes' connections break: they end
+        for s in stuck:
+            s["thread"].join(20)
         procs.stop()

@@ -140,6 +140,7 @@ def _blackhole_the_database_link(network, host, address, api, token, acks, acked
     serves again (its broken pooled connections are replaced)."""
     before, at = acks(), time.monotonic()
     window = [time.time(), None]
+    log_from = len(log.read_text().splitlines()) if log.is_file() else 0
     network.blackhole(host, address)
     wait_for("the black-holed host's /readyz to go 503", lambda: _readyz(api)[0] == 503, 30)
     figures: dict = {"s_to_readyz_503": round(time.monotonic() - at, 1)}
@@ -154,6 +155,11 @@ def _blackhole_the_database_link(network, host, address, api, token, acks, acked
     figures["server_said"] = [
         line[-240:] for line in log.read_text().splitlines() if "database unavailable on" in line
     ][-4:] if log.is_file() else []  # fmt: skip
+    # the waits for a0's sync-view gate logged since the hole began (controlplane/handler.py)
+    figures["server_gate_waits"] = [
+        line[-120:] for line in log.read_text().splitlines()[log_from:]
+        if "for a sync-view slot" in line or "sync-view gate" in line
+    ] if log.is_file() else []  # fmt: skip
     acked(before + 20, "load to go on through the host that reaches the database")
     figures["acks_during"] = acks() - before
     figures["hole_s"] = round(time.monotonic() - at, 1)
