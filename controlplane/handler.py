@@ -20,7 +20,8 @@ so it waits without holding a thread.
 
 Sync views also pass a per-process gate (``SYNC_VIEW_CONCURRENCY``, see ``_sync_slots``): requests
 beyond it wait on the event loop rather than in threads fighting over the GIL. Each admitted request
-borrows one request thread for its whole life; there are as many as the gate admits.
+borrows one request thread for its whole life; there are as many as the gate admits. While the
+database is known down, no request waits in the gate: it is refused "did nothing" (controlplane/gate.py).
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ from django.core.handlers.base import BaseHandler
 from django.http import FileResponse
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
+from controlplane.gate import DatabaseDown, SyncGate, refuse
+
 _MATCH = "controlplane.resolver_match"  # scope key: (path_info, ResolverMatch) found by __call__
-SLOW_GATE_S = 1.0  # a wait for the sync-view gate this long is logged: the process is saturated or stuck
+SLOW_GATE_S = 1.0  # a wait for the sync-view gate this long is logged: saturated, or stuck
 log = logging.getLogger(__name__)
 
 
@@ -64,13 +67,13 @@ class ControlPlaneASGIHandler(ASGIHandler):
         self._sync_handler = _SyncChain()
         self._sync_handler.load_middleware(is_async=False)
         # One gate per event loop (a server has one; tests make many, which must not pile up here).
-        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SyncGate] = (
             weakref.WeakKeyDictionary()
         )
         # Idle request threads (single-thread executors), reused across requests and event loops.
         self._idle: list[ThreadPoolExecutor] = []
 
-    def _sync_slots(self) -> asyncio.Semaphore | None:
+    def _sync_slots(self) -> SyncGate | None:
         """At most SYNC_VIEW_CONCURRENCY sync views run at once in this process; more wait on the event
         loop, holding no thread. Without a bound, a saturated server runs one thread per request and
         they fight over the GIL: a woken long-poll heartbeat (whose own database work goes straight to
@@ -82,7 +85,7 @@ class ControlPlaneASGIHandler(ASGIHandler):
         loop = asyncio.get_running_loop()
         slots = self._slots.get(loop)
         if slots is None:
-            slots = self._slots[loop] = asyncio.Semaphore(limit)
+            slots = self._slots[loop] = SyncGate(limit, loop)
         return slots
 
     @staticmethod
@@ -124,17 +127,33 @@ class ControlPlaneASGIHandler(ASGIHandler):
             slots = self._sync_slots()
             if slots is None:
                 await self._serve_in_thread(scope, body_file, send)
-            else:
-                queued = time.monotonic()
-                async with slots:
-                    if (waited := time.monotonic() - queued) >= SLOW_GATE_S:
-                        log.warning(
-                            "%s %s waited %.1f s for a sync-view slot (SYNC_VIEW_CONCURRENCY)",
-                            scope.get("method"),
-                            scope.get("path"),
-                            waited,
-                        )
-                    await self._serve_in_thread(scope, body_file, send)
+                return
+            queued = time.monotonic()
+            try:
+                await slots.enter()
+            except DatabaseDown as down:
+                # the same line as api/app.py's, so a log search finds both refusals
+                log.warning(
+                    "database unavailable on %s %s (refused at the sync-view gate after %.1f s, "
+                    "nothing applied: 503): %s",
+                    scope.get("method"),
+                    scope.get("path"),
+                    time.monotonic() - queued,
+                    down,
+                )
+                await refuse(send, str(down))
+                return
+            try:
+                if (waited := time.monotonic() - queued) >= SLOW_GATE_S:
+                    log.warning(
+                        "%s %s waited %.1f s for a sync-view slot (SYNC_VIEW_CONCURRENCY)",
+                        scope.get("method"),
+                        scope.get("path"),
+                        waited,
+                    )
+                await self._serve_in_thread(scope, body_file, send)
+            finally:
+                slots.leave()
 
     async def _serve_in_thread(self, scope, body_file, send) -> None:
         thread = self._idle.pop() if self._idle else ThreadPoolExecutor(1, "request")
