@@ -214,11 +214,11 @@ def test_requests_behind_a_gate_held_by_a_black_hole_are_refused_when_it_is_know
         assert waiting.get("status") == 503, (waiting, tail)
         assert waiting["headers"]["X-Controlplane-Draining"] == "1", waiting
         assert json.loads(waiting["text"])["error"] == "database_unavailable", waiting
-        assert released_after < 1.0, (released_after, tail)  # released by the refusal, not a poll
+        assert released_after < 2.0, (released_after, tail)  # by the refusal, not by a slot freed
         assert late.get("status") == 503, (late, tail)
         assert json.loads(late["text"])["error"] == "database_unavailable", late
         assert late["headers"]["X-Controlplane-Draining"] == "1", late
-        assert late["s"] < 1.0, (late, tail)
+        assert late["s"] < 2.0, (late, tail)
         assert alive.status_code == 200 and alive_s < 1.0, (alive.status_code, alive_s)
         assert [s.get("status", "pending") for s in stuck] == ["pending"] * 2, stuck
     finally:
