@@ -9,7 +9,8 @@ connection, HAProxy asks every 0.5-1 s) renews it, every successful one forgets 
 it is forgotten after ``DB_DOWN_MEMORY_S`` seconds (5 by default).
 
 Whoever must act on a refusal the moment it happens (the backend's pools fail the checkouts
-already waiting in their queues) registers with ``on_refusal``: each ``note_refused`` calls them.
+already waiting in their queues, the ASGI handler's sync-view gate the requests waiting for a slot:
+controlplane/gate.py) registers with ``on_refusal``: each ``note_refused`` calls them.
 
 The bound matters: a memory kept "until the next new connection" left a healthy process refusing
 every checkout that had to wait, because a pool with idle connections opens none
