@@ -135,8 +135,9 @@ def _cut_the_database_link(link, api: str, token: str, acks, acked) -> dict:
 def _blackhole_the_database_link(network, host, address, api, token, acks, acked, log) -> dict:
     """(e): the host's packets to the database vanish (dropped, not refused): its /readyz goes 503
     once the probe's connect times out, a write sent to it is not acknowledged (a checkout that has
-    to connect is refused once a probe failed; one on an idle pooled connection waits for TCP to
-    give up, ``tcp_user_timeout`` 10 s), load goes on through the other host; after healing the host
+    to connect is refused once a probe failed, and so is a request that has to wait for the
+    sync-view gate, controlplane/gate.py; one on an idle pooled connection waits for TCP to give
+    up, ``tcp_user_timeout`` 10 s), load goes on through the other host; after healing the host
     serves again (its broken pooled connections are replaced)."""
     before, at = acks(), time.monotonic()
     window = [time.time(), None]
