@@ -326,8 +326,10 @@ def test_the_workers_page_follows_the_workers_live_and_keeps_what_was_unfolded(
         assert load.facts >= 25, load.facts
         page.wait_for_function("window.__refreshes >= 2", timeout=15_000)
         # The claim and the lease's end were pushed (a busy run's facts are not: nothing to redraw).
-        assert page.evaluate("window.__pushes") >= 2, page.evaluate("window.__pushes")
-        assert all(s <= AGREE_SANITY_S for s in seen.values()), seen  # the 1 s rule: printed
+        pushes = page.evaluate("window.__pushes")
+        assert 2 <= pushes <= 8, (pushes, load.facts)  # not one per fact of the busy run
+        seen["pushes"] = pushes
+        assert all(seen[k] <= AGREE_SANITY_S for k in seen if k != "pushes"), seen  # 1 s: printed
         # Refreshed, not reloaded; and what the person unfolded is still unfolded, and current.
         assert _same_page(page)
         folded = _folded(page, "worker-7")
