@@ -277,7 +277,8 @@ class NotFoundConsumer(AsyncWebsocketConsumer):
 
 
 class RunListConsumer(LiveConsumer):
-    """/ws/runs/?state=…&agent=…&owner=… (the run list) or ?view=approvals (the approvals inbox).
+    """/ws/runs/?state=…&agent=…&owner=… (the run list), ?view=approvals (the approvals inbox) or
+    ?view=workers (the Workers page).
 
     The list's hints come through its process's ListHub (console/list_live.py): one render per
     view and window for all the sockets showing it, then row-level patches per socket. Those shared
@@ -291,13 +292,18 @@ class RunListConsumer(LiveConsumer):
     def _query(self) -> str:
         return self.scope.get("query_string", b"").decode("latin-1")
 
-    def _inbox(self) -> bool:
+    def _page(self) -> str:
+        """ "approvals" (the inbox), "workers" (the Workers page), or "" (the run list)."""
         from django.http import QueryDict
 
-        return QueryDict(self._query()).get("view") == "approvals"
+        view = QueryDict(self._query()).get("view")
+        return view if view in ("approvals", "workers") else ""
+
+    def _inbox(self) -> bool:
+        return self._page() == "approvals"
 
     async def groups_to_join(self) -> list[str]:
-        if self._inbox():
+        if self._page():
             return [RUNS_GROUP]
         from console.list_live import View
 
@@ -329,6 +335,10 @@ class RunListConsumer(LiveConsumer):
             from console.interventions import render_inbox_push
 
             return render_inbox_push(self.user)
+        if self._page() == "workers":
+            from console.workers import render_workers_push
+
+            return render_workers_push(self.user)
         from console.list_live import ListHub, full_render
 
         if self.view is None:
@@ -338,13 +348,18 @@ class RunListConsumer(LiveConsumer):
 
     def render_facts(self, pending: dict[str, Any], refresh: bool) -> str:
         """The list: reached only by the periodic resync (its hints go through the hub): whole.
-        The inbox: redrawn when an approval or a state changed."""
+        The inbox: redrawn when an approval or a state changed. The Workers page: when a run was
+        claimed, a lease ended or a state changed (a busy run's effects cost it nothing)."""
         kinds = {k for facts in pending.values() if facts is not None for k in facts}
         everything = refresh or any(facts is None for facts in pending.values())
-        if not self._inbox() or everything:
+        if not self._page() or everything:
             return self.render()
-        if any(k.startswith("approval_") or k == "state_changed" for k in kinds):
+        if self._inbox() and any(k.startswith("approval_") or k == "state_changed" for k in kinds):
             return self.render()
+        if self._page() == "workers":
+            from console.workers import WORKER_FACTS
+
+            return self.render() if WORKER_FACTS & kinds else ""
         return ""
 
     async def apply_list_update(self, update: Any) -> None:

@@ -53,16 +53,30 @@
   function rows() {
     return Array.prototype.slice.call(document.querySelectorAll("table[data-keys] tbody tr[data-href]"));
   }
-  var current = -1;
+  // The selection is a row's id (a run), not a position: a live push that redraws the selected row
+  // or puts a new one above it must not move it onto another run (Enter would open the wrong one).
+  var current = -1, selectedId = null;
+  function mark(row) {
+    rows().forEach(function (r) { if (r !== row) { r.classList.remove("selected"); r.removeAttribute("aria-selected"); } });
+    row.classList.add("selected"); row.setAttribute("aria-selected", "true");
+  }
   function select(index) {
     var list = rows();
     if (!list.length) return;
     index = Math.max(0, Math.min(list.length - 1, index));
-    list.forEach(function (row) { row.classList.remove("selected"); row.removeAttribute("aria-selected"); });
     var row = list[index];
-    row.classList.add("selected"); row.setAttribute("aria-selected", "true");
+    mark(row);
     row.scrollIntoView({ block: "nearest" });
-    current = index;
+    current = index; selectedId = row.id || null;
+  }
+  // After a swap: the selected row again, found by its id, without scrolling the page under the
+  // person. A row a push removed takes the selection with it; a redraw the person asked for (a
+  // filter, a page) keeps the position when the row is not on the new page.
+  function reselect(live) {
+    var row = selectedId && document.getElementById(selectedId);
+    if (row && rows().indexOf(row) >= 0) { if (!row.classList.contains("selected")) mark(row); current = rows().indexOf(row); return; }
+    if (!live && current >= 0) { select(Math.min(current, rows().length - 1)); return; }
+    if (live && selectedId) { current = -1; selectedId = null; }
   }
   function selectedIndex() {
     var list = rows();
@@ -182,8 +196,40 @@
     });
     event.detail.shouldSwap = false; // placed, each one
   });
-  // After an htmx swap of the list, keep the selection on the same position when possible.
-  document.addEventListener("htmx:afterSwap", function () { if (current >= 0) select(Math.min(current, rows().length - 1)); });
+  document.addEventListener("htmx:afterSwap", function () { if (current >= 0) reselect(false); });
+  document.addEventListener("htmx:wsAfterMessage", function () { if (selectedId) reselect(true); });
+  // What the person unfolded stays unfolded when the region holding it is redrawn (the Workers
+  // page refreshes itself, pushes redraw rows): a fold is known by its row (the nearest element with
+  // an id or a data-worker), its place in that row and its summary, and is opened again after the swap.
+  var unfolded = {};
+  function foldKey(d) {
+    var anchor = d.parentElement && d.parentElement.closest("[id], [data-worker]");
+    var within = anchor ? anchor.querySelectorAll("details") : document.querySelectorAll("details");
+    var summary = d.querySelector("summary");
+    return (anchor ? anchor.id || "worker:" + anchor.getAttribute("data-worker") : "") + "|" +
+      Array.prototype.indexOf.call(within, d) + "|" + (summary ? summary.textContent.trim() : "");
+  }
+  function noteFolds(event) {
+    var target = event.detail && event.detail.target;
+    if (!target || !target.querySelectorAll) return;
+    var at = Date.now();
+    target.querySelectorAll("details[open]").forEach(function (d) { unfolded[foldKey(d)] = at; });
+  }
+  function reopen() {
+    var keys = Object.keys(unfolded), now = Date.now();
+    if (!keys.length) return;
+    document.querySelectorAll("details:not([open])").forEach(function (d) {
+      var key = foldKey(d);
+      if (unfolded[key]) { d.open = true; delete unfolded[key]; }
+    });
+    // a fold whose row left with the swap is forgotten (a later one alike must not open by itself)
+    keys.forEach(function (key) { if (unfolded[key] && now - unfolded[key] > 2000) delete unfolded[key]; });
+  }
+  document.addEventListener("htmx:beforeSwap", noteFolds);
+  document.addEventListener("htmx:oobBeforeSwap", noteFolds);
+  document.addEventListener("htmx:afterSwap", reopen);
+  document.addEventListener("htmx:oobAfterSwap", reopen);
+  document.addEventListener("htmx:afterSettle", reopen);
 })();
 
 // A notification's link (/runs/<run>/?approval=<id>) opens the run page on that approval: its row is

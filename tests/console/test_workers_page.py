@@ -8,13 +8,18 @@ import re
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from core import live
 from interventions.recover import scan_expired_leases
 from runs.models import ExecutionLease
-from tests.conftest import start_run
+from tests.conftest import declare, start_run
+from tests.console.test_run_pages import IN_MEMORY_LAYER, _session_headers, browser
 
 pytestmark = pytest.mark.django_db
 
@@ -108,3 +113,56 @@ def test_the_page_needs_a_login_and_a_role(cast):
     assert part.status_code == 200 and part.content.decode().lstrip().startswith(
         '<div id="workers"'
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_its_socket_pushes_a_claim_and_a_leases_end_and_nothing_for_a_busy_runs_effects(
+    cast, worker, settings
+):
+    """/ws/runs/?view=workers: the section on connect, redrawn by a claim (attempt_started) and a
+    lease's end; a checkpoint or an effect of the run it holds costs the page nothing."""
+    from controlplane.asgi import application
+
+    settings.CHANNEL_LAYERS = IN_MEMORY_LAYER
+    held = start_run(worker)
+    later = start_run(worker, goal="claimed while the page is open")
+    headers = _session_headers(browser(cast, "vera"))
+
+    async def drain(page: WebsocketCommunicator) -> None:
+        await database_sync_to_async(live.flush)(5)
+        while not await page.receive_nothing(timeout=0.3):
+            await page.receive_from(timeout=1)
+
+    async def scenario() -> None:
+        page = WebsocketCommunicator(application, "/ws/runs/?view=workers", headers=headers)
+        assert (await page.connect(timeout=5))[0]
+        first = await page.receive_from(timeout=5)
+        assert 'id="workers"' in first and 'hx-swap-oob="true"' in first
+        lease = (await database_sync_to_async(_claim)(worker, held["id"], "worker-7"))["lease"]
+        await database_sync_to_async(live.flush)(5)
+        assert "worker-7" in await page.receive_from(timeout=5)
+        await drain(page)
+        # The busy run's effects and checkpoints: not the page's business.
+        token = lease["fencing_token"]
+        await database_sync_to_async(declare)(worker, held["id"], token, key="busy-1")
+        ok = await database_sync_to_async(worker.post)(
+            f"/runs/{held['id']}/checkpoints",
+            {"fencing_token": token, "step": "s-1", "state": {"i": 1}},
+        )
+        assert ok.status_code == 201, ok.content
+        await database_sync_to_async(live.flush)(5)
+        assert await page.receive_nothing(timeout=1.0)
+        # Another worker starts claiming; then worker-7 lets its lease go.
+        await database_sync_to_async(_claim)(worker, later["id"], "worker-8")
+        await database_sync_to_async(live.flush)(5)
+        assert 'data-worker="worker-8"' in await page.receive_from(timeout=5)
+        await drain(page)
+        gone = await database_sync_to_async(worker.post)(
+            f"/leases/{lease['id']}/release", {"fencing_token": token, "reason": "done"}
+        )
+        assert gone.status_code == 200, gone.content
+        await database_sync_to_async(live.flush)(5)
+        assert "worker-7" in await page.receive_from(timeout=5)
+        await page.disconnect()
+
+    async_to_sync(scenario)()
