@@ -345,6 +345,54 @@ def test_the_workers_page_follows_the_workers_live_and_keeps_what_was_unfolded(
         browser.close()
 
 
+def test_a_late_refresh_never_steps_the_workers_page_back_behind_a_push(
+    cast,
+    worker_token,
+    servers,  # noqa: F811 (the imported fixture)
+    monkeypatch,
+):
+    """A 5 s refresh reads the workers, then a claim commits and is pushed, then the refresh's answer
+    arrives (held here by the browser's router): the page keeps the push's newer drawing. It holds
+    because both replace ``#workers`` whole (outerHTML): the push detaches the element whose refresh
+    is in flight, and htmx does not draw an answer for a detached element. A swap that kept the
+    element (innerHTML) would step the page back here."""
+    console, api = servers("embedded"), servers("embedded", "api")
+    _bus(servers, "embedded", monkeypatch)
+    server_password(cast["vera"][0], "pw-vera")
+    _run(api, worker_token)
+    held: list[Any] = []
+
+    def hold_first_refresh(route: Any) -> None:
+        if held or not route.request.headers.get("hx-request"):
+            route.continue_()
+            return
+        held.append((route, route.fetch()))  # the server reads now; the page gets it later
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page.goto(f"{console}/workers/")
+        page.fill("#id_username", "vera")
+        page.fill("#id_password", "pw-vera")
+        page.click("button[type=submit]")
+        expect(page.locator("#run-live.ws-open")).to_have_count(1, timeout=15_000)
+        page.route(re.compile(r".*/workers/(\?.*)?$"), hold_first_refresh)
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert held, "no refresh of the Workers page within 15 s"
+        _, new_id, _ = _run(api, worker_token, worker="worker-8", goal="claimed after the read")
+        row = page.locator("#workers tr[data-worker='worker-8']")
+        expect(row).to_contain_text(new_id[:8], timeout=5_000)  # pushed
+        route, answer = held[0]
+        assert "worker-8" not in answer.text()  # read before the claim committed
+        route.fulfill(response=answer)
+        page.wait_for_timeout(1_000)
+        expect(row).to_contain_text(new_id[:8], timeout=1)  # the older reading was not drawn
+        page.unroute_all(behavior="ignoreErrors")
+        browser.close()
+
+
 # --- 3. the triage views: "needs attention" and the approvals inbox ---------------------------------------
 
 ROW_SELECTED = "document.querySelector('#run-rows tr.selected')"
