@@ -511,11 +511,19 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
     to count them."""
     if pg.enabled(connection) and flt.replace(agents=(), states=(), sort="").is_empty:
         return StateCounts(_tally(actor, flt.agents), complete=True)
-    qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
-    # One read of at most COUNT_CAP rows, their states counted here (a GROUP BY over them would
-    # join them back to every run).
-    counts = dict(Counter(qs.values_list("state", flat=True)[:COUNT_CAP]))
-    return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
+    if flt.attention and not flt.touched:
+        # The runs in an attention state and the few in others that hold trouble, as two reads
+        # (attention_count's), not one hashed set of every run in trouble tested against the runs.
+        parts = _attention_parts(actor, flt.replace(states=()), flt.now or timezone.now())
+        first = [qs.values_list("state", flat=True)[:COUNT_CAP] for qs in parts]
+        states = list(first[0].union(first[1], all=True).order_by()[:COUNT_CAP])
+    else:
+        qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
+        # One read of at most COUNT_CAP rows, their states counted here (a GROUP BY over them
+        # would join them back to every run).
+        states = list(qs.values_list("state", flat=True)[:COUNT_CAP])
+    counts = dict(Counter(states))
+    return StateCounts(counts, complete=len(states) < COUNT_CAP)
 
 
 def _tally(actor: Actor, agents: tuple[str, ...]) -> dict[str, int]:
@@ -552,15 +560,20 @@ def attention_count(actor: Actor, flt: RunFilter, now: datetime, cap: int) -> in
     state keyset index, the rest of the filter checked per row) and the few runs in other states
     that hold trouble (effects, approvals, stuck jobs: small partial indexes). One set of every
     run in trouble, hashed and joined, cost 20-50 ms a render at 1,000,000 runs just to build."""
-    rest = flt.replace(attention=False, states=())
+    parts = _attention_parts(actor, flt.replace(states=()), now)
+    first = [qs.values("pk")[: cap + 1] for qs in parts]
+    return min(cap + 1, first[0].union(first[1], all=True).count())
+
+
+def _attention_parts(actor: Actor, flt: RunFilter, now: datetime) -> tuple[QuerySet, QuerySet]:
+    """The runs of ``flt`` needing attention (whatever its ``attention``), in two disjoint sets:
+    those in an attention state, and those in other states holding trouble."""
+    rest = flt.replace(attention=False)
     trouble = _trouble_ids(now)
     in_states = rest.queryset(actor).filter(state__in=ATTENTION_STATES)
     holding = rest.queryset(actor, within=trouble).filter(pk__in=trouble)
     holding = holding.exclude(state__in=ATTENTION_STATES)
-    parts = [
-        qs.select_related(None).order_by().values("pk")[: cap + 1] for qs in (in_states, holding)
-    ]
-    return min(cap + 1, parts[0].union(parts[1], all=True).count())
+    return in_states.select_related(None).order_by(), holding.select_related(None).order_by()
 
 
 def matching_rows(actor: Actor, flt: RunFilter, ids: list[str]) -> list[Run]:
