@@ -154,7 +154,7 @@ def counts_context(actor, flt: RunFilter) -> dict[str, Any]:
             for s in State
             if counts.get(s.value) or s.value in flt.states
         ],
-        "attention_n": attention,
+        "attention_n": min(attention, ATTENTION_CAP),  # "100+" past the cap, not "101+"
         "attention_more": attention > ATTENTION_CAP,
         "attention_cap": ATTENTION_CAP,
     }
