@@ -76,10 +76,12 @@ bench: venv $(VENV)/.bench-installed  ## issue 11's measurements on a scratch Po
 	DATABASE_URL="$(BENCH_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.suite
 	$(PY) -m bench.report --readme docs/benchmarks.md
 
-BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_console_bench
+# BENCH_CONSOLE_RUNS=1000000 (issue 24): a database of its own, seeded once (~5 min, 1.4 GB)
+BENCH_CONSOLE_RUNS ?=
+BENCH_CONSOLE_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane_console_bench$(if $(BENCH_CONSOLE_RUNS),_$(BENCH_CONSOLE_RUNS))
 
-bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY), live pages under protocol load (≤ 8 min; BENCH_QUICK=1 ~2 min); bench/results/console.json
-	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" $(PY) -m bench.console
+bench-console: venv  ## console pages among 100,000 runs (seeded once by COPY; BENCH_CONSOLE_RUNS=1000000: bench/results/console_1m.json), live pages under protocol load (≤ 8 min; BENCH_QUICK=1 ~2 min); bench/results/console.json
+	DATABASE_URL="$(BENCH_CONSOLE_DATABASE_URL)" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" BENCH_CONSOLE_RUNS="$(BENCH_CONSOLE_RUNS)" $(PY) -m bench.console
 
 rolling-restart-test: venv haproxy  ## two API replicas behind HAProxy restarted in turn under 16 SDK workers (issue 22)
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 CONTROLPLANE_ROLLING_TEST=1; \

@@ -25,7 +25,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.fields.tuple_lookups import Tuple, TupleGreaterThan, TupleLessThan
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.utils import timezone
@@ -217,7 +218,10 @@ class RunFilter:
             low, high = prefix_range(self.id)
             qs = qs.filter(pk__gte=low, pk__lte=high)
         if self.agents:
-            qs = qs.filter(agent__name__in=self.agents)
+            # By ids looked up first: a condition on the run's own column (the agent keyset index,
+            # or a filter while another index is walked), not a join to the agents that PostgreSQL
+            # applies only after reading every other agent's runs too.
+            qs = qs.filter(agent_id__in=self._agents_named(self.agents))
         for tool, action in self.touched:
             effects = Effect.objects.filter(tool=tool)
             if action and action != "*":
@@ -257,6 +261,13 @@ class RunFilter:
         key = ("agent", name)
         if key not in self._ids:
             self._ids[key] = list(Agent.objects.filter(name=name).values_list("pk", flat=True))
+        return self._ids[key]
+
+    def _agents_named(self, names: tuple[str, ...]) -> list[int]:
+        key = ("agents", ",".join(names))
+        if key not in self._ids:
+            found = Agent.objects.filter(name__in=names).values_list("pk", flat=True)
+            self._ids[key] = sorted(found)
         return self._ids[key]
 
     def _user_ids(self, username: str) -> list[int]:
@@ -438,15 +449,14 @@ def with_unresolved(qs: QuerySet[Run]) -> QuerySet[Run]:
 
 
 def _after_q(key: tuple[str, ...], values: list[Any], descending: bool) -> Q:
-    """Rows strictly past ``values`` in the order of ``key``: (a, b, id) < (va, vb, vid), written
-    out, plus a bound on the leading column alone so the index can start there (not at the top)."""
-    op, op_eq = ("lt", "lte") if descending else ("gt", "gte")
-    past = Q()
-    for i in range(len(key)):
-        same = Q(**{k: v for k, v in zip(key[:i], values[:i], strict=True)})
-        step = same & Q(**{f"{key[i]}__{op}": values[i]})
-        past = step if i == 0 else past | step
-    return Q(**{f"{key[0]}__{op_eq}": values[0]}) & past
+    """Rows strictly past ``values`` in the order of ``key``: the row comparison
+    ``(a, b, id) < (va, vb, vid)``, which PostgreSQL reads as one range of the keyset index
+    (``run_agent_keyset`` for (agent, created_at, id)) and starts at the cursor. Written out as
+    ``a < va OR (a = va AND b < vb) …`` only the leading column bounded the index scan: the
+    agent sort's deep page read the 100,000 runs of the cursor's agent before it at 1,000,000 runs
+    (115 ms; bench/console.py). Django's tuple lookups (its composite primary keys' own) write it."""
+    lookup = TupleLessThan if descending else TupleGreaterThan
+    return Q(lookup(Tuple(*(F(k) for k in key)), tuple(values)))
 
 
 def _key_of(run: Run, key: tuple[str, ...]) -> list[Any]:
@@ -475,7 +485,10 @@ def _cursor_value(name: str, raw: Any, param: str) -> Any:
 # --- counts and prefixes --------------------------------------------------------------------------
 
 
-COUNT_CAP = 2_000  # filters no index narrows (effects touched, goal text) count this many runs
+# A filter the tally cannot answer counts at most this many runs. At 1,000,000 runs an exact
+# GROUP BY over a filtered set reads every matching run's row (an owner's 50,000 runs: 200 ms, most
+# of it heap reads); the first COUNT_CAP matches cost a few ms at any size (bench/console.py).
+COUNT_CAP = 2_000
 
 
 @dataclass
@@ -489,38 +502,28 @@ class StateCounts:
 
 
 def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
-    """Runs per state under the filter without its state chips (what each chip would show), exact
-    unless said otherwise.
+    """Runs per state under the filter without its state chips (what each chip would show).
 
     With no filter but agents (the list as it opens), the sum of RunTally, which the database
-    keeps per agent and state as runs change (PostgreSQL); otherwise one GROUP BY over the filtered
-    set. A filter through the effects or the goal's text would make that a join or a scan of every
-    run, so it counts the first COUNT_CAP matches and says so (``complete`` False)."""
-    qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
+    keeps per agent and state as runs change (PostgreSQL): exact at any size. Any other filter
+    counts the states of its first COUNT_CAP matches: exact below that, lower bounds above it
+    (``complete`` False; the list says "2000+"), so no list render reads more than COUNT_CAP runs
+    to count them."""
     if pg.enabled(connection) and flt.replace(agents=(), states=(), sort="").is_empty:
         return StateCounts(_tally(actor, flt.agents), complete=True)
-    if flt.attention and not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
-        # Runs in an attention state, counted in the state index, plus the (few) runs in other
-        # states that hold trouble: joining the whole set back to the runs for their state would
-        # read every run.
-        rest = flt.replace(attention=False).queryset(actor, with_states=False, counting=True)
-        rest = rest.select_related(None).order_by()
-        in_states = rest.filter(state__in=ATTENTION_STATES)
-        holding = rest.exclude(state__in=ATTENTION_STATES).filter(
-            pk__in=_trouble_ids(flt.now or timezone.now())
-        )
-        rows = in_states.values_list("state").annotate(n=Count("*"))
-        rows = rows.union(
-            holding.values_list("state").annotate(n=Count("*")).order_by(), all=True
-        ).order_by()
-        return StateCounts({state: n for state, n in rows}, complete=True)
-    if not (flt.touched or (flt.q and not looks_like_id_prefix(flt.q))):
-        rows = qs.values_list("state").annotate(n=Count("*"))
-        return StateCounts({state: n for state, n in rows}, complete=True)
-    # The first COUNT_CAP matches' states, counted here: one read of at most that many rows (a
-    # GROUP BY over them would join them back to every run).
-    counts = dict(Counter(qs.values_list("state", flat=True)[:COUNT_CAP]))
-    return StateCounts(counts, complete=sum(counts.values()) < COUNT_CAP)
+    if flt.attention and not flt.touched:
+        # The runs in an attention state and the few in others that hold trouble, as two reads
+        # (attention_count's), not one hashed set of every run in trouble tested against the runs.
+        parts = _attention_parts(actor, flt.replace(states=()), flt.now or timezone.now())
+        first = [qs.values_list("state", flat=True)[:COUNT_CAP] for qs in parts]
+        states = list(first[0].union(first[1], all=True).order_by()[:COUNT_CAP])
+    else:
+        qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
+        # One read of at most COUNT_CAP rows, their states counted here (a GROUP BY over them
+        # would join them back to every run).
+        states = list(qs.values_list("state", flat=True)[:COUNT_CAP])
+    counts = dict(Counter(states))
+    return StateCounts(counts, complete=len(states) < COUNT_CAP)
 
 
 def _tally(actor: Actor, agents: tuple[str, ...]) -> dict[str, int]:
@@ -551,17 +554,26 @@ def runs_by_prefix(actor: Actor, prefix: str, *, limit: int = 20) -> list[Run]:
 
 def attention_count(actor: Actor, flt: RunFilter, now: datetime, cap: int) -> int:
     """How many of the runs ``flt`` matches (ignoring its state chips) need attention, counted up
-    to ``cap`` + 1: the chip says "cap+" past that, and the count stays cheap at any depth."""
-    trouble = attention_ids(now)
-    return (
-        flt.replace(attention=False, states=())
-        .queryset(actor, within=trouble)
-        .filter(pk__in=trouble)
-        .select_related(None)
-        .order_by()
-        .values("pk")[: cap + 1]
-        .count()
-    )
+    to ``cap`` + 1: the chip says "cap+" past that, and the count stays cheap at any depth.
+
+    Two reads in one statement, each stopping at cap + 1: the runs in an attention state (the
+    state keyset index, the rest of the filter checked per row) and the few runs in other states
+    that hold trouble (effects, approvals, stuck jobs: small partial indexes). One set of every
+    run in trouble, hashed and joined, cost 20-50 ms a render at 1,000,000 runs just to build."""
+    parts = _attention_parts(actor, flt.replace(states=()), now)
+    first = [qs.values("pk")[: cap + 1] for qs in parts]
+    return min(cap + 1, first[0].union(first[1], all=True).count())
+
+
+def _attention_parts(actor: Actor, flt: RunFilter, now: datetime) -> tuple[QuerySet, QuerySet]:
+    """The runs of ``flt`` needing attention (whatever its ``attention``), in two disjoint sets:
+    those in an attention state, and those in other states holding trouble."""
+    rest = flt.replace(attention=False)
+    trouble = _trouble_ids(now)
+    in_states = rest.queryset(actor).filter(state__in=ATTENTION_STATES)
+    holding = rest.queryset(actor, within=trouble).filter(pk__in=trouble)
+    holding = holding.exclude(state__in=ATTENTION_STATES)
+    return in_states.select_related(None).order_by(), holding.select_related(None).order_by()
 
 
 def matching_rows(actor: Actor, flt: RunFilter, ids: list[str]) -> list[Run]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db import connection
+from django.db.models import Count, Q, QuerySet, Sum
 
+from core import pg
 from core.actors import Actor
-from runs.models import DEFAULT_TEAM, Run, Team, TeamMembership
+from runs.models import DEFAULT_TEAM, Agent, Run, RunTally, Team, TeamMembership
 
 
 def team_q(teams: frozenset[int], field: str = "team") -> Q:
@@ -54,14 +56,23 @@ def slugs() -> dict[int, str]:
     }
 
 
-def teams_for(actor: Actor) -> list[dict[str, Any]]:
+def teams_for(actor: Actor, *, tallied: bool = False) -> list[dict[str, Any]]:
     """The teams ``actor`` may see (theirs; every team for cross_team people) with their run counts,
-    the default team first. One grouped count over the runs they may see."""
+    the default team first. One grouped count over the runs they may see; ``tallied`` (the console's
+    team switcher, drawn on every list render): from RunTally instead, by each agent's team — a
+    read of a few rows at any number of runs (a count of 1,000,000 runs takes 300-700 ms), exact
+    unless a run's team is not its agent's now, as the tally's other counts (teams.md)."""
     names = slugs()
     known = set(names) if not actor.team_scoped else set(actor.teams or ())
     counts: dict[int, int] = {}
-    grouped = scoped(Run.objects.all(), actor).values_list("team_id").annotate(n=Count("id"))
-    for team_id, n in grouped.values_list("team_id", "n"):
+    if tallied and pg.enabled(connection):
+        team_of = dict(Agent.objects.values_list("pk", "team_id"))
+        sums = RunTally.objects.order_by().values_list("agent_id").annotate(n=Sum("n"))
+        grouped = [(team_of.get(agent_id), n) for agent_id, n in sums]
+    else:
+        runs = scoped(Run.objects.all(), actor).values_list("team_id").annotate(n=Count("id"))
+        grouped = list(runs.values_list("team_id", "n"))
+    for team_id, n in grouped:
         counts[team_id or 0] = counts.get(team_id or 0, 0) + n
     rows = [
         {

@@ -208,3 +208,16 @@ def test_every_page_of_a_filter_costs_the_same_queries(cast, many_runs, query):
         link = next_link(html)
     assert pages >= 2, (query, counts)
     assert len(set(counts)) == 1, (query, counts)
+
+
+def test_the_attention_chip_says_cap_plus_past_its_cap(cast, monkeypatch):
+    """Counted to ATTENTION_CAP + 1 (a cheap count at any size), shown as "cap+", never "cap+1+"."""
+    from console import run_list
+
+    monkeypatch.setattr(run_list, "ATTENTION_CAP", 2)
+    agent = Agent.objects.create(name="purchasing")
+    for i in range(4):
+        Run.objects.create(agent=agent, goal=f"stuck {i}", state="needs_attention")
+    html = browser(cast).get("/").content.decode()
+    chip = re.search(r'needs attention.{0,300}?class="n">([^<]*)<', html, re.S)
+    assert chip and chip.group(1) == "2+"
