@@ -118,11 +118,12 @@ class _UnitTimer:
         self.seconds[scope_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.config.cache is None or not self.seconds:
+        cache = getattr(self.config, "cache", None)  # None under -p no:cacheprovider
+        if cache is None or not self.seconds:
             return
-        kept = dict(self.config.cache.get(CACHE_KEY, {}))
+        kept = dict(cache.get(CACHE_KEY, {}))
         kept.update({k: round(v, 2) for k, v in self.seconds.items()})
-        self.config.cache.set(CACHE_KEY, kept)
+        cache.set(CACHE_KEY, kept)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -155,7 +156,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def expected_seconds(config: pytest.Config, units: dict[str, dict[str, bool]]) -> dict[str, float]:
     """Each unit's expected seconds: the last parallel run's, else a guess that puts the directories
     whose tests start real processes first."""
-    cached = config.cache.get(CACHE_KEY, {}) if config.cache is not None else {}
+    cache = getattr(config, "cache", None)
+    cached = cache.get(CACHE_KEY, {}) if cache is not None else {}
     slow_dirs = tuple(d.rstrip("/") for d in SLOW_DIRS)
     weights = {}
     for scope, tests in units.items():
