@@ -117,3 +117,22 @@ def test_without_timings_the_units_that_start_processes_go_first():
         "tests/runs/test_big.py",
         "tests/e2e/test_one.py",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transactional_test_that_deletes_the_role_groups():
+    from django.contrib.auth.models import Group
+
+    Group.objects.all().delete()
+    assert not Group.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_next_test_still_finds_the_roles_the_migrations_seeded():
+    """Every test starts from the migrated database (tests/conftest.py), whatever ran before it on
+    its worker: the teardown of the test above wrote the six role groups back."""
+    from django.contrib.auth.models import Group
+
+    from core.roles import ROLES
+
+    assert sorted(Group.objects.values_list("name", flat=True)) == sorted(ROLES)
