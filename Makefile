@@ -11,8 +11,8 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 unexport PYTHONDONTWRITEBYTECODE
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
-# pytest-xdist workers for `make test` (TEST_WORKERS=0: one process); tests/parallel.py keeps them apart
-TEST_WORKERS ?= 2
+# pytest-xdist workers for `make test` (0: one process, the default until the browser walks hold under -n 2; docs/operations/tests.md)
+TEST_WORKERS ?= 0
 
 .PHONY: run test walk lint docs venv browser haproxy migrate seed bench bench-console bench-multihost faults-test worker-drain-test rolling-restart-test check-deploy clean
 
