@@ -11,6 +11,8 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bi
 unexport PYTHONDONTWRITEBYTECODE
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# pytest-xdist workers for `make test` (0: one process, the default until the browser walks hold under -n 2; docs/operations/tests.md)
+TEST_WORKERS ?= 0
 
 .PHONY: run test walk lint docs venv browser haproxy migrate seed bench bench-console bench-multihost faults-test worker-drain-test rolling-restart-test check-deploy clean
 
@@ -56,7 +58,7 @@ test: venv browser lint docs  ## lint, then the whole suite on PostgreSQL + Redi
 	@# DB_SYNCHRONOUS_COMMIT=off: commits skip the WAL flush (docs/operations/tests.md: ~25x cheaper commits)
 	@export DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" CONTROLPLANE_REQUIRE_POSTGRES=1 \
 		DB_SYNCHRONOUS_COMMIT="$${DB_SYNCHRONOUS_COMMIT:-off}"; \
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 walk: venv browser  ## the seven run-control scenarios walked through the console in chromium; receipts in reports/scenario-*.png, copied to docs/img/ for the operator guide

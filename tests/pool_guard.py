@@ -74,6 +74,20 @@ def pytest_runtest_teardown(item, nextitem):
         leaks.append((item.nodeid, count))
 
 
+def pytest_sessionfinish(session):
+    # an xdist worker: its leaks travel to the controller, which prints the summary
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["pool_guard_leaks"] = leaks
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    leaks.extend(
+        tuple(leak) for leak in getattr(node, "workeroutput", {}).get("pool_guard_leaks", ())
+    )
+
+
 def pytest_terminal_summary(terminalreporter):
     if leaks:
         terminalreporter.section("database connections left by ended threads (given back)")
