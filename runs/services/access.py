@@ -139,7 +139,9 @@ def ensure_roles(*, actor: Actor) -> list[str]:
     with _change(actor, "roles.create", "role", "all"):
         created = [name for name in ROLES if Group.objects.get_or_create(name=name)[1]]
         if created:
-            _audit(actor, "roles.created", "role", ",".join(created), roles=created)
+            # the names go in the context: all six joined overflow the 64-character object id
+            target = created[0] if len(created) == 1 else "all"
+            _audit(actor, "roles.created", "role", target, roles=created)
     return created
 
 

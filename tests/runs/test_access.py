@@ -69,6 +69,16 @@ def test_worker_and_operator_tokens_are_audited_without_their_secret():
     assert not AuditEvent.objects.filter(context__icontains=secret_w[8:]).exists()
 
 
+def test_seeding_every_role_at_once_is_one_audit_event_naming_them_all():
+    from core.roles import ROLES
+
+    Group.objects.filter(name__in=ROLES).delete()
+    _call("seed_roles")
+    [created] = _events("roles.created")
+    assert created.object_id == "all" and sorted(created.context["roles"]) == sorted(ROLES)
+    assert Group.objects.filter(name__in=ROLES).count() == len(ROLES)
+
+
 def test_revoke_token_is_audited_and_final():
     _, secret = ApiToken.issue(kind=ApiToken.WORKER, name="w-1")
     _call("revoke_token", secret[:8])
