@@ -149,6 +149,11 @@ def seed(n_runs: int) -> dict[str, Any]:
             f"the database holds {present} runs, fewer than {n_runs}: give another database "
             "(BENCH_CONSOLE_DATABASE_URL) or --fresh-db"
         )
+    if present >= n_runs and not Team.objects.filter(slug=SEED_TEAM).exists():
+        raise SystemExit(  # an older bench's seed: no team or recovered runs to measure filters on
+            "the database was seeded by an older bench.console (no team "
+            f"{SEED_TEAM!r}): give another database (BENCH_CONSOLE_DATABASE_URL) or --fresh-db"
+        )
     if present >= n_runs:
         big = Run.objects.filter(goal="big run").first()
         return {

@@ -83,7 +83,8 @@ def test_tiny_console_bench_writes_every_figure(tmp_path):
     env = {**os.environ, "DATABASE_URL": url}
     env.pop("BENCH_QUICK", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.console", "--runs", "300", "--repeat", "1"]
+        # --fresh-db: a scratch database an older bench seeded (another checkout's) is not reused
+        [sys.executable, "-m", "bench.console", "--runs", "300", "--repeat", "1", "--fresh-db"]
         + ["--out", str(out), "--sizes", json.dumps(TINY)],
         cwd=ROOT,
         env=env,
