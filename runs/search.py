@@ -516,7 +516,10 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
         # (attention_count's), not one hashed set of every run in trouble tested against the runs.
         parts = _attention_parts(actor, flt.replace(states=()), flt.now or timezone.now())
         first = [qs.values_list("state", flat=True)[:COUNT_CAP] for qs in parts]
-        states = list(first[0].union(first[1], all=True).order_by()[:COUNT_CAP])
+        if connection.features.supports_slicing_ordering_in_compound:
+            states = list(first[0].union(first[1], all=True).order_by()[:COUNT_CAP])
+        else:  # SQLite (the embedded demo): no LIMIT inside a UNION; two reads
+            states = (list(first[0]) + list(first[1]))[:COUNT_CAP]
     else:
         qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
         # One read of at most COUNT_CAP rows, their states counted here (a GROUP BY over them
@@ -562,6 +565,8 @@ def attention_count(actor: Actor, flt: RunFilter, now: datetime, cap: int) -> in
     run in trouble, hashed and joined, cost 20-50 ms a render at 1,000,000 runs just to build."""
     parts = _attention_parts(actor, flt.replace(states=()), now)
     first = [qs.values("pk")[: cap + 1] for qs in parts]
+    if not connection.features.supports_slicing_ordering_in_compound:  # SQLite: two reads
+        return min(cap + 1, first[0].count() + first[1].count())
     return min(cap + 1, first[0].union(first[1], all=True).count())
 
 
