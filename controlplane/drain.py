@@ -18,11 +18,10 @@ import asyncio
 import json
 import time
 
+from controlplane.answer import DRAINING_HEADER, RECONNECT_HEADER, send_json
 from controlplane.health import PATHS
 from core import drain
 
-DRAINING_HEADER = b"x-controlplane-draining"
-RECONNECT_HEADER = b"x-controlplane-reconnect"
 _REFUSAL = json.dumps(
     {
         "error": "draining",
@@ -86,18 +85,12 @@ def _closing_when_draining(send):
 
 
 async def _refuse(send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(_REFUSAL)).encode()),
-                (b"retry-after", b"0"),
-                (b"connection", b"close"),
-                (DRAINING_HEADER, b"1"),
-                (RECONNECT_HEADER, b"1"),
-            ],
-        }
+    await send_json(
+        send,
+        503,
+        _REFUSAL,
+        (b"retry-after", b"0"),
+        (b"connection", b"close"),
+        (DRAINING_HEADER, b"1"),
+        (RECONNECT_HEADER, b"1"),
     )
-    await send({"type": "http.response.body", "body": _REFUSAL})

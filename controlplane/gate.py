@@ -22,9 +22,8 @@ import json
 import weakref
 from collections import deque
 
+from controlplane.answer import DRAINING_HEADER, send_json
 from core.pg import reach
-
-DRAINING_HEADER = b"x-controlplane-draining"  # the SDK's and HAProxy's "refused unread, resend"
 
 
 class DatabaseDown(Exception):
@@ -96,16 +95,4 @@ async def refuse(send, why: str) -> None:
             "field": "",
         }
     ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"0"),
-                (DRAINING_HEADER, b"1"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, 503, body, (b"retry-after", b"0"), (DRAINING_HEADER, b"1"))

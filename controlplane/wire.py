@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from controlplane.answer import send_json
+
 HEADER_LIMIT = 16 * 1024
 URL_LIMIT = 8 * 1024
 TWISTED_CEILING = 64 * 1024
@@ -52,16 +54,6 @@ class WireLimits:
         if scope["type"] == "http" and (problem := refusal(scope)):
             field, detail = problem
             body = json.dumps({"error": "too_large", "detail": detail, "field": field}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 400,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await send_json(send, 400, body)
             return
         await self.app(scope, receive, send)
