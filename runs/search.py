@@ -515,11 +515,7 @@ def state_counts(actor: Actor, flt: RunFilter) -> StateCounts:
         # The runs in an attention state and the few in others that hold trouble, as two reads
         # (attention_count's), not one hashed set of every run in trouble tested against the runs.
         parts = _attention_parts(actor, flt.replace(states=()), flt.now or timezone.now())
-        first = [qs.values_list("state", flat=True)[:COUNT_CAP] for qs in parts]
-        if connection.features.supports_slicing_ordering_in_compound:
-            states = list(first[0].union(first[1], all=True).order_by()[:COUNT_CAP])
-        else:  # SQLite (the embedded demo): no LIMIT inside a UNION; two reads
-            states = (list(first[0]) + list(first[1]))[:COUNT_CAP]
+        states = _first_of_both([qs.values_list("state", flat=True) for qs in parts], COUNT_CAP)
     else:
         qs = flt.queryset(actor, with_states=False, counting=True).select_related(None).order_by()
         # One read of at most COUNT_CAP rows, their states counted here (a GROUP BY over them
@@ -564,10 +560,17 @@ def attention_count(actor: Actor, flt: RunFilter, now: datetime, cap: int) -> in
     that hold trouble (effects, approvals, stuck jobs: small partial indexes). One set of every
     run in trouble, hashed and joined, cost 20-50 ms a render at 1,000,000 runs just to build."""
     parts = _attention_parts(actor, flt.replace(states=()), now)
-    first = [qs.values("pk")[: cap + 1] for qs in parts]
-    if not connection.features.supports_slicing_ordering_in_compound:  # SQLite: two reads
-        return min(cap + 1, first[0].count() + first[1].count())
-    return min(cap + 1, first[0].union(first[1], all=True).count())
+    return len(_first_of_both([qs.values_list("pk", flat=True) for qs in parts], cap + 1))
+
+
+def _first_of_both(parts: list[QuerySet], cap: int) -> list[Any]:
+    """The first ``cap`` rows of two disjoint reads, each stopping at ``cap``: one UNION ALL
+    statement on PostgreSQL; two reads where a LIMIT inside a UNION is not allowed (SQLite, the
+    embedded demo)."""
+    first = [qs[:cap] for qs in parts]
+    if connection.features.supports_slicing_ordering_in_compound:
+        return list(first[0].union(first[1], all=True).order_by()[:cap])
+    return (list(first[0]) + list(first[1]))[:cap]
 
 
 def _attention_parts(actor: Actor, flt: RunFilter, now: datetime) -> tuple[QuerySet, QuerySet]:
