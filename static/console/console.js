@@ -225,6 +225,17 @@
     // a fold whose row left with the swap is forgotten (a later one alike must not open by itself)
     keys.forEach(function (key) { if (unfolded[key] && now - unfolded[key] > 2000) delete unfolded[key]; });
   }
+  // A redrawn region's parts marked data-keep-if-same (the run page's action buttons) stay the very
+  // elements the person is pointing at when their new drawing is the same: a push that lands between
+  // a click's press and release would otherwise detach the button, and the click would be lost.
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var fragment = event.detail.fragment;
+    if (!fragment || !fragment.querySelectorAll) return;
+    fragment.querySelectorAll("[data-keep-if-same][id]").forEach(function (fresh) {
+      var old = document.getElementById(fresh.id);
+      if (old && old.outerHTML === fresh.outerHTML) fresh.replaceWith(old);
+    });
+  });
   document.addEventListener("htmx:beforeSwap", noteFolds);
   document.addEventListener("htmx:oobBeforeSwap", noteFolds);
   document.addEventListener("htmx:afterSwap", reopen);

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -367,3 +368,49 @@ def test_a_killed_workers_run_shows_orphaned_and_recovering_live(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_a_push_that_redraws_the_header_keeps_the_action_buttons_the_person_points_at(
+    cast, worker_token, console
+):
+    """A header redraw whose buttons are unchanged keeps the very button elements (a click pressed
+    before the push and released after it still lands); a redraw that changes them replaces them."""
+    _server_password(cast["otto"][0], "pw-otto")
+    sdk = Client(console, worker_token)
+    operator = Client(console, cast["otto"][1])
+    run = sdk.create_run(
+        "purchasing",
+        "buy 1 of sku-1",
+        input={},
+        authority=[{"scope": "payments:charge", "ttl_s": 3600}],
+    )
+    run_id = str(run["id"])
+    token = sdk.claim(run_id, "worker-7").lease.fencing_token
+    with sync_playwright() as p:
+        browser, page = _open_run_page(p, console, run_id)
+        page.evaluate(
+            "window.__headers = 0; document.body.addEventListener('htmx:oobAfterSwap',"
+            " (e) => { if (e.detail.target && e.detail.target.id === 'run-header') window.__headers++; });"
+            " document.querySelector('#run-actions button[data-kind=pause]').__mark = 'pointed at';"
+        )
+        marked = "document.querySelector('#run-actions button[data-kind=pause]').__mark"
+        declared = sdk.declare_effect(
+            run_id,
+            token,
+            step="s",
+            tool="payments",
+            action="charge",
+            idempotency_key="k-1",
+            args={},
+        )
+        page.wait_for_function("window.__headers >= 1", timeout=10_000)  # the header was redrawn
+        assert page.evaluate(marked) == "pointed at"  # ...around the same Pause button
+        sdk.record_outcome(declared.id, token, "committed")
+        operator.intervene(run_id, "pause", "the buttons change with the state")
+        expect(page.locator("#run-header [data-state]").first).to_have_attribute(
+            "data-state", re.compile("paus"), timeout=10_000
+        )
+        page.wait_for_function(
+            "!document.querySelector('#run-actions button[data-kind=pause]')", timeout=10_000
+        )  # paused: no Pause button any more (Resume instead), a new drawing
+        browser.close()
