@@ -96,6 +96,18 @@ def servers(tmp_path_factory, e2e_redis):  # noqa: F811 (the imported fixture)
 def _login(p, base: str, path: str, who: str = "otto"):
     browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     page = browser.new_context(viewport=VIEWPORT).new_page()
+    # what the page heard, printed when a wait fails (a dialog that never came: what did its GET get?)
+    page.heard = []  # type: ignore[attr-defined]
+    page.on("console", lambda m: page.heard.append(f"console {m.type}: {m.text}"))
+    page.on("response", lambda r: page.heard.append(f"{time.monotonic():.2f} {r.status} {r.url}"))
+    page.on("pageerror", lambda e: page.heard.append(f"page error: {e}"))
+    page.on(
+        "websocket",
+        lambda ws: ws.on(
+            "framereceived",
+            lambda f: page.heard.append(f"{time.monotonic():.2f} pushed {str(f)[:160]!r}"),
+        ),
+    )
     page.goto(f"{base}{path}")
     page.fill("#id_username", who)
     page.fill("#id_password", f"pw-{who}")
@@ -194,7 +206,14 @@ def test_a_dialog_holds_still_while_the_run_moves_and_confirm_re_previews(
     with sync_playwright() as p:
         browser, page = _login(p, console, f"/runs/{run_id}/")
         page.locator("#run-actions button[data-kind=pause]").click()
-        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        page.heard.append(f"{time.monotonic():.2f} Pause… clicked")
+        try:
+            page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        except Exception:
+            print(
+                "\n".join(page.heard), page.evaluate("document.getElementById('dialog').outerHTML")
+            )
+            raise
         dialog = page.locator("#dialog")
         dialog.get_by_role("checkbox", name="also suspend the run's authority grants").check()
         expect(dialog.locator("#preview [data-testid=confirm-button]")).to_be_enabled()
