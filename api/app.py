@@ -108,8 +108,7 @@ def database_unavailable(request: HttpRequest, exc: Exception):
 
     from core.pg import reach
 
-    sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    if sqlstate and not sqlstate.startswith(("08", "57P")):  # a query's own failure (a deadlock...)
+    if not reach.is_unreachable(exc):  # a query's own failure (a deadlock...)
         raise exc  # not an unreachable database: Django's 500, as before
     did_nothing = reach.nothing_applied(connection)
     logger.error(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from core.limits import bad_character
+from core.pg import reach
 
 API_PREFIX = "/api/"
 
@@ -57,6 +59,45 @@ class InputGuardMiddleware:
             status = 422 if is_api(request) else 400
             return error_response(request, status, "invalid", f"{field}: {why}", field)
         return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        """A console page or dialog whose database did not answer says what happened instead of
+        Django's 500 page (the API has its own handler: api/app.py ``database_unavailable``)."""
+        if is_api(request) or not isinstance(exc, DatabaseError) or not reach.is_unreachable(exc):
+            return None
+        from django.db import connection
+
+        return database_unavailable(request, did_nothing=reach.nothing_applied(connection))
+
+
+def database_unavailable(request: HttpRequest, did_nothing: bool) -> HttpResponse:
+    """503 marked "refused unread, send it again" when this request certainly changed nothing (the
+    console's pages send a dialog's GET again: static/console/console.js), else a 500 saying the
+    outcome is unknown. Drawn without a template: rendering the usual page reads the session, from
+    the database that just did not answer. JSON for htmx (its sentence goes to the page's notice)."""
+    if did_nothing:
+        status = 503
+        detail = "the console could not reach its database just now and did nothing: try again"
+    else:
+        status = 500
+        detail = (
+            "the database stopped answering during this request: whether it took effect is "
+            "unknown; check the run's history before trying again"
+        )
+    if request.headers.get("HX-Request"):
+        response: HttpResponse = JsonResponse(
+            {"error": "database_unavailable", "detail": detail, "field": ""}, status=status
+        )
+    else:
+        page = (
+            "<!doctype html><meta charset=utf-8><title>Database unavailable · controlplane</title>"
+            f"<h1>The database did not answer</h1><p>{detail[0].upper()}{detail[1:]}.</p>"
+        )
+        response = HttpResponse(page, status=status)
+    if did_nothing:
+        response["X-Controlplane-Draining"] = "1"
+        response["Retry-After"] = "1"
+    return response
 
 
 # Django's error handlers (controlplane/urls.py): JSON under /api/, the console's pages elsewhere.

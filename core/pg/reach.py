@@ -77,6 +77,13 @@ def refused_recently(memory_s: float | None = None) -> str | None:
     return f"{_why} ({age:.1f} s ago)"
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether a database error says PostgreSQL did not answer (a connection refused, lost or shut
+    down: SQLSTATE class 08 or 57P, or no SQLSTATE at all), not that a query of ours failed."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or getattr(exc, "sqlstate", None)
+    return not sqlstate or sqlstate.startswith(("08", "57P"))
+
+
 def nothing_applied(connection: object) -> bool:
     """Whether the request on this thread's ``connection`` certainly changed nothing in the database:
     no COMMIT was sent and no statement that could write ran outside a transaction since the request

@@ -243,6 +243,90 @@
   document.addEventListener("htmx:afterSettle", reopen);
 })();
 
+// A request a person started that got no usable answer says so in place, never silently: an
+// operator who clicked "Pause…" during a database blip must know what the click did. A refusal that
+// certainly did nothing (503 with X-Controlplane-Draining: the database gate, a draining process) is
+// sent again for a GET, a few times, as the SDK does; a POST is never re-sent by the page. An answer
+// that is no page of ours (a JSON refusal from before Django, a 5xx page) is not drawn into the dialog:
+// its sentence is shown in #notice instead. No answer at all to a POST may mean it was recorded.
+(function () {
+  "use strict";
+  var BACKOFF_MS = [500, 1000, 2000, 3000]; // ~6.5 s: past the refusal memory (DB_DOWN_MEMORY_S, 5 s)
+  function label(elt) {
+    var named = elt && (elt.matches && elt.matches("form") ? elt.querySelector("[type=submit]") : elt);
+    var text = named && named.textContent ? named.textContent.trim().replace(/\s+/g, " ") : "";
+    return text ? "“" + text.slice(0, 40) + "”" : "The request";
+  }
+  function personal(detail) {
+    var cause = detail.requestConfig && detail.requestConfig.triggeringEvent;
+    return !!cause && /^(click|submit|change|input|keydown|keyup)$/.test(cause.type);
+  }
+  function tell(text) {
+    var box = document.getElementById("notice");
+    if (!box) return;
+    box.querySelector("[data-notice-text]").textContent = text;
+    box.hidden = false;
+  }
+  function clear() {
+    var box = document.getElementById("notice");
+    if (box && !box.hidden) box.hidden = true;
+  }
+  function sentence(xhr) {
+    try {
+      var body = JSON.parse(xhr.responseText);
+      if (body && body.detail) return String(body.detail);
+    } catch (e) { /* not JSON: a page */ }
+    return "the console answered " + xhr.status;
+  }
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var d = event.detail, xhr = d.xhr, cfg = d.requestConfig || {}, elt = cfg.elt;
+    if (!xhr || xhr.status < 400) {
+      if (elt && (personal(d) || elt.__cpByPerson)) clear();
+      if (elt) { elt.__cpTries = 0; elt.__cpByPerson = false; }
+      return;
+    }
+    var json = /json/.test(xhr.getResponseHeader("content-type") || "");
+    if (xhr.status < 500 && !json) return; // a 4xx page of ours: the dialog's own refusal, drawn in place
+    d.shouldSwap = false;
+    var didNothing = xhr.status === 503 && xhr.getResponseHeader("x-controlplane-draining") === "1";
+    if (didNothing && cfg.verb === "get" && elt && (elt.__cpTries || 0) < BACKOFF_MS.length) {
+      elt.__cpTries = (elt.__cpTries || 0) + 1;
+      elt.__cpByPerson = elt.__cpByPerson || personal(d); // the resend has no triggering event
+      setTimeout(function () {
+        htmx.ajax("get", cfg.path, { source: elt, target: d.target });
+      }, BACKOFF_MS[elt.__cpTries - 1]);
+      return;
+    }
+    var byPerson = personal(d) || (elt && elt.__cpByPerson);
+    if (elt) { elt.__cpTries = 0; elt.__cpByPerson = false; }
+    if (!byPerson) return; // a page's own refresh: its liveness dot tells when it falls behind
+    if (didNothing) {
+      tell(label(elt) + " was not done: the console could not reach its database just now, and did " +
+        "nothing. Try again in a moment.");
+    } else if (cfg.verb === "get") {
+      tell(label(elt) + " did not open: " + sentence(xhr) + ". Nothing was changed. Try again.");
+    } else {
+      tell(label(elt) + " failed: " + sentence(xhr) + ". Check the run's interventions and history " +
+        "before trying again: it may have been recorded.");
+    }
+  });
+  function noAnswer(event) {
+    var d = event.detail, cfg = d.requestConfig || {};
+    if (!personal(d)) return;
+    if (cfg.verb === "get") {
+      tell(label(cfg.elt) + " got no answer from the console. Nothing was changed. Try again.");
+    } else {
+      tell(label(cfg.elt) + " got no answer from the console: it may or may not have been recorded. " +
+        "Check the run's interventions and history before trying again.");
+    }
+  }
+  document.addEventListener("htmx:sendError", noAnswer);
+  document.addEventListener("htmx:timeout", noAnswer);
+  document.addEventListener("click", function (event) {
+    if (event.target.closest && event.target.closest("[data-notice-close]")) clear();
+  });
+})();
+
 // A notification's link (/runs/<run>/?approval=<id>) opens the run page on that approval: its row is
 // marked by the server (data-linked-approval) and scrolled to here, also after the login redirects
 // lost the #fragment. The link grants nothing: the buttons are the viewer's own rights.

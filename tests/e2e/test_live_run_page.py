@@ -394,18 +394,12 @@ def test_a_push_that_redraws_the_header_keeps_the_action_buttons_the_person_poin
             " document.querySelector('#run-actions button[data-kind=pause]').__mark = 'pointed at';"
         )
         marked = "document.querySelector('#run-actions button[data-kind=pause]').__mark"
-        declared = sdk.declare_effect(
-            run_id,
-            token,
-            step="s",
-            tool="payments",
-            action="charge",
-            idempotency_key="k-1",
-            args={},
-        )
-        page.wait_for_function("window.__headers >= 1", timeout=10_000)  # the header was redrawn
+        # a checkpoint redraws the header ("resumes from") and leaves the buttons as they were (an
+        # effect in flight would not: it brings "Reconcile…")
+        sdk.checkpoint(run_id, token, "step-kept", {"i": 1})
+        expect(page.locator("#run-header")).to_contain_text("step-kept", timeout=10_000)
+        page.wait_for_function("window.__headers >= 1", timeout=10_000)  # redrawn by a push
         assert page.evaluate(marked) == "pointed at"  # ...around the same Pause button
-        sdk.record_outcome(declared.id, token, "committed")
         operator.intervene(run_id, "pause", "the buttons change with the state")
         expect(page.locator("#run-header [data-state]").first).to_have_attribute(
             "data-state", re.compile("paus"), timeout=10_000
@@ -413,4 +407,104 @@ def test_a_push_that_redraws_the_header_keeps_the_action_buttons_the_person_poin
         page.wait_for_function(
             "!document.querySelector('#run-actions button[data-kind=pause]')", timeout=10_000
         )  # paused: no Pause button any more (Resume instead), a new drawing
+        browser.close()
+
+
+GATE_REFUSAL = {  # the database gate's did-nothing answer (controlplane/gate.py ``refuse``)
+    "status": 503,
+    "headers": {"content-type": "application/json", "x-controlplane-draining": "1"},
+    "body": json.dumps(
+        {
+            "error": "database_unavailable",
+            "detail": "this replica could not reach the database and did nothing with the call: "
+            "send it again (connection refused (0.4 s ago))",
+            "field": "",
+        }
+    ),
+}
+
+
+def test_a_click_that_gets_no_usable_answer_says_so_and_a_did_nothing_refusal_is_sent_again(
+    cast, worker_token, console
+):
+    """What a click did is never silent: the gate's did-nothing 503 to a dialog's GET is sent again
+    (the dialog opens); a refusal that lasts, a 500 page, or no answer at all to a Confirm is a
+    sentence on top of the page saying what happened (nothing, or maybe recorded), never raw JSON or
+    an error page drawn into the dialog."""
+    _server_password(cast["otto"][0], "pw-otto")
+    sdk = Client(console, worker_token)
+    run = sdk.create_run(
+        "purchasing",
+        "buy 1 of sku-1",
+        input={},
+        authority=[{"scope": "payments:charge", "ttl_s": 3600}],
+    )
+    run_id = str(run["id"])
+    sdk.claim(run_id, "worker-7")
+    dialog_get = re.compile(r"/interventions/new/\?kind=")
+    notice = "#notice"
+    with sync_playwright() as p:
+        browser, page = _open_run_page(p, console, run_id)
+        asked: list[str] = []
+
+        def refuse_twice(route):
+            asked.append(route.request.url)
+            if len(asked) <= 2:
+                route.fulfill(**GATE_REFUSAL)
+            else:
+                route.continue_()
+
+        # 1. refused twice while the database blinks, then answered: the dialog opens by itself
+        page.route(dialog_get, refuse_twice)
+        page.locator("#run-actions button[data-kind=pause]").click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        assert len(asked) == 3 and all("kind=pause" in url for url in asked)
+        expect(page.locator(notice)).to_be_hidden()
+        page.locator("#dialog button.close").click()
+        page.unroute(dialog_get)
+
+        # 2. refused every time: after the retries, a sentence; the dialog stays empty
+        page.route(
+            dialog_get,
+            lambda route: (asked.append(route.request.url), route.fulfill(**GATE_REFUSAL)),
+        )
+        asked.clear()
+        page.locator("#run-actions button[data-kind=cancel]").click()
+        expect(page.locator(notice)).to_be_visible(timeout=10_000)
+        text = page.inner_text(notice)
+        assert "“Cancel…” was not done" in text and "did nothing" in text, text
+        assert len(asked) == 5  # the click and four resends (console.js BACKOFF_MS)
+        assert page.inner_text("#dialog").strip() == ""  # no raw JSON drawn
+        page.locator("[data-notice-close]").click()
+        expect(page.locator(notice)).to_be_hidden()
+        page.unroute(dialog_get)
+
+        # 3. a 500 page: not drawn into the dialog; nothing was changed, said so
+        page.route(
+            dialog_get,
+            lambda route: route.fulfill(
+                status=500,
+                headers={"content-type": "text/html"},
+                body="<h1>Server Error (500)</h1>",
+            ),
+        )
+        page.locator("#run-actions button[data-kind=pause]").click()
+        expect(page.locator(notice)).to_contain_text("did not open: the console answered 500")
+        expect(page.locator(notice)).to_contain_text("Nothing was changed")
+        assert "Server Error" not in page.inner_text("#dialog")
+        page.unroute(dialog_get)
+
+        # 4. a Confirm that gets no answer: it may have been recorded, and the page says so
+        page.locator("#run-actions button[data-kind=pause]").click()
+        page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
+        expect(page.locator(notice)).to_be_hidden()  # the answered click cleared the old notice
+        page.fill("#d-reason", "hold spending")
+        confirm = page.locator("#preview [data-testid=confirm-button]")
+        expect(confirm).to_be_enabled()
+        page.route(re.compile(r"/interventions/$"), lambda route: route.abort("connectionreset"))
+        confirm.click()
+        expect(page.locator(notice)).to_contain_text("may or may not have been recorded")
+        expect(page.locator(notice)).to_contain_text("Check the run's interventions")
+        expect(page.locator("#intervention-form")).to_have_count(1)  # the typed dialog stays
+        assert page.input_value("#d-reason") == "hold spending"
         browser.close()
