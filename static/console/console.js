@@ -278,45 +278,48 @@
     } catch (e) { /* not JSON: a page */ }
     return "the console answered " + xhr.status;
   }
+  // The resends of one GET, by its path: the button that asked may have been redrawn meanwhile (a
+  // push), so what is known of the asking (a person, their button's words) is kept here.
+  var resending = {};
+  function asked(d) {
+    var cfg = d.requestConfig || {}, known = resending[cfg.path];
+    return known || { tries: 0, byPerson: personal(d), label: label(cfg.elt) };
+  }
   document.addEventListener("htmx:beforeSwap", function (event) {
-    var d = event.detail, xhr = d.xhr, cfg = d.requestConfig || {}, elt = cfg.elt;
-    if (!xhr || xhr.status < 400) {
-      if (elt && (personal(d) || elt.__cpByPerson)) clear();
-      if (elt) { elt.__cpTries = 0; elt.__cpByPerson = false; }
-      return;
-    }
+    var d = event.detail, xhr = d.xhr, cfg = d.requestConfig || {}, ask = asked(d);
+    delete resending[cfg.path];
+    if (!xhr || xhr.status < 400) { if (ask.byPerson) clear(); return; }
     var json = /json/.test(xhr.getResponseHeader("content-type") || "");
     if (xhr.status < 500 && !json) return; // a 4xx page of ours: the dialog's own refusal, drawn in place
     d.shouldSwap = false;
     var didNothing = xhr.status === 503 && xhr.getResponseHeader("x-controlplane-draining") === "1";
-    if (didNothing && cfg.verb === "get" && elt && (elt.__cpTries || 0) < BACKOFF_MS.length) {
-      elt.__cpTries = (elt.__cpTries || 0) + 1;
-      elt.__cpByPerson = elt.__cpByPerson || personal(d); // the resend has no triggering event
+    if (didNothing && cfg.verb === "get" && ask.tries < BACKOFF_MS.length) {
+      resending[cfg.path] = ask;
       setTimeout(function () {
-        htmx.ajax("get", cfg.path, { source: elt, target: d.target });
-      }, BACKOFF_MS[elt.__cpTries - 1]);
+        var source = cfg.elt && document.body.contains(cfg.elt) ? cfg.elt : d.target;
+        htmx.ajax("get", cfg.path, { source: source, target: d.target });
+      }, BACKOFF_MS[ask.tries++]);
       return;
     }
-    var byPerson = personal(d) || (elt && elt.__cpByPerson);
-    if (elt) { elt.__cpTries = 0; elt.__cpByPerson = false; }
-    if (!byPerson) return; // a page's own refresh: its liveness dot tells when it falls behind
+    if (!ask.byPerson) return; // a page's own refresh: its liveness dot tells when it falls behind
     if (didNothing) {
-      tell(label(elt) + " was not done: the console could not reach its database just now, and did " +
+      tell(ask.label + " was not done: the console could not reach its database just now, and did " +
         "nothing. Try again in a moment.");
     } else if (cfg.verb === "get") {
-      tell(label(elt) + " did not open: " + sentence(xhr) + ". Nothing was changed. Try again.");
+      tell(ask.label + " did not open: " + sentence(xhr) + ". Nothing was changed. Try again.");
     } else {
-      tell(label(elt) + " failed: " + sentence(xhr) + ". Check the run's interventions and history " +
-        "before trying again: it may have been recorded.");
+      tell(ask.label + " got an error answer (" + sentence(xhr) + "). It may have been recorded: " +
+        "check the run's interventions and history before trying again.");
     }
   });
   function noAnswer(event) {
-    var d = event.detail, cfg = d.requestConfig || {};
-    if (!personal(d)) return;
+    var d = event.detail, cfg = d.requestConfig || {}, ask = asked(d);
+    delete resending[cfg.path];
+    if (!ask.byPerson) return;
     if (cfg.verb === "get") {
-      tell(label(cfg.elt) + " got no answer from the console. Nothing was changed. Try again.");
+      tell(ask.label + " got no answer from the console. Nothing was changed. Try again.");
     } else {
-      tell(label(cfg.elt) + " got no answer from the console: it may or may not have been recorded. " +
+      tell(ask.label + " got no answer from the console: it may or may not have been recorded. " +
         "Check the run's interventions and history before trying again.");
     }
   }

@@ -457,6 +457,11 @@ def test_a_click_that_gets_no_usable_answer_says_so_and_a_did_nothing_refusal_is
         # 1. refused twice while the database blinks, then answered: the dialog opens by itself
         page.route(dialog_get, refuse_twice)
         page.locator("#run-actions button[data-kind=pause]").click()
+        # a push redraws the buttons meanwhile: the resend does not depend on the button asking
+        page.evaluate(
+            "const bar = document.getElementById('run-actions'); bar.replaceWith(bar.cloneNode(true));"
+            " htmx.process(document.getElementById('run-actions'));"
+        )
         page.wait_for_function("() => document.querySelector('#dialog form[data-wired]')")
         assert len(asked) == 3 and all("kind=pause" in url for url in asked)
         expect(page.locator(notice)).to_be_hidden()
